@@ -1,0 +1,33 @@
+/**
+ * The `dormant` command line. Each command lives in ./commands and registers itself on the
+ * program; handlers compute data, and the printing is kept to the edge.
+ */
+import { Command, CommanderError } from '@commander-js/extra-typings';
+import { registerDoctor } from './commands/doctor.js';
+import { EXIT_USAGE, reportError } from './output.js';
+
+export function buildProgram(): Command {
+  const program = new Command()
+    .name('dormant')
+    .description('Pause and resume for AI-agent sandboxes on machines you own.')
+    .version('0.1.0')
+    .showHelpAfterError('(run with --help for usage)')
+    .exitOverride();
+  registerDoctor(program);
+  return program;
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const program = buildProgram();
+  const json = argv.includes('--json');
+  try {
+    await program.parseAsync(argv, { from: 'user' });
+    return typeof process.exitCode === 'number' ? process.exitCode : 0;
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      // Help and version exit 0; everything else commander rejects is a usage error.
+      return e.exitCode === 0 ? 0 : EXIT_USAGE;
+    }
+    return reportError(e, json);
+  }
+}
