@@ -4,7 +4,8 @@
 #
 # What it installs, and why this way:
 #   - From the host's own suites: runc, iptables (CRIU's network lock needs iptables-restore),
-#     busybox-static (test root filesystems), iproute2, zstd.
+#     busybox-static (test root filesystems), iproute2, zstd, python3 (test programs inside
+#     sandboxes), restic and borgbackup (the peers `npm run bench` compares the vault with).
 #   - CRIU >= 4.2 and checkpointctl into a private prefix, /opt/dormant/criu, NOT through the
 #     host's apt. bookworm's CRIU 3.17 cannot start on current kernels and trixie's 4.1.1 cannot
 #     dump a process with a TCP socket (since kernel 6.16); sid's 4.2.1 works but needs a newer
@@ -24,7 +25,7 @@ APTDIR=${DORMANT_APT_DIR:-/opt/dormant/apt}
 BINDIR=${DORMANT_BIN_DIR:-/usr/local/bin}
 SUITE=${DORMANT_CRIU_SUITE:-sid}
 MIN_CRIU=4.2
-HOST_PKGS=(runc iptables busybox-static iproute2 zstd ca-certificates debian-archive-keyring)
+HOST_PKGS=(runc iptables busybox-static iproute2 zstd ca-certificates debian-archive-keyring python3 restic borgbackup)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
