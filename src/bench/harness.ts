@@ -53,7 +53,12 @@ export function renderSection(s: BenchSection): string {
   for (const r of s.rows) {
     const adv = advantage(r);
     const peer = r.peer === undefined ? '-' : `${fmt(r.peer)} (${r.peerName ?? 'peer'})`;
-    const cmp = adv === undefined ? '-' : `${adv.toFixed(2)}x ${adv >= 1 ? 'better' : 'worse'}`;
+    const cmp =
+      adv === undefined
+        ? '-'
+        : adv.toFixed(2) === '1.00'
+          ? '1.00x (even)'
+          : `${adv.toFixed(2)}x ${adv > 1 ? 'better' : 'worse'}`;
     lines.push(`| ${r.name} | ${fmt(r.dormant)} | ${peer} | ${r.unit} | ${cmp} |`);
   }
   if (s.notes && s.notes.length > 0) lines.push('', ...s.notes.map((n) => `- ${n}`));

@@ -6,8 +6,9 @@ import { writeFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { renderReport, type BenchSection, type BenchSuite } from './harness.js';
+import { criuSuite } from './criu.js';
 
-const SUITES: BenchSuite[] = [];
+const SUITES: BenchSuite[] = [criuSuite];
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
