@@ -1,0 +1,183 @@
+/**
+ * Sandboxes as the domain sees them: states, the operations that move between them, and the
+ * rules for which operation is legal in which state. No I/O here.
+ */
+import { DormantError } from './errors.js';
+
+export const SANDBOX_STATES = [
+  'creating',
+  'running',
+  'paused',
+  'hibernating',
+  'hibernated',
+  'resuming',
+  'archived',
+  'deleting',
+  'failed',
+] as const;
+export type SandboxState = (typeof SANDBOX_STATES)[number];
+
+export const SANDBOX_OPS = [
+  'pause',
+  'hibernate',
+  'resume',
+  'archive',
+  'fork',
+  'exec',
+  'rm',
+  'keepalive',
+] as const;
+export type SandboxOp = (typeof SANDBOX_OPS)[number];
+
+/** States a sandbox rests in; the others are transient and only seen while an operation runs. */
+export const RESTING_STATES: readonly SandboxState[] = [
+  'running',
+  'paused',
+  'hibernated',
+  'archived',
+  'failed',
+];
+
+/** Which operation may start from which resting state. Absent: illegal (409). */
+const LEGAL: Record<SandboxOp, readonly SandboxState[]> = {
+  pause: ['running', 'paused'],
+  hibernate: ['running', 'paused', 'hibernated'],
+  resume: ['running', 'paused', 'hibernated', 'archived'],
+  archive: ['running', 'paused', 'hibernated', 'archived'],
+  fork: ['running', 'paused', 'hibernated'],
+  exec: ['running'],
+  keepalive: ['running', 'paused', 'hibernated', 'archived'],
+  rm: [
+    'creating',
+    'running',
+    'paused',
+    'hibernating',
+    'hibernated',
+    'resuming',
+    'archived',
+    'failed',
+    'deleting',
+  ],
+};
+
+/** The state an operation leaves the sandbox in, and the transient state it passes through. */
+export const OP_TARGET: Partial<Record<SandboxOp, { via?: SandboxState; to: SandboxState }>> = {
+  pause: { to: 'paused' },
+  hibernate: { via: 'hibernating', to: 'hibernated' },
+  resume: { via: 'resuming', to: 'running' },
+  archive: { to: 'archived' },
+};
+
+const HINTS: Partial<Record<SandboxOp, string>> = {
+  exec: 'resume the sandbox first: dormant resume ID',
+  fork: 'an archived sandbox has no process state to fork; resume it first',
+  pause: 'only a running sandbox can be paused; resume it first',
+};
+
+/** True when `op` would change nothing (pause a paused sandbox): the API answers success. */
+export function isNoop(op: SandboxOp, state: SandboxState): boolean {
+  const target = OP_TARGET[op];
+  return target !== undefined && target.to === state;
+}
+
+/** Throws ILLEGAL_TRANSITION (409) when `op` may not start from `state`. */
+export function assertLegal(op: SandboxOp, state: SandboxState, sandboxId: string): void {
+  if (!LEGAL[op].includes(state)) {
+    throw new DormantError('ILLEGAL_TRANSITION', `cannot ${op} sandbox ${sandboxId}: it is ${state}`, {
+      status: 409,
+      hint: HINTS[op] ?? `wait until the sandbox settles (it is ${state}) and try again`,
+      details: { sandboxId, state, op },
+    });
+  }
+}
+
+/** Sandbox names: what a DNS label allows, so a name can appear in a URL. */
+export const NAME_PATTERN = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/;
+
+export function validateName(name: string): string {
+  if (!NAME_PATTERN.test(name)) {
+    throw new DormantError(
+      'INVALID_ARGUMENT',
+      `invalid sandbox name "${name.slice(0, 80)}": use 1-63 lowercase letters, digits and inner dashes`,
+      { status: 400 },
+    );
+  }
+  return name;
+}
+
+/** Sandbox and checkpoint ids: a prefix and 16 lowercase base32 characters. */
+export const ID_PATTERN = /^(sb|ck)-[a-z2-7]{16}$/;
+
+const B32 = 'abcdefghijklmnopqrstuvwxyz234567';
+export function newId(prefix: 'sb' | 'ck', random: (n: number) => Uint8Array): string {
+  const bytes = random(16);
+  let s = '';
+  for (const b of bytes) s += B32.charAt(b & 31);
+  return `${prefix}-${s}`;
+}
+
+export interface PortSpec {
+  /** Port inside the sandbox. */
+  port: number;
+  /** Reachable through the wake proxy without a token. */
+  public: boolean;
+}
+
+export interface SandboxPolicy {
+  /** Freeze after this long idle; undefined: never. */
+  pauseAfterMs?: number;
+  /** Hibernate after this long idle. */
+  hibernateAfterMs?: number;
+  /** Archive after this long hibernated. */
+  archiveAfterMs?: number;
+  /** Delete after this long archived; undefined: never. */
+  deleteAfterMs?: number;
+  /** Stop (archive) after this long since creation; undefined: no cap. */
+  lifetimeMs?: number;
+}
+
+export const DEFAULT_POLICY: Readonly<SandboxPolicy> = Object.freeze({
+  hibernateAfterMs: 15 * 60_000,
+  archiveAfterMs: 7 * 86_400_000,
+});
+
+export interface SandboxSpec {
+  /** A root filesystem folder, or an OCI image layout folder (with an optional tag). */
+  source: { kind: 'rootfs'; path: string } | { kind: 'image'; path: string; tag?: string };
+  command: string[];
+  env: Record<string, string>;
+  ports: PortSpec[];
+  memoryBytes: number;
+  cpus: number;
+  onResume?: string[];
+  policy: SandboxPolicy;
+}
+
+export interface Sandbox {
+  id: string;
+  tenant: string;
+  name: string;
+  state: SandboxState;
+  spec: SandboxSpec;
+  createdAt: number;
+  stateSince: number;
+  lastActiveAt: number;
+  /** Newest committed checkpoint, if any. */
+  checkpointId?: string;
+  /** Why the sandbox is failed, or why the last operation failed. */
+  lastError?: string;
+  /** Memory in use when running or paused (from its cgroup); 0 when hibernated or archived. */
+  memoryBytes: number;
+  /** The sandbox's address on the host side of its network namespace. */
+  address?: string;
+}
+
+export interface Transition {
+  id: number;
+  sandboxId: string;
+  tenant: string;
+  from: SandboxState | null;
+  to: SandboxState;
+  at: number;
+  reason: string;
+}

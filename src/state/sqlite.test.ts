@@ -1,0 +1,117 @@
+import { after, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { DEFAULT_POLICY, type Sandbox } from '../domain/sandbox.js';
+import { SqliteStateStore } from './sqlite.js';
+
+function sandbox(id: string, tenant = 't1', name = id): Sandbox {
+  return {
+    id,
+    tenant,
+    name,
+    state: 'creating',
+    spec: {
+      source: { kind: 'rootfs', path: '/srv/rootfs' },
+      command: ['sh', '-c', 'sleep 1000'],
+      env: { A: 'b' },
+      ports: [{ port: 8080, public: false }],
+      memoryBytes: 512 * 1024 ** 2,
+      cpus: 1,
+      policy: { ...DEFAULT_POLICY },
+    },
+    createdAt: 1000,
+    stateSince: 1000,
+    lastActiveAt: 1000,
+    memoryBytes: 0,
+  };
+}
+
+describe('SqliteStateStore', () => {
+  const dirs: string[] = [];
+  after(async () => {
+    for (const d of dirs) await rm(d, { recursive: true, force: true });
+  });
+
+  test('sandboxes, transitions and checkpoints survive a reopen (a daemon restart)', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'dormant-state-'));
+    dirs.push(dir);
+    const file = join(dir, 'state.db');
+    let db = new SqliteStateStore(file);
+    db.insertSandbox(sandbox('sb-a'), 'created');
+    assert.equal(
+      db.transition('sb-a', 'creating', 'running', 'started', 2000, { address: '10.88.0.2' }),
+      true,
+    );
+    db.insertCheckpoint({
+      id: 'ck-1',
+      sandboxId: 'sb-a',
+      tenant: 't1',
+      createdAt: 3000,
+      kind: 'memory',
+      logicalBytes: 100,
+      storedBytes: 40,
+      meta: { arch: 'x86_64' },
+    });
+    db.close();
+
+    db = new SqliteStateStore(file);
+    const s = db.getSandbox('sb-a');
+    assert.equal(s?.state, 'running');
+    assert.equal(s?.stateSince, 2000);
+    assert.equal(s?.address, '10.88.0.2');
+    assert.deepEqual(s?.spec.command, ['sh', '-c', 'sleep 1000']);
+    assert.deepEqual(
+      db.transitions({ sandboxId: 'sb-a' }).map((t) => [t.from, t.to, t.reason]),
+      [
+        [null, 'creating', 'created'],
+        ['creating', 'running', 'started'],
+      ],
+    );
+    assert.equal(db.listCheckpoints({ sandboxId: 'sb-a' })[0]?.storedBytes, 40);
+    db.close();
+  });
+
+  test('a transition from a state the sandbox has left changes nothing', () => {
+    const db = new SqliteStateStore(':memory:');
+    db.insertSandbox(sandbox('sb-b'), 'created');
+    assert.equal(db.transition('sb-b', 'creating', 'running', 'started', 2), true);
+    assert.equal(db.transition('sb-b', 'creating', 'failed', 'late', 3), false);
+    assert.equal(db.getSandbox('sb-b')?.state, 'running');
+    assert.equal(db.transitions({ sandboxId: 'sb-b' }).length, 2);
+    db.close();
+  });
+
+  test('names are unique per tenant, not across tenants', () => {
+    const db = new SqliteStateStore(':memory:');
+    db.insertSandbox(sandbox('sb-c', 't1', 'web'), 'created');
+    db.insertSandbox(sandbox('sb-d', 't2', 'web'), 'created');
+    assert.throws(() => db.insertSandbox(sandbox('sb-e', 't1', 'web'), 'created'), /UNIQUE/);
+    assert.deepEqual(
+      db.listSandboxes('t1').map((s) => s.id),
+      ['sb-c'],
+    );
+    db.close();
+  });
+
+  test('deleting a sandbox removes its checkpoints and records the end', () => {
+    const db = new SqliteStateStore(':memory:');
+    db.insertSandbox(sandbox('sb-f'), 'created');
+    db.insertCheckpoint({
+      id: 'ck-2',
+      sandboxId: 'sb-f',
+      tenant: 't1',
+      createdAt: 1,
+      kind: 'memory',
+      logicalBytes: 1,
+      storedBytes: 1,
+      meta: {},
+    });
+    db.deleteSandbox('sb-f', 'rm', 5);
+    assert.equal(db.getSandbox('sb-f'), undefined);
+    assert.equal(db.getCheckpoint('ck-2'), undefined);
+    assert.equal(db.transitions({ sandboxId: 'sb-f' }).at(-1)?.to, 'deleting');
+    db.close();
+  });
+});

@@ -1,0 +1,327 @@
+/**
+ * SQLite implementation of the state store (better-sqlite3, WAL, synchronous=FULL so a
+ * committed transition survives a crash of the daemon or the machine).
+ */
+import Database from 'better-sqlite3';
+import { mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
+import type { CheckpointRecord, StateStore } from './store.js';
+
+const MIGRATIONS: string[] = [
+  `CREATE TABLE sandboxes (
+     id TEXT PRIMARY KEY,
+     tenant TEXT NOT NULL,
+     name TEXT NOT NULL,
+     state TEXT NOT NULL,
+     spec TEXT NOT NULL,
+     created_at INTEGER NOT NULL,
+     state_since INTEGER NOT NULL,
+     last_active_at INTEGER NOT NULL,
+     checkpoint_id TEXT,
+     last_error TEXT,
+     memory_bytes INTEGER NOT NULL DEFAULT 0,
+     address TEXT,
+     UNIQUE (tenant, name)
+   );
+   CREATE TABLE transitions (
+     id INTEGER PRIMARY KEY AUTOINCREMENT,
+     sandbox_id TEXT NOT NULL,
+     tenant TEXT NOT NULL,
+     from_state TEXT,
+     to_state TEXT NOT NULL,
+     at INTEGER NOT NULL,
+     reason TEXT NOT NULL
+   );
+   CREATE INDEX transitions_sandbox ON transitions (sandbox_id, id);
+   CREATE TABLE checkpoints (
+     id TEXT PRIMARY KEY,
+     sandbox_id TEXT NOT NULL,
+     tenant TEXT NOT NULL,
+     created_at INTEGER NOT NULL,
+     kind TEXT NOT NULL,
+     logical_bytes INTEGER NOT NULL,
+     stored_bytes INTEGER NOT NULL,
+     meta TEXT NOT NULL
+   );
+   CREATE INDEX checkpoints_sandbox ON checkpoints (sandbox_id, created_at);`,
+];
+
+interface SandboxRow {
+  id: string;
+  tenant: string;
+  name: string;
+  state: string;
+  spec: string;
+  created_at: number;
+  state_since: number;
+  last_active_at: number;
+  checkpoint_id: string | null;
+  last_error: string | null;
+  memory_bytes: number;
+  address: string | null;
+}
+
+interface TransitionRow {
+  id: number;
+  sandbox_id: string;
+  tenant: string;
+  from_state: string | null;
+  to_state: string;
+  at: number;
+  reason: string;
+}
+
+interface CheckpointRow {
+  id: string;
+  sandbox_id: string;
+  tenant: string;
+  created_at: number;
+  kind: string;
+  logical_bytes: number;
+  stored_bytes: number;
+  meta: string;
+}
+
+function toSandbox(r: SandboxRow): Sandbox {
+  const s: Sandbox = {
+    id: r.id,
+    tenant: r.tenant,
+    name: r.name,
+    state: r.state as SandboxState,
+    spec: JSON.parse(r.spec) as SandboxSpec,
+    createdAt: r.created_at,
+    stateSince: r.state_since,
+    lastActiveAt: r.last_active_at,
+    memoryBytes: r.memory_bytes,
+  };
+  if (r.checkpoint_id !== null) s.checkpointId = r.checkpoint_id;
+  if (r.last_error !== null) s.lastError = r.last_error;
+  if (r.address !== null) s.address = r.address;
+  return s;
+}
+
+function toCheckpoint(r: CheckpointRow): CheckpointRecord {
+  return {
+    id: r.id,
+    sandboxId: r.sandbox_id,
+    tenant: r.tenant,
+    createdAt: r.created_at,
+    kind: r.kind as CheckpointRecord['kind'],
+    logicalBytes: r.logical_bytes,
+    storedBytes: r.stored_bytes,
+    meta: JSON.parse(r.meta) as Record<string, unknown>,
+  };
+}
+
+const COLUMNS: Record<string, string> = {
+  tenant: 'tenant',
+  name: 'name',
+  spec: 'spec',
+  createdAt: 'created_at',
+  stateSince: 'state_since',
+  lastActiveAt: 'last_active_at',
+  checkpointId: 'checkpoint_id',
+  lastError: 'last_error',
+  memoryBytes: 'memory_bytes',
+  address: 'address',
+};
+
+function patchColumns(patch: Partial<Sandbox>): { sql: string; values: unknown[] } {
+  const sets: string[] = [];
+  const values: unknown[] = [];
+  for (const [k, v] of Object.entries(patch)) {
+    const col = COLUMNS[k];
+    if (col === undefined) continue;
+    sets.push(`${col} = ?`);
+    values.push(k === 'spec' ? JSON.stringify(v) : (v ?? null));
+  }
+  return { sql: sets.join(', '), values };
+}
+
+export class SqliteStateStore implements StateStore {
+  private readonly db: Database.Database;
+
+  constructor(file: string) {
+    if (file !== ':memory:') mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
+    this.db = new Database(file);
+    this.db.pragma('journal_mode = WAL');
+    this.db.pragma('synchronous = FULL');
+    this.db.pragma('foreign_keys = ON');
+    this.db.pragma('busy_timeout = 5000');
+    this.migrate();
+  }
+
+  private migrate(): void {
+    const version = this.db.pragma('user_version', { simple: true }) as number;
+    for (let v = version; v < MIGRATIONS.length; v++) {
+      this.db.transaction(() => {
+        this.db.exec(MIGRATIONS[v]!);
+        this.db.pragma(`user_version = ${v + 1}`);
+      })();
+    }
+  }
+
+  private recordTransition(
+    id: string,
+    tenant: string,
+    from: SandboxState | null,
+    to: SandboxState,
+    reason: string,
+    at: number,
+  ): void {
+    this.db
+      .prepare(
+        'INSERT INTO transitions (sandbox_id, tenant, from_state, to_state, at, reason) VALUES (?, ?, ?, ?, ?, ?)',
+      )
+      .run(id, tenant, from, to, at, reason);
+  }
+
+  insertSandbox(s: Sandbox, reason: string): void {
+    this.db.transaction(() => {
+      this.db
+        .prepare(
+          `INSERT INTO sandboxes (id, tenant, name, state, spec, created_at, state_since, last_active_at, checkpoint_id, last_error, memory_bytes, address)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        )
+        .run(
+          s.id,
+          s.tenant,
+          s.name,
+          s.state,
+          JSON.stringify(s.spec),
+          s.createdAt,
+          s.stateSince,
+          s.lastActiveAt,
+          s.checkpointId ?? null,
+          s.lastError ?? null,
+          s.memoryBytes,
+          s.address ?? null,
+        );
+      this.recordTransition(s.id, s.tenant, null, s.state, reason, s.stateSince);
+    })();
+  }
+
+  getSandbox(id: string): Sandbox | undefined {
+    const r = this.db.prepare('SELECT * FROM sandboxes WHERE id = ?').get(id) as SandboxRow | undefined;
+    return r && toSandbox(r);
+  }
+
+  listSandboxes(tenant?: string): Sandbox[] {
+    const rows = (
+      tenant === undefined
+        ? this.db.prepare('SELECT * FROM sandboxes ORDER BY created_at, id').all()
+        : this.db.prepare('SELECT * FROM sandboxes WHERE tenant = ? ORDER BY created_at, id').all(tenant)
+    ) as SandboxRow[];
+    return rows.map(toSandbox);
+  }
+
+  transition(
+    id: string,
+    from: SandboxState,
+    to: SandboxState,
+    reason: string,
+    at: number,
+    patch: Partial<Sandbox> = {},
+  ): boolean {
+    return this.db.transaction(() => {
+      const cur = this.db.prepare('SELECT tenant, state FROM sandboxes WHERE id = ?').get(id) as
+        { tenant: string; state: string } | undefined;
+      if (cur?.state !== from) return false;
+      const { sql, values } = patchColumns(patch);
+      this.db
+        .prepare(`UPDATE sandboxes SET state = ?, state_since = ?${sql ? `, ${sql}` : ''} WHERE id = ?`)
+        .run(to, at, ...values, id);
+      this.recordTransition(id, cur.tenant, from, to, reason, at);
+      return true;
+    })();
+  }
+
+  updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): void {
+    const { sql, values } = patchColumns(patch);
+    if (sql === '') return;
+    this.db.prepare(`UPDATE sandboxes SET ${sql} WHERE id = ?`).run(...values, id);
+  }
+
+  deleteSandbox(id: string, reason: string, at: number): void {
+    this.db.transaction(() => {
+      const cur = this.db.prepare('SELECT tenant, state FROM sandboxes WHERE id = ?').get(id) as
+        { tenant: string; state: SandboxState } | undefined;
+      if (!cur) return;
+      this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
+      this.db.prepare('DELETE FROM checkpoints WHERE sandbox_id = ?').run(id);
+      // 'deleted' is not a state a sandbox rests in; the transition records the end.
+      this.recordTransition(id, cur.tenant, cur.state, 'deleting', reason, at);
+    })();
+  }
+
+  transitions(opts: { sinceId?: number; sandboxId?: string; limit?: number } = {}): Transition[] {
+    const where: string[] = ['id > ?'];
+    const args: unknown[] = [opts.sinceId ?? 0];
+    if (opts.sandboxId !== undefined) {
+      where.push('sandbox_id = ?');
+      args.push(opts.sandboxId);
+    }
+    const rows = this.db
+      .prepare(`SELECT * FROM transitions WHERE ${where.join(' AND ')} ORDER BY id LIMIT ?`)
+      .all(...args, opts.limit ?? 10_000) as TransitionRow[];
+    return rows.map((r) => ({
+      id: r.id,
+      sandboxId: r.sandbox_id,
+      tenant: r.tenant,
+      from: r.from_state as SandboxState | null,
+      to: r.to_state as SandboxState,
+      at: r.at,
+      reason: r.reason,
+    }));
+  }
+
+  insertCheckpoint(c: CheckpointRecord): void {
+    this.db
+      .prepare(
+        'INSERT INTO checkpoints (id, sandbox_id, tenant, created_at, kind, logical_bytes, stored_bytes, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+      )
+      .run(
+        c.id,
+        c.sandboxId,
+        c.tenant,
+        c.createdAt,
+        c.kind,
+        c.logicalBytes,
+        c.storedBytes,
+        JSON.stringify(c.meta),
+      );
+  }
+
+  getCheckpoint(id: string): CheckpointRecord | undefined {
+    const r = this.db.prepare('SELECT * FROM checkpoints WHERE id = ?').get(id) as CheckpointRow | undefined;
+    return r && toCheckpoint(r);
+  }
+
+  listCheckpoints(opts: { sandboxId?: string; tenant?: string } = {}): CheckpointRecord[] {
+    const where: string[] = [];
+    const args: unknown[] = [];
+    if (opts.sandboxId !== undefined) {
+      where.push('sandbox_id = ?');
+      args.push(opts.sandboxId);
+    }
+    if (opts.tenant !== undefined) {
+      where.push('tenant = ?');
+      args.push(opts.tenant);
+    }
+    const rows = this.db
+      .prepare(
+        `SELECT * FROM checkpoints ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY created_at DESC, id DESC`,
+      )
+      .all(...args) as CheckpointRow[];
+    return rows.map(toCheckpoint);
+  }
+
+  deleteCheckpoint(id: string): void {
+    this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);
+  }
+
+  close(): void {
+    this.db.close();
+  }
+}

@@ -1,0 +1,44 @@
+/**
+ * The database of record: sandboxes, their transitions, and their checkpoints. One port,
+ * with SQLite as the embedded implementation (PostgreSQL for a fleet can follow).
+ */
+import type { Sandbox, SandboxState, Transition } from '../domain/sandbox.js';
+
+export interface CheckpointRecord {
+  id: string;
+  sandboxId: string;
+  tenant: string;
+  createdAt: number;
+  /** 'memory': processes and filesystem diff; 'filesystem': the diff only (archive). */
+  kind: 'memory' | 'filesystem';
+  logicalBytes: number;
+  storedBytes: number;
+  /** Facts a restore checks against the node: arch, kernel, criu version, cpu flags. */
+  meta: Record<string, unknown>;
+}
+
+export interface StateStore {
+  insertSandbox(s: Sandbox, reason: string): void;
+  getSandbox(id: string): Sandbox | undefined;
+  listSandboxes(tenant?: string): Sandbox[];
+  /**
+   * Moves a sandbox from `from` to `to` and records the transition, atomically; returns false
+   * (changing nothing) when the sandbox is no longer in `from`.
+   */
+  transition(
+    id: string,
+    from: SandboxState,
+    to: SandboxState,
+    reason: string,
+    at: number,
+    patch?: Partial<Sandbox>,
+  ): boolean;
+  updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): void;
+  deleteSandbox(id: string, reason: string, at: number): void;
+  transitions(opts?: { sinceId?: number; sandboxId?: string; limit?: number }): Transition[];
+  insertCheckpoint(c: CheckpointRecord): void;
+  getCheckpoint(id: string): CheckpointRecord | undefined;
+  listCheckpoints(opts?: { sandboxId?: string; tenant?: string }): CheckpointRecord[];
+  deleteCheckpoint(id: string): void;
+  close(): void;
+}
