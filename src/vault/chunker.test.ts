@@ -1,0 +1,93 @@
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import { DEFAULT_CHUNK_PARAMS, PAGE_BYTES, makeChunker, splitPieces, type Chunker } from './chunker.js';
+import { deriveTenantKeys } from './crypto.js';
+
+type Piece = { hole: number } | { hash: string; len: number };
+
+/** Feeds `data` through splitPieces in reads of `readBytes`, the way ingest does. */
+function pieces(c: Chunker, data: Buffer, readBytes: number): Piece[] {
+  const out: Piece[] = [];
+  const work = Buffer.alloc(readBytes + c.params.maxBytes + 2 * PAGE_BYTES);
+  let carry = 0;
+  let offset = 0;
+  let at = 0;
+  for (;;) {
+    const n = Math.min(readBytes, data.length - at);
+    data.copy(work, carry, at, at + n);
+    at += n;
+    const have = carry + n;
+    const eof = n === 0;
+    const pos = splitPieces(c, work, 0, have, offset, eof, {
+      data(s, e) {
+        out.push({ hash: createHash('sha256').update(work.subarray(s, e)).digest('hex'), len: e - s });
+      },
+      hole(len) {
+        const last = out.at(-1);
+        if (last && 'hole' in last) last.hole += len;
+        else out.push({ hole: len });
+      },
+    });
+    carry = have - pos;
+    work.copyWithin(0, pos, have);
+    offset += pos;
+    if (eof) return out;
+  }
+}
+
+const chunker = makeChunker(deriveTenantKeys(Buffer.alloc(32, 1)).gear);
+
+describe('chunker', () => {
+  test('cuts depend on content only, never on how the stream was read', () => {
+    const data = Buffer.concat([randomBytes(700_000), Buffer.alloc(5 * PAGE_BYTES), randomBytes(300_001)]);
+    const a = pieces(chunker, data, 4096 * 3 + 17);
+    const b = pieces(chunker, data, 1 << 20);
+    assert.deepEqual(a, b);
+    const total = a.reduce((s, p) => s + ('hole' in p ? p.hole : p.len), 0);
+    assert.equal(total, data.length);
+  });
+
+  test('chunk sizes stay within min and max, averaging near the target', () => {
+    const data = randomBytes(8 << 20);
+    const lens = pieces(chunker, data, 1 << 20).map((p) => ('len' in p ? p.len : 0));
+    const { minBytes, maxBytes, avgBytes } = DEFAULT_CHUNK_PARAMS;
+    for (const l of lens.slice(0, -1)) assert.ok(l >= minBytes && l <= maxBytes, `chunk of ${l} bytes`);
+    const avg = data.length / lens.length;
+    assert.ok(avg > avgBytes * 0.6 && avg < avgBytes * 2, `average ${avg}`);
+  });
+
+  test('runs of zero pages become holes; a zero page inside data splits it', () => {
+    const data = Buffer.concat([
+      randomBytes(3 * PAGE_BYTES),
+      Buffer.alloc(10 * PAGE_BYTES),
+      randomBytes(100),
+    ]);
+    const p = pieces(chunker, data, 1 << 20);
+    assert.deepEqual(
+      p.map((x) => ('hole' in x ? `hole ${x.hole}` : `data ${x.len}`)),
+      [`data ${3 * PAGE_BYTES}`, `hole ${10 * PAGE_BYTES}`, 'data 100'],
+    );
+    assert.deepEqual(pieces(chunker, Buffer.alloc(1 << 20), 65536), [{ hole: 1 << 20 }]);
+    assert.deepEqual(pieces(chunker, Buffer.alloc(0), 65536), []);
+  });
+
+  test('an inserted page shifts data but only the chunks around it change', () => {
+    const data = randomBytes(4 << 20);
+    const shifted = Buffer.concat([
+      data.subarray(0, 2 << 20),
+      randomBytes(PAGE_BYTES),
+      data.subarray(2 << 20),
+    ]);
+    const a = new Set(pieces(chunker, data, 1 << 20).map((p) => ('hash' in p ? p.hash : '')));
+    const b = pieces(chunker, shifted, 1 << 20).map((p) => ('hash' in p ? p.hash : ''));
+    const fresh = b.filter((h) => !a.has(h)).length;
+    assert.ok(fresh <= 3, `${fresh} of ${b.length} chunks changed`);
+  });
+
+  test('tenants get different gear tables, so boundaries differ across tenants', () => {
+    const other = makeChunker(deriveTenantKeys(Buffer.alloc(32, 2)).gear);
+    const data = randomBytes(1 << 20);
+    assert.notDeepEqual(pieces(chunker, data, 1 << 20), pieces(other, data, 1 << 20));
+  });
+});

@@ -1,0 +1,174 @@
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { mkdir, open, readdir, stat, symlink, writeFile, chmod } from 'node:fs/promises';
+import { join } from 'node:path';
+import { isDormantError } from '../domain/errors.js';
+import { openVault, type Vault } from './index.js';
+import {
+  criuDump,
+  diffTrees,
+  grepTree,
+  killPid,
+  removeDir,
+  shmDir,
+  startMixedPython,
+} from './testing/fixtures.js';
+
+const MiB = 1024 * 1024;
+let root: string;
+let vault: Vault;
+const key = randomBytes(32);
+
+before(async () => {
+  root = await shmDir('rt');
+  vault = await openVault({ dir: join(root, 'data', 'vault'), masterKey: { key } });
+});
+after(async () => {
+  await vault.close();
+  await removeDir(root);
+});
+
+let n = 0;
+async function roundTrip(src: string, tenant = 'acme'): Promise<string> {
+  const id = `ck-${++n}`;
+  await vault.putCheckpoint({ tenant, sandboxId: 'sb-1', checkpointId: id, srcDir: src });
+  const out = join(root, `out-${id}`);
+  await vault.restoreCheckpoint({ tenant, checkpointId: id, destDir: out });
+  assert.equal(await diffTrees(src, out), undefined, `round trip of ${src}`);
+  return out;
+}
+
+describe('byte-exact round trips', () => {
+  test('synthetic worst cases: zeros, random, sparse, empty files, empty folders, modes, symlinks', async () => {
+    const src = join(root, 'synthetic');
+    await mkdir(join(src, 'empty-dir'), { recursive: true });
+    await mkdir(join(src, 'a', 'b', 'c'), { recursive: true });
+    await writeFile(join(src, 'zeros.img'), Buffer.alloc(9 * MiB + 123));
+    await writeFile(join(src, 'random.img'), randomBytes(5 * MiB + 7));
+    await writeFile(join(src, 'empty'), '');
+    await writeFile(join(src, 'a', 'b', 'c', 'tiny'), 'x');
+    await writeFile(
+      join(src, 'odd-tail'),
+      Buffer.concat([randomBytes(PAGE + 5), Buffer.alloc(PAGE * 3 + 1)]),
+    );
+    // Sparse: 64 MiB apparent size, two islands of data, a hole at the end too.
+    const h = await open(join(src, 'sparse.img'), 'w');
+    await h.write(randomBytes(100_000), 0, 100_000, 10 * MiB);
+    await h.write(Buffer.from('island'), 0, 6, 40 * MiB);
+    await h.truncate(64 * MiB);
+    await h.close();
+    await chmod(join(src, 'random.img'), 0o600);
+    await chmod(join(src, 'empty'), 0o755);
+    await chmod(join(src, 'a', 'b'), 0o750);
+    await symlink('a/b/c/tiny', join(src, 'link'));
+    const out = await roundTrip(src);
+    // Holes stay holes: the restored sparse file does not allocate its 64 MiB.
+    const st = await stat(join(out, 'sparse.img'));
+    assert.equal(st.size, 64 * MiB);
+    assert.ok(st.blocks * 512 < 2 * MiB, `sparse file allocates ${st.blocks * 512} bytes`);
+    const z = await stat(join(out, 'zeros.img'));
+    assert.ok(z.blocks * 512 < 64 * 1024, `all-zero file allocates ${z.blocks * 512} bytes`);
+  });
+
+  test('an empty folder round-trips to an empty folder', async () => {
+    const src = join(root, 'nothing');
+    await mkdir(src);
+    const out = await roundTrip(src);
+    assert.deepEqual(await readdir(out), []);
+  });
+
+  test('real CRIU images of a python process, with a planted secret that never reaches the data dir', async () => {
+    const work = join(root, 'criu');
+    await mkdir(work);
+    const secret = randomBytes(32);
+    const pid = await startMixedPython(work, 48, secret.toString('hex'));
+    const images = join(work, 'images');
+    try {
+      await criuDump(pid, images);
+    } finally {
+      killPid(pid);
+    }
+    const names = await readdir(images);
+    assert.ok(
+      names.some((x) => x.startsWith('pages-')),
+      `criu wrote ${names.join(', ')}`,
+    );
+    assert.ok((await grepTree(images, secret)).length > 0, 'the secret is in the dumped memory');
+    const out = await roundTrip(images);
+    assert.ok((await grepTree(out, secret)).length > 0, 'and in the restored images');
+    await removeDir(out);
+    const hits = await grepTree(join(root, 'data'), secret);
+    assert.deepEqual(hits, [], 'secret bytes found in the data dir');
+    // Nor any 16-byte window of it (a partial leak would show there).
+    for (let i = 0; i + 16 <= secret.length; i += 8) {
+      assert.deepEqual(await grepTree(join(root, 'data'), secret.subarray(i, i + 16)), []);
+    }
+  });
+});
+
+const PAGE = 4096;
+
+describe('tenants', () => {
+  test('identical content deduplicates within a tenant and not across tenants', async () => {
+    const src = join(root, 'shared-content');
+    await mkdir(src);
+    await writeFile(join(src, 'pages-1.img'), randomBytes(3 * MiB));
+    const a1 = await vault.putCheckpoint({ tenant: 'red', sandboxId: 's1', checkpointId: 'r1', srcDir: src });
+    const a2 = await vault.putCheckpoint({ tenant: 'red', sandboxId: 's2', checkpointId: 'r2', srcDir: src });
+    const b1 = await vault.putCheckpoint({
+      tenant: 'blue',
+      sandboxId: 's1',
+      checkpointId: 'b1',
+      srcDir: src,
+    });
+    assert.equal(a1.newBytes, 3 * MiB);
+    assert.equal(a2.newBytes, 0, 'second copy in the same tenant stores nothing new');
+    assert.equal(b1.newBytes, 3 * MiB, 'another tenant stores its own copy');
+    const stats = await vault.stats();
+    const red = stats.tenants.find((t) => t.tenant === 'red')!;
+    const blue = stats.tenants.find((t) => t.tenant === 'blue')!;
+    assert.equal(red.uniqueBytes, 3 * MiB);
+    assert.ok(red.dedupRatio > 1.99, `red dedup ${red.dedupRatio}`);
+    assert.equal(blue.uniqueBytes, 3 * MiB);
+    // A tenant cannot read another tenant's checkpoints, even by id.
+    await assert.rejects(
+      vault.restoreCheckpoint({ tenant: 'blue', checkpointId: 'r1', destDir: join(root, 'nope') }),
+      (e) => isDormantError(e, 'CHECKPOINT_NOT_FOUND'),
+    );
+  });
+
+  test('checkpoint ids are not reused and listings show what was stored', async () => {
+    const src = join(root, 'shared-content');
+    await assert.rejects(
+      vault.putCheckpoint({ tenant: 'red', sandboxId: 's1', checkpointId: 'r1', srcDir: src }),
+      (e) => isDormantError(e, 'CHECKPOINT_EXISTS'),
+    );
+    const list = await vault.listCheckpoints({ tenant: 'red' });
+    assert.deepEqual(
+      list.map((c) => [c.checkpointId, c.sandboxId, c.logicalBytes]),
+      [
+        ['r1', 's1', 3 * MiB],
+        ['r2', 's2', 3 * MiB],
+      ],
+    );
+    await assert.rejects(
+      vault.putCheckpoint({ tenant: '../etc', sandboxId: 's1', checkpointId: 'x', srcDir: src }),
+      (e) => isDormantError(e, 'INVALID_ARGUMENT'),
+    );
+  });
+
+  test('verify is clean, and gc after a delete reclaims the unshared data only', async () => {
+    const report = await vault.verify();
+    assert.deepEqual(report.problems, []);
+    assert.ok(report.ok);
+    await vault.deleteCheckpoint({ tenant: 'blue', checkpointId: 'b1' });
+    await vault.deleteCheckpoint({ tenant: 'red', checkpointId: 'r1' });
+    const gc = await vault.gc();
+    assert.ok(gc.reclaimedBytes >= 3 * MiB, `reclaimed ${gc.reclaimedBytes}`);
+    const out = join(root, 'after-gc');
+    await vault.restoreCheckpoint({ tenant: 'red', checkpointId: 'r2', destDir: out });
+    assert.equal(await diffTrees(join(root, 'shared-content'), out), undefined);
+    assert.ok((await vault.verify()).ok);
+  });
+});
