@@ -8,7 +8,15 @@ import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { CHUNK_ID_BYTES, open as openSealed, type TenantKeys } from './crypto.js';
-import { CODEC_RAW, CODEC_ZSTD, REF_BYTES, REF_HOLE, type ManifestBody } from './format.js';
+import {
+  CODEC_RAW,
+  CODEC_ZSTD,
+  PACK_HEADER_BYTES,
+  REF_BYTES,
+  REF_HOLE,
+  packHeader,
+  type ManifestBody,
+} from './format.js';
 import type { ChunkLocation } from './ingest.js';
 import type { StoreReader, VaultStore } from './store.js';
 
@@ -24,6 +32,8 @@ export class PackReaders {
   constructor(
     private readonly store: VaultStore,
     private readonly tenant: string,
+    /** What is being read, for messages ("checkpoint ck-1"). */
+    private readonly what: string,
   ) {}
 
   async record(loc: ChunkLocation): Promise<Buffer> {
@@ -31,6 +41,20 @@ export class PackReaders {
     if (p === undefined) {
       if (this.open.size >= 16) await this.close();
       const r = await this.store.openReader(`data/${this.tenant}/packs/${loc.pack}.pack`);
+      // The header is not covered by any record's tag: check it here so that no byte of a
+      // pack goes unchecked by restore.
+      const head = r.sizeBytes >= PACK_HEADER_BYTES ? await r.read(0, PACK_HEADER_BYTES) : Buffer.alloc(0);
+      if (!head.equals(packHeader(loc.pack))) {
+        await r.close();
+        throw new DormantError(
+          ErrorCode.VAULT_CORRUPT,
+          `${this.what}: pack ${loc.pack} has a damaged header`,
+          {
+            details: { object: `pack ${loc.pack}` },
+            hint: 'run `dormant vault verify` to list every damaged object',
+          },
+        );
+      }
       p = { r, win: Buffer.allocUnsafe(WINDOW_BYTES), start: 0, len: 0 };
       this.open.set(loc.pack, p);
     }
@@ -40,7 +64,7 @@ export class PackReaders {
     if (loc.storedBytes > WINDOW_BYTES) return p.r.read(loc.offset, loc.storedBytes);
     const len = Math.min(WINDOW_BYTES, p.r.sizeBytes - loc.offset);
     if (len < loc.storedBytes) {
-      throw new DormantError(ErrorCode.VAULT_CORRUPT, `pack ${loc.pack} is truncated`, {
+      throw new DormantError(ErrorCode.VAULT_CORRUPT, `${this.what}: pack ${loc.pack} is truncated`, {
         details: { object: `pack ${loc.pack}` },
       });
     }
@@ -130,7 +154,7 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
     await mkdir(destDir, { recursive: true, mode: 0o700 });
     createdRoot = true;
   }
-  const readers = new PackReaders(ctx.store, ctx.tenant);
+  const readers = new PackReaders(ctx.store, ctx.tenant, what);
   const decoder = new ChunkDecoder(ctx.keys);
   const out = Buffer.allocUnsafe(OUT_BYTES);
   let restored = 0;

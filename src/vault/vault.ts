@@ -15,7 +15,6 @@ import {
 } from './crypto.js';
 import {
   PACK_HEADER_BYTES,
-  PACK_MAGIC,
   REF_BYTES,
   REF_HOLE,
   decodeIndex,
@@ -767,16 +766,17 @@ export class Vault {
         );
         continue;
       }
-      const readers = new PackReaders(this.store, tenant);
+      const readers = new PackReaders(this.store, tenant, `pack ${pack}`);
       const packEntry = packs.get(pack)!;
       try {
         const reader = await this.store.openReader(packEntry.name);
         const head = await reader.read(0, PACK_HEADER_BYTES).catch(() => Buffer.alloc(0));
         await reader.close();
-        if (!head.equals(packHeader(pack)) || !head.subarray(0, PACK_MAGIC.length).equals(PACK_MAGIC)) {
+        if (!head.equals(packHeader(pack))) {
           const affected = new Set<string>();
           for (const x of entries) for (const c of users.get(x.id.toString('hex')) ?? []) affected.add(c);
           problem(`pack ${pack}`, `pack ${pack} has a damaged header`, [...affected].sort());
+          continue;
         }
         let expect = PACK_HEADER_BYTES;
         const sorted = [...entries].sort((a, b) => a.offset - b.offset);
@@ -995,7 +995,7 @@ export class Vault {
         if (deadBytes === 0 || deadBytes / (liveBytes + deadBytes) < (o.minDeadFraction ?? 0)) continue;
         // Copy the live records as they are: sealed with the tenant key and bound to their id,
         // they need no decryption to move.
-        const readers = new PackReaders(this.store, tenant);
+        const readers = new PackReaders(this.store, tenant, `gc of pack ${pack}`);
         try {
           for (const x of keep) {
             const rec = await readers.record({
