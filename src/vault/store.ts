@@ -55,6 +55,8 @@ export interface VaultStore {
   list(prefix: string): Promise<StoreEntry[]>;
   /** Removes an object; removing a missing one is not an error. */
   remove(name: string): Promise<void>;
+  /** Removes every object under a prefix (a folder), and the folder. */
+  removeAll(prefix: string): Promise<void>;
   /**
    * Removes an object so that its bytes are as hard to recover as the store allows: the local
    * store overwrites the file with random bytes and syncs before unlinking (see docs/VAULT.md
@@ -298,6 +300,17 @@ export class LocalDirStore implements VaultStore {
     } catch (e) {
       throw ioError(`removing ${name}`, e);
     }
+  }
+
+  async removeAll(prefix: string): Promise<void> {
+    const p = this.path(prefix.replace(/\/$/, ''));
+    try {
+      await rm(p, { recursive: true, force: true });
+    } catch (e) {
+      throw ioError(`removing ${prefix}`, e);
+    }
+    // Forget folders this store made: a later write under the prefix must make them again.
+    for (const d of [...this.made]) if (d === p || d.startsWith(`${p}/`)) this.made.delete(d);
   }
 
   async shred(name: string): Promise<void> {

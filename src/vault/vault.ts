@@ -880,7 +880,8 @@ export class Vault {
         if (await isDestroyed(this.store, tenantTombstoneName(tenant))) {
           const objs = await this.store.list(`data/${tenant}`);
           if (objs.length > 0) report.tenantsShredded++;
-          for (const e of objs) await this.store.remove(e.name);
+          await this.store.removeAll(`data/${tenant}`);
+          await this.store.removeAll(`keys/sandboxes/${tenant}`);
           continue;
         }
         await this.gcTenant(tenant, o, report);
