@@ -4,6 +4,7 @@
  */
 import { Command, CommanderError } from '@commander-js/extra-typings';
 import { registerDoctor } from './commands/doctor.js';
+import { registerVault } from './commands/vault.js';
 import { EXIT_USAGE, reportError } from './output.js';
 
 export function buildProgram(): Command {
@@ -14,6 +15,7 @@ export function buildProgram(): Command {
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
   registerDoctor(program);
+  registerVault(program);
   return program;
 }
 

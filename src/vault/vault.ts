@@ -62,6 +62,11 @@ export interface VaultOptions {
   onWarning?: (message: string) => void;
   /** Another store behind the same format (S3 later). Default: a LocalDirStore on `dir`. */
   store?: VaultStore;
+  /**
+   * Create the vault when `dir` holds none (default true). With false, opening a missing vault
+   * throws VAULT_NOT_FOUND: read-only tools should not create one by accident.
+   */
+  create?: boolean;
   /** How long writers wait for a running gc (and gc for running writers). Default 10 min. */
   lockTimeoutMs?: number;
   /** Pack size before rolling to a new pack. Default 32 MiB. */
@@ -237,6 +242,12 @@ export class Vault {
     } catch (e) {
       if (!(e instanceof DormantError && e.code === ErrorCode.VAULT_NOT_FOUND)) throw e;
       vaultIsNew = true;
+    }
+    if (vaultIsNew && opts.create === false) {
+      throw new DormantError(ErrorCode.VAULT_NOT_FOUND, `no vault at ${store.location}`, {
+        status: 404,
+        hint: 'check --data-dir (or DORMANT_DATA_DIR); a vault is created by the first stored checkpoint',
+      });
     }
     const master = await loadMasterKey(opts.masterKey, {
       vaultIsNew,
@@ -796,7 +807,10 @@ export class Vault {
           try {
             const rec = await readers.record(loc);
             const out = x.rawBytes <= scratch.length ? scratch : Buffer.allocUnsafe(x.rawBytes);
-            decoder.decode(x.id, loc, rec, out, 0, `pack ${pack}`);
+            const us = users.get(k) ?? [];
+            const what =
+              us.length === 0 ? 'unreferenced' : `checkpoint${us.length > 1 ? 's' : ''} ${us.join(', ')}`;
+            decoder.decode(x.id, loc, rec, out, 0, what);
             if (!chunkId(t.keys.idKey, out.subarray(0, x.rawBytes)).equals(x.id)) {
               throw new DormantError(
                 ErrorCode.VAULT_CORRUPT,

@@ -1,0 +1,193 @@
+/**
+ * `dormant vault ...`: checks and maintenance of the checkpoint vault on this node.
+ * Handlers compute a report; printing happens at the edge (table for people, --json for programs).
+ */
+import type { Command } from '@commander-js/extra-typings';
+import Table from 'cli-table3';
+import pc from 'picocolors';
+import { join } from 'node:path';
+import { formatBytes, formatDurationMs } from '../../domain/units.js';
+import { openVault, type MasterKeySource, type Vault } from '../../vault/index.js';
+import { EXIT_ERROR, EXIT_OK, printJson } from '../output.js';
+
+interface CommonOpts {
+  json?: true;
+  dataDir?: string;
+}
+
+function dataDirOf(opts: CommonOpts, env: NodeJS.ProcessEnv = process.env): string {
+  if (opts.dataDir !== undefined) return opts.dataDir;
+  return env.DORMANT_DATA_DIR !== undefined && env.DORMANT_DATA_DIR !== ''
+    ? env.DORMANT_DATA_DIR
+    : '/var/lib/dormant';
+}
+
+/** Master key: DORMANT_MASTER_KEY_COMMAND (a KMS hook), else DORMANT_MASTER_KEY_FILE, else <data-dir>/master.key. */
+export function masterKeySource(dataDir: string, env: NodeJS.ProcessEnv = process.env): MasterKeySource {
+  const cmd = env.DORMANT_MASTER_KEY_COMMAND;
+  if (cmd !== undefined && cmd !== '') return { command: '/bin/sh', args: ['-c', cmd] };
+  const file = env.DORMANT_MASTER_KEY_FILE;
+  return { file: file !== undefined && file !== '' ? file : join(dataDir, 'master.key') };
+}
+
+async function withVault<T>(opts: CommonOpts, create: boolean, fn: (v: Vault) => Promise<T>): Promise<T> {
+  const dataDir = dataDirOf(opts);
+  const vault = await openVault({ dir: join(dataDir, 'vault'), masterKey: masterKeySource(dataDir), create });
+  try {
+    return await fn(vault);
+  } finally {
+    await vault.close();
+  }
+}
+
+function table(head: string[]): Table.Table {
+  return new Table({ head: head.map((h) => pc.bold(h)), style: { head: [], border: [] }, wordWrap: true });
+}
+
+export function registerVault(program: Command): void {
+  const vault = program
+    .command('vault')
+    .description('the encrypted checkpoint vault on this node: verify, gc, stats');
+
+  vault
+    .command('verify')
+    .description('decrypt and check every key, index, pack and manifest; name what is broken')
+    .option('--json', 'print one JSON value (the verify report)')
+    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .addHelpText('after', '\nExit status: 0 when everything checks out, 1 when anything is damaged.')
+    .action(async (opts) => {
+      const report = await withVault(opts, false, (v) => v.verify());
+      process.exitCode = report.ok ? EXIT_OK : EXIT_ERROR;
+      if (opts.json) {
+        printJson(report);
+        return;
+      }
+      const o = report.orphans;
+      process.stdout.write(
+        `checked ${report.tenants} tenant(s), ${report.checkpoints} checkpoint(s), ${report.chunksChecked} chunk(s), ${formatBytes(report.bytesChecked)}\n`,
+      );
+      if (o.packs + o.indexes + o.temporaries > 0) {
+        process.stdout.write(
+          pc.dim(
+            `leftovers of interrupted writes (gc removes them): ${o.packs} pack(s), ${o.temporaries} temporary file(s)\n`,
+          ),
+        );
+      }
+      if (report.shreddedTenants.length > 0) {
+        process.stdout.write(pc.dim(`shredded tenants awaiting gc: ${report.shreddedTenants.join(', ')}\n`));
+      }
+      if (report.ok) {
+        process.stdout.write(`${pc.green('ok')}: the vault is intact\n`);
+        return;
+      }
+      const t = table(['tenant', 'checkpoints', 'object', 'problem']);
+      for (const p of report.problems)
+        t.push([p.tenant, p.checkpoints.join(', ') || '-', p.object, p.message]);
+      process.stdout.write(`${t.toString()}\n${pc.red(`${report.problems.length} problem(s)`)}\n`);
+    });
+
+  vault
+    .command('gc')
+    .description(
+      'delete what no checkpoint references and leftovers of interrupted writes (safe while writes go on)',
+    )
+    .option('--json', 'print one JSON value (the gc report)')
+    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .action(async (opts) => {
+      const r = await withVault(opts, false, (v) => v.gc());
+      if (opts.json) {
+        printJson(r);
+        return;
+      }
+      process.stdout.write(
+        `reclaimed ${formatBytes(r.reclaimedBytes)} (${formatBytes(r.bytesBefore)} -> ${formatBytes(r.bytesAfter)}) in ${formatDurationMs(r.durationMs)}: ` +
+          `${r.packsDeleted} pack(s) deleted, ${r.packsRepacked} repacked, ${r.temporariesDeleted} temporary file(s), ${r.tenantsShredded} shredded tenant(s)\n`,
+      );
+      for (const s of r.skippedTenants)
+        process.stdout.write(`${pc.yellow('skipped')} tenant ${s.tenant}: ${s.reason}\n`);
+    });
+
+  vault
+    .command('stats')
+    .description('logical and stored bytes, deduplication and compression ratios')
+    .option('--json', 'print one JSON value')
+    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .action(async (opts) => {
+      const s = await withVault(opts, false, (v) => v.stats());
+      if (opts.json) {
+        printJson(s);
+        return;
+      }
+      const t = table([
+        'tenant',
+        'checkpoints',
+        'logical',
+        'holes',
+        'unique',
+        'stored',
+        'dedup',
+        'compression',
+        'overall',
+      ]);
+      for (const x of [...s.tenants, { tenant: pc.bold('total'), ...s.total }]) {
+        t.push([
+          x.tenant,
+          String(x.checkpoints),
+          formatBytes(x.logicalBytes),
+          formatBytes(x.holeBytes),
+          formatBytes(x.uniqueBytes),
+          formatBytes(x.storedBytes),
+          `${x.dedupRatio.toFixed(2)}x`,
+          `${x.compressionRatio.toFixed(2)}x`,
+          `${x.overallRatio.toFixed(2)}x`,
+        ]);
+      }
+      process.stdout.write(`${s.location}\n${t.toString()}\n`);
+    });
+
+  vault
+    .command('put')
+    .description('store a folder (CRIU images) as a checkpoint')
+    .argument('<dir>', 'the folder to store')
+    .requiredOption('--id <checkpoint>', 'checkpoint id (never reused)')
+    .option('--tenant <tenant>', 'tenant', 'default')
+    .option('--sandbox <sandbox>', 'sandbox id (default: the checkpoint id)')
+    .option('--json', 'print one JSON value')
+    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .action(async (dir, opts) => {
+      const r = await withVault(opts, true, (v) =>
+        v.putCheckpoint({
+          tenant: opts.tenant,
+          sandboxId: opts.sandbox ?? opts.id,
+          checkpointId: opts.id,
+          srcDir: dir,
+        }),
+      );
+      if (opts.json) printJson(r);
+      else {
+        const mbps = r.logicalBytes / 1e6 / Math.max(r.durationMs / 1000, 1e-3);
+        process.stdout.write(
+          `stored ${opts.id}: ${formatBytes(r.logicalBytes)} in ${formatDurationMs(r.durationMs)} (${mbps.toFixed(0)} MB/s), ${formatBytes(r.newBytes)} new, ${formatBytes(r.storedBytes)} written\n`,
+        );
+      }
+    });
+
+  vault
+    .command('get')
+    .description('restore a checkpoint into a new or empty folder')
+    .argument('<checkpoint>', 'checkpoint id')
+    .requiredOption('--out <dir>', 'folder to restore into (new or empty)')
+    .option('--tenant <tenant>', 'tenant', 'default')
+    .option('--json', 'print one JSON value')
+    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .action(async (checkpoint, opts) => {
+      const r = await withVault(opts, false, (v) =>
+        v.restoreCheckpoint({ tenant: opts.tenant, checkpointId: checkpoint, destDir: opts.out }),
+      );
+      if (opts.json) printJson(r);
+      else
+        process.stdout.write(
+          `restored ${checkpoint}: ${r.files} file(s), ${formatBytes(r.logicalBytes)} in ${formatDurationMs(r.durationMs)}\n`,
+        );
+    });
+}
