@@ -15,7 +15,10 @@ let vaultDir: string;
 let src: string;
 const key = randomBytes(32);
 
-function runChild(checkpointId: string, killAt?: string): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+function runChild(
+  checkpointId: string,
+  killAt?: string,
+): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
   return new Promise((resolve, reject) => {
     const env = { ...process.env };
     if (killAt) env.DORMANT_VAULT_TEST_KILL_AT = killAt;
