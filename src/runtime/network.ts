@@ -1,0 +1,236 @@
+/**
+ * A sandbox's network: its own network namespace, made with `ip netns add` so it outlives
+ * the container (runc joins it; CRIU treats it as external, so a checkpoint neither dumps
+ * nor needs to rebuild it), and a veth pair into it carrying a private /30:
+ *
+ *   subnet 10.213.0.0/16 (configurable), slot n in [0, 16384):
+ *     host end   base + 4n + 1   (interface dmh<n>, also the sandbox's default gateway)
+ *     sandbox    base + 4n + 2   (interface eth0 inside)
+ *
+ * Slots are reserved by creating `<netDir>/<n>` with O_EXCL (the file holds the sandbox id),
+ * so two creates, in one process or two, never get the same slot; the first slot tried is
+ * a hash of the id, so a sandbox usually keeps the same address if it is made again.
+ *
+ * Inside the namespace a small iptables ruleset lets the host reach only the declared TCP
+ * ports and keeps the sandbox from opening connections to the host.
+ */
+import { createHash } from 'node:crypto';
+import { mkdir, readFile, readdir, unlink, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
+import { run } from '../sys/exec.js';
+import type { SandboxNetwork } from './runtime.js';
+
+const IP_TIMEOUT_MS = 10_000;
+
+export interface Subnet {
+  /** The network's first address as a 32-bit number. */
+  base: number;
+  prefixLength: number;
+  /** How many /30 slots fit. */
+  slots: number;
+}
+
+export function parseSubnet(cidr: string): Subnet {
+  const m = /^(\d+)\.(\d+)\.(\d+)\.(\d+)\/(\d+)$/.exec(cidr);
+  const octets = m ? m.slice(1, 5).map(Number) : [];
+  const prefix = m ? Number(m[5]) : NaN;
+  if (!m || octets.some((o) => o > 255) || !(prefix >= 8 && prefix <= 28))
+    throw new DormantError(
+      ErrorCode.INVALID_ARGUMENT,
+      `subnet "${cidr}" is not an IPv4 CIDR between /8 and /28`,
+      {
+        status: 400,
+      },
+    );
+  const raw = octets.reduce((acc, o) => acc * 256 + o, 0);
+  const size = 2 ** (32 - prefix);
+  const base = raw - (raw % size);
+  return { base, prefixLength: prefix, slots: size / 4 };
+}
+
+export function ipv4(n: number): string {
+  return [24, 16, 8, 0].map((s) => Math.floor(n / 2 ** s) % 256).join('.');
+}
+
+/** The first slot to try for an id (then the following ones, wrapping around). */
+export function preferredSlot(id: string, slots: number): number {
+  return createHash('sha256').update(id).digest().readUInt32BE(0) % slots;
+}
+
+export function netnsName(id: string): string {
+  return `dormant-${id}`;
+}
+
+/** The addresses of slot `slot`. Pure. */
+export function slotNetwork(id: string, subnet: Subnet, slot: number): SandboxNetwork {
+  const first = subnet.base + slot * 4;
+  return {
+    netns: netnsName(id),
+    hostAddress: ipv4(first + 1),
+    address: ipv4(first + 2),
+    prefixLength: 30,
+    hostInterface: `dmh${slot}`,
+  };
+}
+
+/**
+ * Reserves a slot for `id` in `netDir` and returns it. Idempotent: a slot already held by
+ * the same id is returned again.
+ */
+export async function reserveSlot(netDir: string, id: string, subnet: Subnet): Promise<number> {
+  await mkdir(netDir, { recursive: true, mode: 0o700 });
+  const existing = await findSlot(netDir, id);
+  if (existing !== undefined) return existing;
+  const first = preferredSlot(id, subnet.slots);
+  for (let i = 0; i < subnet.slots; i++) {
+    const slot = (first + i) % subnet.slots;
+    try {
+      // O_EXCL: the file system decides who owns the slot, even across processes.
+      await writeFile(join(netDir, String(slot)), id, { flag: 'wx', mode: 0o600 });
+      return slot;
+    } catch (e) {
+      if (errnoCode(e) !== 'EEXIST') throw e;
+    }
+  }
+  throw new DormantError(ErrorCode.RUNTIME_NETWORK_FAILED, `no free address for sandbox ${id}`, {
+    status: 503,
+    hint: 'destroy unused sandboxes or configure a larger subnet',
+  });
+}
+
+export async function findSlot(netDir: string, id: string): Promise<number | undefined> {
+  let names: string[];
+  try {
+    names = await readdir(netDir);
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return undefined;
+    throw e;
+  }
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if ((await readFile(join(netDir, name), 'utf8')) === id) return Number(name);
+    } catch (e) {
+      if (errnoCode(e) !== 'ENOENT') throw e;
+    }
+  }
+  return undefined;
+}
+
+export async function releaseSlot(netDir: string, slot: number): Promise<void> {
+  try {
+    await unlink(join(netDir, String(slot)));
+  } catch (e) {
+    if (errnoCode(e) !== 'ENOENT') throw e;
+  }
+}
+
+async function ip(args: string[], signal?: AbortSignal): Promise<void> {
+  await run('ip', args, { timeoutMs: IP_TIMEOUT_MS, signal });
+}
+
+async function netnsExists(name: string): Promise<boolean> {
+  const r = await run('ip', ['netns', 'list'], { timeoutMs: IP_TIMEOUT_MS });
+  return r.stdout.split('\n').some((l) => l.split(' ')[0] === name);
+}
+
+async function linkExists(name: string, netns?: string): Promise<boolean> {
+  const args = netns === undefined ? ['link', 'show', name] : ['-n', netns, 'link', 'show', name];
+  const r = await run('ip', args, { timeoutMs: IP_TIMEOUT_MS, okExitCodes: [0, 1] });
+  return r.exitCode === 0;
+}
+
+/** The iptables ruleset inside the sandbox's namespace. */
+export function firewallRules(net: SandboxNetwork, ports: readonly number[]): string {
+  return [
+    '*filter',
+    ':INPUT DROP [0:0]',
+    ':FORWARD DROP [0:0]',
+    ':OUTPUT ACCEPT [0:0]',
+    '-A INPUT -i lo -j ACCEPT',
+    '-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT',
+    '-A INPUT -p icmp -j ACCEPT',
+    ...ports.map((p) => `-A INPUT -i eth0 -p tcp -m tcp --dport ${p} -j ACCEPT`),
+    // The sandbox may answer, but not open connections to the host (or anything beyond it).
+    '-A OUTPUT -o lo -j ACCEPT',
+    '-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT',
+    `-A OUTPUT -o eth0 -d ${net.hostAddress} -p icmp -j ACCEPT`,
+    '-A OUTPUT -o eth0 -j REJECT',
+    'COMMIT',
+    '',
+  ].join('\n');
+}
+
+/** Creates (or completes, after a crash) the namespace, the veth pair and the firewall. */
+export async function setUpNetwork(
+  net: SandboxNetwork,
+  ports: readonly number[],
+  signal?: AbortSignal,
+): Promise<void> {
+  try {
+    if (!(await netnsExists(net.netns))) await ip(['netns', 'add', net.netns], signal);
+    await ip(['-n', net.netns, 'link', 'set', 'lo', 'up'], signal);
+    if (!(await linkExists('eth0', net.netns))) {
+      if (await linkExists(net.hostInterface)) await ip(['link', 'del', net.hostInterface], signal);
+      const peer = `${net.hostInterface}c`;
+      await ip(['link', 'add', net.hostInterface, 'type', 'veth', 'peer', 'name', peer], signal);
+      await ip(['link', 'set', peer, 'netns', net.netns], signal);
+      await ip(['-n', net.netns, 'link', 'set', peer, 'name', 'eth0'], signal);
+      await ip(['-n', net.netns, 'addr', 'add', `${net.address}/${net.prefixLength}`, 'dev', 'eth0'], signal);
+      await ip(['-n', net.netns, 'link', 'set', 'eth0', 'up'], signal);
+      await ip(['-n', net.netns, 'route', 'add', 'default', 'via', net.hostAddress], signal);
+      await ip(['addr', 'add', `${net.hostAddress}/${net.prefixLength}`, 'dev', net.hostInterface], signal);
+      await ip(['link', 'set', net.hostInterface, 'up'], signal);
+    }
+    await run('ip', ['netns', 'exec', net.netns, 'iptables-restore'], {
+      timeoutMs: IP_TIMEOUT_MS,
+      signal,
+      input: firewallRules(net, ports),
+    });
+  } catch (e) {
+    throw new DormantError(
+      ErrorCode.RUNTIME_NETWORK_FAILED,
+      `network for ${net.netns} could not be set up: ${(e as Error).message}`,
+      { cause: e, hint: 'dormant needs root, iproute2 and iptables (scripts/setup.sh)' },
+    );
+  }
+}
+
+/**
+ * Removes CRIU's network-lock chain if a failed dump or restore left it behind: while it is
+ * there the sandbox's traffic is dropped.
+ */
+export async function clearCriuNetworkLock(net: SandboxNetwork): Promise<void> {
+  for (const tool of ['iptables', 'ip6tables']) {
+    const r = await run('ip', ['netns', 'exec', net.netns, tool, '-S'], {
+      timeoutMs: IP_TIMEOUT_MS,
+      okExitCodes: [0, 1, 2],
+    });
+    if (!r.stdout.includes('-N CRIU')) continue;
+    for (const chain of ['INPUT', 'OUTPUT']) {
+      // Delete every jump to CRIU (a failed run can leave more than one).
+      for (let i = 0; i < 8; i++) {
+        const d = await run('ip', ['netns', 'exec', net.netns, tool, '-D', chain, '-j', 'CRIU'], {
+          timeoutMs: IP_TIMEOUT_MS,
+          okExitCodes: [0, 1, 2],
+        });
+        if (d.exitCode !== 0) break;
+      }
+    }
+    await run('ip', ['netns', 'exec', net.netns, tool, '-F', 'CRIU'], {
+      timeoutMs: IP_TIMEOUT_MS,
+      okExitCodes: [0, 1],
+    });
+    await run('ip', ['netns', 'exec', net.netns, tool, '-X', 'CRIU'], {
+      timeoutMs: IP_TIMEOUT_MS,
+      okExitCodes: [0, 1],
+    });
+  }
+}
+
+/** Deletes the namespace (which takes the veth pair with it) and a stray host end. */
+export async function tearDownNetwork(net: SandboxNetwork, signal?: AbortSignal): Promise<void> {
+  if (await netnsExists(net.netns)) await ip(['netns', 'del', net.netns], signal);
+  if (await linkExists(net.hostInterface)) await ip(['link', 'del', net.hostInterface], signal);
+}

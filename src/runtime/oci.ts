@@ -1,0 +1,199 @@
+/**
+ * The sandbox spec, validated, and the OCI runtime config (config.json) made from it.
+ * Pure: no I/O, so the isolation a sandbox gets can be read and tested here in one place.
+ */
+import { DormantError, ErrorCode } from '../domain/errors.js';
+import type { SandboxSpec } from './runtime.js';
+
+const ID_RE = /^[a-z0-9][a-z0-9_.-]{0,47}$/;
+
+function invalid(message: string): DormantError {
+  return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { status: 400 });
+}
+
+/** Checks a spec and returns a frozen copy with defaults filled in. */
+export function compileSandboxSpec(raw: SandboxSpec): Readonly<SandboxSpec> {
+  if (!ID_RE.test(raw.id))
+    throw invalid(
+      `sandbox id "${raw.id}" is not valid: use 1-48 of a-z, 0-9, '-', '_', '.', starting with a letter or digit`,
+    );
+  if (!raw.rootfs.startsWith('/')) throw invalid(`sandbox ${raw.id}: rootfs must be an absolute path`);
+  if (raw.args.length === 0) throw invalid(`sandbox ${raw.id}: a command is required`);
+  const ports = [...new Set(raw.ports ?? [])];
+  for (const p of ports)
+    if (!Number.isInteger(p) || p < 1 || p > 65535)
+      throw invalid(`sandbox ${raw.id}: port ${p} is not valid`);
+  const limits = raw.limits ?? {};
+  if (limits.memoryBytes !== undefined && !(limits.memoryBytes >= 4 * 1024 * 1024))
+    throw invalid(`sandbox ${raw.id}: memory limit must be at least 4 MiB`);
+  if (limits.cpus !== undefined && !(limits.cpus > 0 && limits.cpus <= 1024))
+    throw invalid(`sandbox ${raw.id}: cpus must be > 0`);
+  if (limits.pids !== undefined && !(Number.isInteger(limits.pids) && limits.pids > 0))
+    throw invalid(`sandbox ${raw.id}: pids limit must be a positive integer`);
+  const hostname = raw.hostname ?? raw.id;
+  if (!/^[a-zA-Z0-9]([a-zA-Z0-9.-]{0,62})$/.test(hostname))
+    throw invalid(`sandbox ${raw.id}: hostname "${hostname}" is not valid`);
+  for (const b of raw.readonlyBinds ?? [])
+    if (!b.source.startsWith('/') || !b.destination.startsWith('/'))
+      throw invalid(`sandbox ${raw.id}: bind ${b.source}:${b.destination} must use absolute paths`);
+  for (const k of Object.keys(raw.env ?? {}))
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw invalid(`sandbox ${raw.id}: env name "${k}" is not valid`);
+  return Object.freeze({
+    id: raw.id,
+    rootfs: raw.rootfs,
+    args: Object.freeze([...raw.args]),
+    env: Object.freeze({ ...(raw.env ?? {}) }),
+    cwd: raw.cwd ?? '/',
+    hostname,
+    ports: Object.freeze(ports.sort((a, b) => a - b)),
+    limits: Object.freeze({ ...limits }),
+    readonlyBinds: Object.freeze((raw.readonlyBinds ?? []).map((b) => Object.freeze({ ...b }))),
+  });
+}
+
+/**
+ * Capabilities a sandbox keeps: enough for an agent to install packages and run servers as
+ * root inside; without raw sockets, mknod, module loading, mounts, ptrace or admin rights.
+ */
+export const SANDBOX_CAPABILITIES = Object.freeze([
+  'CAP_CHOWN',
+  'CAP_DAC_OVERRIDE',
+  'CAP_FOWNER',
+  'CAP_FSETID',
+  'CAP_KILL',
+  'CAP_SETGID',
+  'CAP_SETUID',
+  'CAP_SETPCAP',
+  'CAP_NET_BIND_SERVICE',
+  'CAP_SYS_CHROOT',
+  'CAP_AUDIT_WRITE',
+]);
+
+/** Kernel interfaces hidden from the sandbox (the same set runc's default spec hides). */
+export const MASKED_PATHS = Object.freeze([
+  '/proc/acpi',
+  '/proc/asound',
+  '/proc/kcore',
+  '/proc/keys',
+  '/proc/latency_stats',
+  '/proc/timer_list',
+  '/proc/timer_stats',
+  '/proc/sched_debug',
+  '/proc/scsi',
+  '/sys/firmware',
+]);
+
+export const READONLY_PATHS = Object.freeze([
+  '/proc/bus',
+  '/proc/fs',
+  '/proc/irq',
+  '/proc/sys',
+  '/proc/sysrq-trigger',
+]);
+
+/** The CFS period used for the CPU limit, in microseconds. */
+export const CPU_PERIOD_US = 100_000;
+
+export interface OciConfigInput {
+  spec: Readonly<SandboxSpec>;
+  /** The netns path (`/var/run/netns/NAME`) the sandbox joins instead of getting a fresh one. */
+  netnsPath: string;
+  /** cgroup path relative to each hierarchy's root, e.g. `/dormant/ID`. */
+  cgroupsPath: string;
+  /** Per-sandbox CRIU configuration file (runc reads it through the `org.criu.config` annotation). */
+  criuConfigPath: string;
+}
+
+const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+/** The OCI runtime config for a sandbox: the whole isolation story in one object. */
+export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
+  const { spec } = input;
+  const env = { PATH: DEFAULT_PATH, HOME: '/root', HOSTNAME: spec.hostname ?? spec.id, ...spec.env };
+  const limits = spec.limits ?? {};
+  const resources: Record<string, unknown> = {
+    devices: [{ allow: false, access: 'rwm' }],
+  };
+  if (limits.memoryBytes !== undefined) resources.memory = { limit: limits.memoryBytes };
+  if (limits.cpus !== undefined)
+    resources.cpu = { quota: Math.round(limits.cpus * CPU_PERIOD_US), period: CPU_PERIOD_US };
+  if (limits.pids !== undefined) resources.pids = { limit: limits.pids };
+  const caps = [...SANDBOX_CAPABILITIES];
+  return {
+    ociVersion: '1.0.2',
+    process: {
+      terminal: false,
+      user: { uid: 0, gid: 0 },
+      args: [...spec.args],
+      env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
+      cwd: spec.cwd ?? '/',
+      capabilities: { bounding: caps, effective: caps, permitted: caps, inheritable: [], ambient: [] },
+      noNewPrivileges: true,
+    },
+    root: { path: 'rootfs', readonly: false },
+    hostname: spec.hostname ?? spec.id,
+    mounts: [
+      { destination: '/proc', type: 'proc', source: 'proc' },
+      {
+        destination: '/dev',
+        type: 'tmpfs',
+        source: 'tmpfs',
+        options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'],
+      },
+      {
+        destination: '/dev/pts',
+        type: 'devpts',
+        source: 'devpts',
+        options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620', 'gid=5'],
+      },
+      {
+        destination: '/dev/shm',
+        type: 'tmpfs',
+        source: 'shm',
+        options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'],
+      },
+      {
+        destination: '/dev/mqueue',
+        type: 'mqueue',
+        source: 'mqueue',
+        options: ['nosuid', 'noexec', 'nodev'],
+      },
+      { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+      {
+        destination: '/sys/fs/cgroup',
+        type: 'cgroup',
+        source: 'cgroup',
+        options: ['nosuid', 'noexec', 'nodev', 'relatime', 'ro'],
+      },
+      ...(spec.readonlyBinds ?? []).map((b) => ({
+        destination: b.destination,
+        type: 'bind',
+        source: b.source,
+        options: ['bind', 'ro', 'nosuid', 'nodev'],
+      })),
+    ],
+    annotations: { 'org.criu.config': input.criuConfigPath },
+    linux: {
+      cgroupsPath: input.cgroupsPath,
+      resources,
+      namespaces: [
+        { type: 'pid' },
+        { type: 'network', path: input.netnsPath },
+        { type: 'ipc' },
+        { type: 'uts' },
+        { type: 'mount' },
+      ],
+      maskedPaths: [...MASKED_PATHS],
+      readonlyPaths: [...READONLY_PATHS],
+    },
+  };
+}
+
+/**
+ * CRIU options runc cannot pass itself. `tcp-close`: established connections are dumped
+ * as closed and restored closed (their peers get a reset and reconnect); listening sockets
+ * are restored listening.
+ */
+export function criuConfigText(): string {
+  return 'tcp-close\n';
+}

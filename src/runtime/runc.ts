@@ -1,0 +1,589 @@
+/**
+ * The Runtime port on runc (1.1.x) with CRIU. runc is called directly, through sys/exec's
+ * run(), with a private state root so dormant's containers never mix with anyone else's.
+ *
+ * Host-side layout of one sandbox (`<stateDir>/sandboxes/<id>/`, mode 0700; nothing of it
+ * is visible inside the sandbox except the overlay mounted at bundle/rootfs):
+ *
+ *   sandbox.json          the compiled spec and its network slot (written first, atomically)
+ *   bundle/config.json    the OCI config (oci.ts)
+ *   bundle/rootfs/        overlay mount point: lower = spec.rootfs, upper/work below
+ *   fs/upper/, fs/work/   the writable layer (fs/upper is the filesystem diff)
+ *   log/output.log        the sandbox's stdout+stderr, appended by the log collector
+ *   log/*.pid             the collector's pids (log-collector.ts)
+ *   criu.conf             CRIU options runc cannot pass (tcp-close)
+ *   runc.log              runc's own log (JSON lines), read back for error messages
+ */
+import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
+import { run, type RunResult } from '../sys/exec.js';
+import { ensureCollector, stopCollector } from './log-collector.js';
+import {
+  clearCriuNetworkLock,
+  findSlot,
+  parseSubnet,
+  releaseSlot,
+  reserveSlot,
+  setUpNetwork,
+  slotNetwork,
+  tearDownNetwork,
+  type Subnet,
+} from './network.js';
+import { buildOciConfig, compileSandboxSpec, criuConfigText } from './oci.js';
+import { isMountPoint, mountOverlay, unmount } from './rootfs.js';
+import type {
+  CallOptions,
+  CheckpointOptions,
+  CheckpointResult,
+  ExecOptions,
+  ExecResult,
+  RestoreOptions,
+  RestoreResult,
+  Runtime,
+  SandboxNetwork,
+  SandboxSpec,
+  SandboxState,
+  SandboxStatus,
+} from './runtime.js';
+
+export interface RuncRuntimeOptions {
+  /** Where sandboxes, runc's state and the network reservations live. Keep it root-only. */
+  stateDir: string;
+  /** Default `runc` on PATH. */
+  runcPath?: string;
+  /** The criu binary runc should run. Default `criu` on PATH. */
+  criuPath?: string;
+  /** Environment for runc (and so criu). Default `{ CRIU_FAULT: '130' }` (see PLATFORM.md). */
+  criuEnv?: Record<string, string>;
+  /** The IPv4 subnet sandboxes get /30s from. Default 10.213.0.0/16. */
+  subnet?: string;
+  /** Parent of every sandbox's cgroup. Default `/dormant`. */
+  cgroupParent?: string;
+}
+
+interface SandboxRecord {
+  spec: Readonly<SandboxSpec>;
+  slot: number;
+  network: SandboxNetwork;
+}
+
+interface RuncState {
+  status: string;
+  pid: number;
+}
+
+const DEFAULTS = {
+  stateMs: 10_000,
+  createMs: 30_000,
+  startMs: 10_000,
+  execMs: 60_000,
+  freezeMs: 10_000,
+  checkpointMs: 120_000,
+  restoreMs: 120_000,
+  killMs: 10_000,
+  destroyMs: 30_000,
+} as const;
+
+/** A line of the CRIU log or runc log worth putting in an error message. */
+async function tailOf(path: string, pattern: RegExp, lines = 12): Promise<string> {
+  try {
+    const text = await readFile(path, 'utf8');
+    const hits = text.split('\n').filter((l) => pattern.test(l));
+    return hits.slice(-lines).join('\n');
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return '';
+    throw e;
+  }
+}
+
+async function writeFileAtomic(path: string, data: string): Promise<void> {
+  const tmp = `${path}.tmp`;
+  const fh = await open(tmp, 'w', 0o600);
+  try {
+    await fh.writeFile(data);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  // rename after fsync: a crash leaves either the old file or the whole new one.
+  await rename(tmp, path);
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await stat(path);
+    return true;
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return false;
+    throw e;
+  }
+}
+
+export class RuncRuntime implements Runtime {
+  private readonly stateDir: string;
+  private readonly runcPath: string;
+  private readonly criuPath: string;
+  private readonly env: Record<string, string>;
+  private readonly subnet: Subnet;
+  private readonly cgroupParent: string;
+
+  constructor(options: RuncRuntimeOptions) {
+    if (!options.stateDir.startsWith('/'))
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'RuncRuntime: stateDir must be absolute', {
+        status: 400,
+      });
+    this.stateDir = options.stateDir;
+    this.runcPath = options.runcPath ?? 'runc';
+    this.criuPath = options.criuPath ?? 'criu';
+    const path = process.env.PATH ?? '/usr/bin:/bin';
+    this.env = {
+      CRIU_FAULT: '130',
+      // CRIU's network lock runs iptables-restore, which lives in sbin.
+      PATH: path.includes('/usr/sbin') ? path : `/usr/local/sbin:/usr/sbin:/sbin:${path}`,
+      ...options.criuEnv,
+    };
+    this.subnet = parseSubnet(options.subnet ?? '10.213.0.0/16');
+    this.cgroupParent = options.cgroupParent ?? '/dormant';
+  }
+
+  // ---- paths -------------------------------------------------------------------------
+
+  private dir(id: string): string {
+    return join(this.stateDir, 'sandboxes', id);
+  }
+  private runcRoot(): string {
+    return join(this.stateDir, 'runc');
+  }
+  private netDir(): string {
+    return join(this.stateDir, 'net');
+  }
+  /** The sandbox's writable layer: its filesystem diff, to archive. */
+  upperDir(id: string): string {
+    return join(this.dir(id), 'fs', 'upper');
+  }
+  logPath(id: string): string {
+    return join(this.dir(id), 'log', 'output.log');
+  }
+  private bundle(id: string): string {
+    return join(this.dir(id), 'bundle');
+  }
+  /** cgroup path of a sandbox, relative to each hierarchy's root. */
+  cgroupPath(id: string): string {
+    return `${this.cgroupParent}/${id}`;
+  }
+
+  private runcArgs(id: string, args: string[]): string[] {
+    return [
+      '--root',
+      this.runcRoot(),
+      '--log',
+      join(this.dir(id), 'runc.log'),
+      '--log-format',
+      'json',
+      '--criu',
+      this.criuPath,
+      ...args,
+    ];
+  }
+
+  private async runc(
+    id: string,
+    args: string[],
+    opts: CallOptions & { okExitCodes?: number[]; input?: string | Buffer },
+    defaultTimeoutMs: number,
+  ): Promise<RunResult> {
+    return run(this.runcPath, this.runcArgs(id, args), {
+      timeoutMs: opts.timeoutMs ?? defaultTimeoutMs,
+      signal: opts.signal,
+      env: this.env,
+      okExitCodes: opts.okExitCodes,
+      input: opts.input,
+    });
+  }
+
+  /**
+   * runc with the sandbox's log pipe as stdin=/dev/null, stdout and stderr: what runc create
+   * and runc restore hand to the sandbox. A shell opens the pipe (`/proc/<keeper>/fd/1`)
+   * because run() gives its children socketpairs, which CRIU could not dump.
+   */
+  private async runcWithLogPipe(
+    id: string,
+    args: string[],
+    opts: CallOptions,
+    defaultTimeoutMs: number,
+  ): Promise<RunResult> {
+    const collector = await ensureCollector(join(this.dir(id), 'log'), opts.signal);
+    return run(
+      'sh',
+      [
+        '-c',
+        'exec "$@" </dev/null >>"$DORMANT_LOG_PIPE" 2>&1',
+        'sh',
+        this.runcPath,
+        ...this.runcArgs(id, args),
+      ],
+      {
+        timeoutMs: opts.timeoutMs ?? defaultTimeoutMs,
+        signal: opts.signal,
+        env: { ...this.env, DORMANT_LOG_PIPE: collector.pipePath },
+      },
+    );
+  }
+
+  // ---- records -----------------------------------------------------------------------
+
+  private async readRecord(id: string): Promise<SandboxRecord> {
+    try {
+      return JSON.parse(await readFile(join(this.dir(id), 'sandbox.json'), 'utf8')) as SandboxRecord;
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT')
+        throw new DormantError(
+          ErrorCode.RUNTIME_SANDBOX_NOT_FOUND,
+          `sandbox ${id} does not exist on this node`,
+          {
+            status: 404,
+          },
+        );
+      throw e;
+    }
+  }
+
+  private async runcState(id: string, opts: CallOptions = {}): Promise<RuncState | undefined> {
+    const r = await this.runc(id, ['state', id], { ...opts, okExitCodes: [0, 1] }, DEFAULTS.stateMs);
+    if (r.exitCode !== 0) {
+      if (
+        /does not exist/.test(r.stderr + (await tailOf(join(this.dir(id), 'runc.log'), /does not exist/, 1)))
+      )
+        return undefined;
+      throw new DormantError(ErrorCode.COMMAND_FAILED, `runc state ${id} failed: ${r.stderr.trim()}`);
+    }
+    return JSON.parse(r.stdout) as RuncState;
+  }
+
+  private async requireStatus(id: string, allowed: SandboxStatus[], action: string): Promise<SandboxState> {
+    const s = await this.state(id);
+    if (!allowed.includes(s.status))
+      throw new DormantError(
+        ErrorCode.RUNTIME_INVALID_STATE,
+        `cannot ${action} sandbox ${id}: it is ${s.status} (needs ${allowed.join(' or ')})`,
+        { status: 409 },
+      );
+    return s;
+  }
+
+  private async runcLogSince(id: string, offset: number): Promise<string> {
+    try {
+      const buf = await readFile(join(this.dir(id), 'runc.log'));
+      const lines = buf.subarray(offset).toString('utf8').split('\n').filter(Boolean);
+      return lines
+        .map((l) => {
+          try {
+            const j = JSON.parse(l) as { level?: string; msg?: string };
+            return j.level === 'error' || j.level === 'fatal' ? (j.msg ?? '') : '';
+          } catch {
+            return l;
+          }
+        })
+        .filter(Boolean)
+        .slice(-8)
+        .join('\n');
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT') return '';
+      throw e;
+    }
+  }
+
+  private async runcLogSize(id: string): Promise<number> {
+    try {
+      return (await stat(join(this.dir(id), 'runc.log'))).size;
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT') return 0;
+      throw e;
+    }
+  }
+
+  /** Everything a container needs on the host: network, log collector, mounted rootfs. */
+  private async ensureHostSide(rec: SandboxRecord, signal?: AbortSignal): Promise<void> {
+    const id = rec.spec.id;
+    await setUpNetwork(rec.network, rec.spec.ports ?? [], signal);
+    await ensureCollector(join(this.dir(id), 'log'), signal);
+    await mountOverlay(
+      {
+        lower: rec.spec.rootfs,
+        upper: this.upperDir(id),
+        work: join(this.dir(id), 'fs', 'work'),
+        target: join(this.bundle(id), 'rootfs'),
+      },
+      signal,
+    );
+  }
+
+  // ---- the port ----------------------------------------------------------------------
+
+  async prepare(raw: SandboxSpec, opts: CallOptions = {}): Promise<SandboxState> {
+    const spec = compileSandboxSpec(raw);
+    const id = spec.id;
+    const dir = this.dir(id);
+    const recordPath = join(dir, 'sandbox.json');
+    let rec: SandboxRecord;
+    if (await exists(recordPath)) {
+      rec = await this.readRecord(id);
+      if (JSON.stringify(rec.spec) !== JSON.stringify(spec))
+        throw new DormantError(
+          ErrorCode.RUNTIME_SANDBOX_EXISTS,
+          `sandbox ${id} already exists with another spec`,
+          {
+            status: 409,
+          },
+        );
+    } else {
+      try {
+        if (!(await stat(spec.rootfs)).isDirectory()) throw new Error('not a directory');
+      } catch (e) {
+        throw new DormantError(
+          ErrorCode.INVALID_ARGUMENT,
+          `sandbox ${id}: rootfs ${spec.rootfs} is not a folder`,
+          {
+            status: 400,
+            cause: e,
+          },
+        );
+      }
+      await mkdir(join(this.stateDir, 'sandboxes'), { recursive: true, mode: 0o700 });
+      await mkdir(dir, { mode: 0o700 }).catch((e: unknown) => {
+        if (errnoCode(e) !== 'EEXIST') throw e;
+      });
+      const slot = await reserveSlot(this.netDir(), id, this.subnet);
+      rec = { spec, slot, network: slotNetwork(id, this.subnet, slot) };
+      await writeFileAtomic(recordPath, JSON.stringify(rec, null, 2));
+    }
+    for (const d of ['bundle/rootfs', 'fs/upper', 'fs/work', 'log'])
+      await mkdir(join(dir, d), { recursive: true, mode: 0o700 });
+    const criuConf = join(dir, 'criu.conf');
+    await writeFileAtomic(criuConf, criuConfigText());
+    const config = buildOciConfig({
+      spec,
+      netnsPath: `/var/run/netns/${rec.network.netns}`,
+      cgroupsPath: this.cgroupPath(id),
+      criuConfigPath: criuConf,
+    });
+    await writeFileAtomic(join(this.bundle(id), 'config.json'), JSON.stringify(config, null, 2));
+    await this.ensureHostSide(rec, opts.signal);
+    return this.state(id, opts);
+  }
+
+  async create(spec: SandboxSpec, opts: CallOptions = {}): Promise<SandboxState> {
+    await this.prepare(spec, opts);
+    const id = spec.id;
+    const current = await this.runcState(id, opts);
+    if (current !== undefined) return this.state(id, opts);
+    const offset = await this.runcLogSize(id);
+    try {
+      await this.runcWithLogPipe(id, ['create', '--bundle', this.bundle(id), id], opts, DEFAULTS.createMs);
+    } catch (e) {
+      const why = await this.runcLogSince(id, offset);
+      throw new DormantError(
+        ErrorCode.RUNTIME_CREATE_FAILED,
+        `runc could not create sandbox ${id}${why ? `: ${why}` : ''}`,
+        { cause: e, details: { runcLog: why } },
+      );
+    }
+    return this.state(id, opts);
+  }
+
+  async start(id: string, opts: CallOptions = {}): Promise<void> {
+    await this.requireStatus(id, ['created'], 'start');
+    await this.runc(id, ['start', id], opts, DEFAULTS.startMs);
+  }
+
+  async state(id: string, opts: CallOptions = {}): Promise<SandboxState> {
+    const rec = await this.readRecord(id);
+    const rs = await this.runcState(id, opts);
+    const status: SandboxStatus =
+      rs === undefined
+        ? 'absent'
+        : rs.status === 'created' || rs.status === 'running' || rs.status === 'paused'
+          ? rs.status
+          : 'stopped';
+    return {
+      id,
+      status,
+      pid: rs !== undefined && rs.pid > 0 ? rs.pid : undefined,
+      network: rec.network,
+      logPath: this.logPath(id),
+      upperDir: this.upperDir(id),
+    };
+  }
+
+  async exec(id: string, args: readonly string[], opts: ExecOptions = {}): Promise<ExecResult> {
+    if (args.length === 0)
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `exec in ${id}: a command is required`, {
+        status: 400,
+      });
+    await this.requireStatus(id, ['running'], 'exec in');
+    const flags: string[] = [];
+    if (opts.cwd !== undefined) flags.push('--cwd', opts.cwd);
+    for (const [k, v] of Object.entries(opts.env ?? {})) flags.push('--env', `${k}=${v}`);
+    // The command gets real pipes (through cat), not run()'s socketpairs: a process it
+    // leaves in the background would otherwise hold unix sockets CRIU cannot dump.
+    const script = 'set -o pipefail; "$@" 2> >(cat >&2) | cat; exit "${PIPESTATUS[0]}"';
+    const r = await run(
+      'bash',
+      ['-c', script, 'bash', this.runcPath, ...this.runcArgs(id, ['exec', ...flags, id, ...args])],
+      {
+        timeoutMs: opts.timeoutMs ?? DEFAULTS.execMs,
+        signal: opts.signal,
+        env: this.env,
+        input: opts.input,
+        okExitCodes: Array.from({ length: 256 }, (_, i) => i),
+      },
+    );
+    return { stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode ?? 255, durationMs: r.durationMs };
+  }
+
+  async freeze(id: string, opts: CallOptions = {}): Promise<void> {
+    const s = await this.requireStatus(id, ['running', 'paused'], 'freeze');
+    if (s.status === 'running') await this.runc(id, ['pause', id], opts, DEFAULTS.freezeMs);
+  }
+
+  async thaw(id: string, opts: CallOptions = {}): Promise<void> {
+    const s = await this.requireStatus(id, ['running', 'paused'], 'thaw');
+    if (s.status === 'paused') await this.runc(id, ['resume', id], opts, DEFAULTS.freezeMs);
+  }
+
+  async checkpoint(id: string, opts: CheckpointOptions): Promise<CheckpointResult> {
+    await this.requireStatus(id, ['running', 'paused'], 'checkpoint');
+    const rec = await this.readRecord(id);
+    await mkdir(opts.imagesDir, { recursive: true, mode: 0o700 });
+    await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
+    const args = ['checkpoint', '--image-path', opts.imagesDir, '--work-path', opts.workDir];
+    if (opts.leaveRunning === true) args.push('--leave-running');
+    const logPath = join(opts.workDir, 'dump.log');
+    const offset = await this.runcLogSize(id);
+    let r: RunResult;
+    try {
+      r = await this.runc(id, [...args, id], opts, DEFAULTS.checkpointMs);
+    } catch (e) {
+      // CRIU unfreezes the tasks when a dump fails, and runc keeps the container; a lock
+      // left on the network would still cut the sandbox off, so clear it.
+      await clearCriuNetworkLock(rec.network);
+      const why = (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
+      const after = await this.runcState(id).catch(() => undefined);
+      throw new DormantError(
+        ErrorCode.RUNTIME_CHECKPOINT_FAILED,
+        `checkpoint of sandbox ${id} failed (the sandbox is ${after?.status ?? 'gone'})${why ? `:\n${why}` : ''}`,
+        { cause: e, details: { criuLog: logPath, sandboxStatus: after?.status ?? 'absent' } },
+      );
+    }
+    // runc removed the container; the rootfs is unmounted so the writable layer is at rest
+    // (and can be archived) while the sandbox sleeps. restore() mounts it again.
+    if (opts.leaveRunning !== true) await this.stop(id);
+    return { durationMs: r.durationMs, logPath };
+  }
+
+  async restore(id: string, opts: RestoreOptions): Promise<RestoreResult> {
+    const rec = await this.readRecord(id);
+    const current = await this.runcState(id, opts);
+    if (current !== undefined) {
+      if (current.status !== 'stopped')
+        throw new DormantError(
+          ErrorCode.RUNTIME_INVALID_STATE,
+          `cannot restore sandbox ${id}: it is ${current.status}`,
+          { status: 409 },
+        );
+      await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
+    }
+    await this.ensureHostSide(rec, opts.signal);
+    await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
+    const logPath = join(opts.workDir, 'restore.log');
+    const offset = await this.runcLogSize(id);
+    let r: RunResult;
+    try {
+      r = await this.runcWithLogPipe(
+        id,
+        [
+          'restore',
+          '--detach',
+          '--image-path',
+          opts.imagesDir,
+          '--work-path',
+          opts.workDir,
+          '--bundle',
+          this.bundle(id),
+          id,
+        ],
+        opts,
+        DEFAULTS.restoreMs,
+      );
+    } catch (e) {
+      await clearCriuNetworkLock(rec.network);
+      if ((await this.runcState(id).catch(() => undefined)) !== undefined)
+        await this.runc(id, ['delete', '--force', id], {}, DEFAULTS.destroyMs).catch(() => undefined);
+      const why = (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
+      throw new DormantError(
+        ErrorCode.RUNTIME_RESTORE_FAILED,
+        `restore of sandbox ${id} failed${why ? `:\n${why}` : ''}`,
+        { cause: e, details: { criuLog: logPath } },
+      );
+    }
+    const s = await this.runcState(id, opts);
+    if (s === undefined || s.pid <= 0)
+      throw new DormantError(
+        ErrorCode.RUNTIME_RESTORE_FAILED,
+        `restore of sandbox ${id}: runc reports no container`,
+        {
+          details: { criuLog: logPath },
+        },
+      );
+    return { durationMs: r.durationMs, pid: s.pid, logPath };
+  }
+
+  async stop(id: string, opts: CallOptions = {}): Promise<void> {
+    await this.readRecord(id);
+    // delete --force kills every process of the container (thawing a paused one first).
+    if ((await this.runcState(id, opts)) !== undefined)
+      await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
+    await unmount(join(this.bundle(id), 'rootfs'), opts.signal);
+  }
+
+  async kill(id: string, signal: NodeJS.Signals = 'SIGKILL', opts: CallOptions = {}): Promise<void> {
+    await this.requireStatus(id, ['created', 'running', 'paused'], 'kill');
+    await this.runc(id, ['kill', id, signal.replace(/^SIG/, '')], opts, DEFAULTS.killMs);
+  }
+
+  async destroy(id: string, opts: CallOptions = {}): Promise<void> {
+    const dir = this.dir(id);
+    if (!(await exists(dir))) return;
+    let rec: SandboxRecord | undefined;
+    try {
+      rec = await this.readRecord(id);
+    } catch (e) {
+      if (!isDormantError(e, ErrorCode.RUNTIME_SANDBOX_NOT_FOUND)) throw e;
+    }
+    if ((await this.runcState(id, opts)) !== undefined)
+      await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
+    await unmount(join(this.bundle(id), 'rootfs'), opts.signal);
+    // After the container: killing the collector first would leave the sandbox writing
+    // into a pipe nobody reads.
+    await stopCollector(join(dir, 'log'));
+    const slot = rec?.slot ?? (await findSlot(this.netDir(), id));
+    if (rec) await tearDownNetwork(rec.network, opts.signal);
+    if (slot !== undefined) await releaseSlot(this.netDir(), slot);
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  async list(): Promise<string[]> {
+    try {
+      return (await readdir(join(this.stateDir, 'sandboxes'))).sort();
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT') return [];
+      throw e;
+    }
+  }
+
+  /** True when the sandbox's root filesystem is mounted (it is not while hibernated). */
+  async rootfsMounted(id: string): Promise<boolean> {
+    return isMountPoint(join(this.bundle(id), 'rootfs'));
+  }
+}

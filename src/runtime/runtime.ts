@@ -1,0 +1,157 @@
+/**
+ * The Runtime port: what the rest of dormant needs from a container runtime to run,
+ * freeze, checkpoint and restore a sandbox. Pure types; the runc adapter is in runc.ts.
+ *
+ * A sandbox here is one container with its own host-side directory (bundle, writable
+ * layer, log, network reservation). The runtime knows nothing of the vault, tenants or
+ * policies: the daemon hands it folders to write CRIU images into and to restore from.
+ */
+
+/** A host folder made visible, read-only, inside the sandbox. */
+export interface ReadonlyBind {
+  /** Absolute path on the host. */
+  source: string;
+  /** Absolute path inside the sandbox. */
+  destination: string;
+}
+
+export interface SandboxLimits {
+  /** Memory limit (the cgroup's hard limit) in bytes. */
+  memoryBytes?: number;
+  /** CPU bandwidth in cores (0.5 = half a core). */
+  cpus?: number;
+  /** Most tasks (processes and threads) the sandbox may have at once. */
+  pids?: number;
+}
+
+/** What a sandbox is made of. Validated and frozen by `compileSandboxSpec`. */
+export interface SandboxSpec {
+  /** Lowercase letters, digits, `-`, `_`, `.`; 1 to 48 characters; unique on this node. */
+  id: string;
+  /** The root filesystem folder; it is never written to (it is the overlay's lower layer). */
+  rootfs: string;
+  /** The command run as the sandbox's pid 1. */
+  args: readonly string[];
+  env?: Readonly<Record<string, string>>;
+  /** Working directory inside the sandbox. Default `/`. */
+  cwd?: string;
+  /** Default: the id. */
+  hostname?: string;
+  /** TCP ports reachable from the host at the sandbox's address; everything else is refused. */
+  ports?: readonly number[];
+  limits?: SandboxLimits;
+  readonlyBinds?: readonly ReadonlyBind[];
+}
+
+/** The addresses of a sandbox's private link (a /30 of the runtime's subnet). */
+export interface SandboxNetwork {
+  /** Network namespace name (`ip netns`), persistent for the sandbox's whole life. */
+  netns: string;
+  /** The sandbox's address (its eth0); declared ports are reachable here from the host. */
+  address: string;
+  /** The host end of the link (also the sandbox's default gateway). */
+  hostAddress: string;
+  prefixLength: number;
+  /** Name of the host-side veth interface. */
+  hostInterface: string;
+}
+
+/**
+ * `absent`: prepared (or hibernated) but no container exists; `created`: runc created it,
+ * its command has not started; `running`; `paused`: frozen; `stopped`: its pid 1 exited.
+ */
+export type SandboxStatus = 'absent' | 'created' | 'running' | 'paused' | 'stopped';
+
+export interface SandboxState {
+  id: string;
+  status: SandboxStatus;
+  /** Host pid of the sandbox's pid 1 while a container exists. */
+  pid: number | undefined;
+  network: SandboxNetwork;
+  /** The sandbox's combined stdout and stderr, kept across checkpoints. */
+  logPath: string;
+  /** The writable layer: everything the sandbox changed in its filesystem. */
+  upperDir: string;
+}
+
+export interface CallOptions {
+  signal?: AbortSignal;
+  timeoutMs?: number;
+}
+
+export interface ExecOptions extends CallOptions {
+  env?: Readonly<Record<string, string>>;
+  cwd?: string;
+  /** Bytes given to the command's stdin; default: stdin is empty. */
+  input?: string | Buffer;
+}
+
+export interface ExecResult {
+  stdout: string;
+  stderr: string;
+  exitCode: number;
+  durationMs: number;
+}
+
+export interface CheckpointOptions extends CallOptions {
+  /** Folder CRIU writes its images into (created if missing; should be memory-backed). */
+  imagesDir: string;
+  /** Folder for CRIU's log and scratch files (not secret-free: keep it private too). */
+  workDir: string;
+  /** Keep the sandbox running after the dump (a snapshot) instead of ending it. */
+  leaveRunning?: boolean;
+}
+
+export interface CheckpointResult {
+  durationMs: number;
+  /** Where CRIU's dump log is, for the daemon to keep or show. */
+  logPath: string;
+}
+
+export interface RestoreOptions extends CallOptions {
+  imagesDir: string;
+  workDir: string;
+}
+
+export interface RestoreResult {
+  durationMs: number;
+  pid: number;
+  logPath: string;
+}
+
+/**
+ * The container runtime as dormant sees it. Every method is safe to call again after a
+ * crash of the caller: each one first looks at what exists.
+ */
+export interface Runtime {
+  /** Sets up the sandbox's directory, writable layer, network and log, without a container. */
+  prepare(spec: SandboxSpec, opts?: CallOptions): Promise<SandboxState>;
+  /** prepare() plus a created (not yet started) container. */
+  create(spec: SandboxSpec, opts?: CallOptions): Promise<SandboxState>;
+  start(id: string, opts?: CallOptions): Promise<void>;
+  state(id: string, opts?: CallOptions): Promise<SandboxState>;
+  exec(id: string, args: readonly string[], opts?: ExecOptions): Promise<ExecResult>;
+  /** Freezes every process (cgroup freezer); memory stays. */
+  freeze(id: string, opts?: CallOptions): Promise<void>;
+  thaw(id: string, opts?: CallOptions): Promise<void>;
+  /**
+   * CRIU dump into `imagesDir`. Established TCP connections are dumped as closed (clients
+   * reconnect); listening sockets are kept. Without `leaveRunning` the container is gone
+   * afterwards (its directory, network and log stay for restore). A failure leaves it running.
+   */
+  checkpoint(id: string, opts: CheckpointOptions): Promise<CheckpointResult>;
+  /** Restores a prepared sandbox from `imagesDir`, detached, with the same pids inside. */
+  restore(id: string, opts: RestoreOptions): Promise<RestoreResult>;
+  /**
+   * Ends the sandbox's processes and removes its container (after a `leaveRunning`
+   * checkpoint is safely stored, or before a fresh start); its writable layer, network and
+   * log stay, and its root filesystem is unmounted until the next create or restore.
+   */
+  stop(id: string, opts?: CallOptions): Promise<void>;
+  /** Sends a signal to the sandbox's pid 1 (default SIGKILL). */
+  kill(id: string, signal?: NodeJS.Signals, opts?: CallOptions): Promise<void>;
+  /** Removes everything: container, mounts, cgroup, network, log collector, directory. */
+  destroy(id: string, opts?: CallOptions): Promise<void>;
+  /** Ids of the sandboxes this runtime has prepared and not destroyed. */
+  list(): Promise<string[]>;
+}
