@@ -7,8 +7,9 @@ import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { renderReport, type BenchSection, type BenchSuite } from './harness.js';
 import { criuSuite } from './criu.js';
+import { vaultSuite } from './vault.js';
 
-const SUITES: BenchSuite[] = [criuSuite];
+const SUITES: BenchSuite[] = [criuSuite, vaultSuite];
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);

@@ -1,0 +1,261 @@
+/**
+ * The vault against restic and borg, side by side on the same inputs in one run, each with
+ * its own encryption on: one big checkpoint (real CRIU images of a python process holding
+ * mixed memory), and a base sandbox plus ten forks (real CRIU images). Repositories live on
+ * the machine's disk (where a vault lives); inputs and restores on /dev/shm, as CRIU's
+ * staging folder would be.
+ */
+import { mkdir, mkdtemp, readdir, rm, stat } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { run } from '../sys/exec.js';
+import { openVault } from '../vault/index.js';
+import { criuDump, killPid, startForkFamily, startMixedPython } from '../vault/testing/fixtures.js';
+import type { BenchRow, BenchSuite } from './harness.js';
+
+const MB = 1e6;
+
+async function duBytes(dir: string): Promise<number> {
+  let n = 0;
+  for (const e of await readdir(dir, { withFileTypes: true, recursive: true })) {
+    if (e.isFile()) n += (await stat(join(e.parentPath, e.name))).size;
+  }
+  return n;
+}
+
+async function timed<T>(fn: () => Promise<T>): Promise<number> {
+  const t = performance.now();
+  await fn();
+  return (performance.now() - t) / 1000;
+}
+
+interface Tool {
+  name: string;
+  init(repo: string): Promise<void>;
+  put(repo: string, src: string, id: string): Promise<void>;
+  get(repo: string, id: string, src: string, out: string): Promise<void>;
+  /** Bytes the repository takes on disk. */
+  size(repo: string): Promise<number>;
+}
+
+const PASSWORD = randomBytes(16).toString('hex');
+const LONG = { timeoutMs: 1_800_000 };
+
+function dormantTool(keyDir: string): Tool {
+  const masterKey = { file: join(keyDir, 'master.key') };
+  return {
+    name: 'dormant',
+    async init() {
+      // Created on first put.
+    },
+    async put(repo, src, id) {
+      const v = await openVault({ dir: repo, masterKey, onWarning: () => undefined });
+      try {
+        await v.putCheckpoint({ tenant: 'bench', sandboxId: id, checkpointId: id, srcDir: src });
+      } finally {
+        await v.close();
+      }
+    },
+    async get(repo, id, _src, out) {
+      const v = await openVault({ dir: repo, masterKey });
+      try {
+        await v.restoreCheckpoint({ tenant: 'bench', checkpointId: id, destDir: out });
+      } finally {
+        await v.close();
+      }
+    },
+    size: duBytes,
+  };
+}
+
+const resticEnv = {
+  RESTIC_PASSWORD: PASSWORD,
+  RESTIC_CACHE_DIR: join(tmpdir(), 'dormant-bench-restic-cache'),
+};
+const restic: Tool = {
+  name: 'restic',
+  async init(repo) {
+    await run('restic', ['init', '--repo', repo], { env: resticEnv });
+  },
+  async put(repo, src, id) {
+    await run('restic', ['backup', '--repo', repo, '--tag', id, '--host', 'bench', '.'], {
+      ...LONG,
+      env: resticEnv,
+      cwd: src,
+    });
+  },
+  async get(repo, id, _src, out) {
+    await mkdir(out, { recursive: true });
+    await run('restic', ['restore', '--repo', repo, 'latest', '--tag', id, '--target', out], {
+      ...LONG,
+      env: resticEnv,
+    });
+  },
+  size: duBytes,
+};
+
+const borgEnv = {
+  BORG_PASSPHRASE: PASSWORD,
+  BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK: 'yes',
+  BORG_RELOCATED_REPO_ACCESS_IS_OK: 'yes',
+  BORG_BASE_DIR: join(tmpdir(), 'dormant-bench-borg-base'),
+};
+const borg: Tool = {
+  name: 'borg',
+  async init(repo) {
+    await run('borg', ['init', '--encryption=repokey', repo], { env: borgEnv });
+  },
+  async put(repo, src, id) {
+    await run('borg', ['create', `${repo}::${id}`, '.'], { ...LONG, env: borgEnv, cwd: src });
+  },
+  async get(repo, id, _src, out) {
+    await mkdir(out, { recursive: true });
+    await run('borg', ['extract', `${repo}::${id}`], { ...LONG, env: borgEnv, cwd: out });
+  },
+  size: duBytes,
+};
+
+interface Figures {
+  ingestMBps: number;
+  restoreMBps: number;
+  storedBytes: number;
+  forksIngestMBps: number;
+  forksStoredBytes: number;
+  forksBaseBytes: number;
+}
+
+export const vaultSuite: BenchSuite = {
+  name: 'vault',
+  async run({ quick }) {
+    const bigMiB = quick ? 64 : 1024;
+    const forkMiB = quick ? 24 : 256;
+    const shm = await mkdtemp('/dev/shm/dormant-bench-vault-');
+    const disk = await mkdtemp(join(tmpdir(), 'dormant-bench-vault-'));
+    const notes: string[] = [];
+    try {
+      // Inputs: real CRIU dumps.
+      const bigPid = await startMixedPython(shm, bigMiB);
+      const big = join(shm, 'big');
+      await criuDump(bigPid, big, 600_000);
+      const bigBytes = await duBytes(big);
+      const fam = await startForkFamily(shm, 10, forkMiB);
+      const forkDirs: string[] = [];
+      try {
+        for (const [i, pid] of fam.forks.entries()) {
+          const d = join(shm, `fork-${i}`);
+          await criuDump(pid, d, 600_000);
+          forkDirs.push(d);
+        }
+        await criuDump(fam.base, join(shm, 'base'), 600_000);
+      } finally {
+        for (const p of [...fam.forks, fam.base]) killPid(p);
+      }
+      const familyDirs = [join(shm, 'base'), ...forkDirs];
+      let familyBytes = 0;
+      for (const d of familyDirs) familyBytes += await duBytes(d);
+
+      const figures = new Map<string, Figures>();
+      for (const tool of [dormantTool(disk), restic, borg]) {
+        const repo = join(disk, `${tool.name}-big`);
+        await tool.init(repo);
+        const ingestS = await timed(() => tool.put(repo, big, 'big'));
+        const storedBytes = await tool.size(repo);
+        const out = join(shm, `${tool.name}-out`);
+        const restoreS = await timed(() => tool.get(repo, 'big', big, out));
+        await rm(out, { recursive: true, force: true });
+        await rm(repo, { recursive: true, force: true });
+
+        const frepo = join(disk, `${tool.name}-forks`);
+        await tool.init(frepo);
+        await tool.put(frepo, familyDirs[0]!, 'base');
+        const forksBaseBytes = await tool.size(frepo);
+        let forkS = 0;
+        for (const [i, d] of forkDirs.entries()) forkS += await timed(() => tool.put(frepo, d, `fork-${i}`));
+        const forksStoredBytes = await tool.size(frepo);
+        await rm(frepo, { recursive: true, force: true });
+        const familyForkBytes = familyBytes - (await duBytes(familyDirs[0]!));
+        figures.set(tool.name, {
+          ingestMBps: bigBytes / MB / ingestS,
+          restoreMBps: bigBytes / MB / restoreS,
+          storedBytes,
+          forksIngestMBps: familyForkBytes / MB / forkS,
+          forksStoredBytes,
+          forksBaseBytes,
+        });
+        process.stderr.write(`bench vault: ${tool.name} ${JSON.stringify(figures.get(tool.name))}\n`);
+      }
+      const d = figures.get('dormant')!;
+      const rows: BenchRow[] = [];
+      const MiB = 1024 * 1024;
+      const label = quick ? `${bigMiB} MiB` : '1 GiB';
+      for (const peer of ['restic', 'borg']) {
+        const p = figures.get(peer)!;
+        rows.push(
+          {
+            name: `ingest ${label} checkpoint`,
+            dormant: d.ingestMBps,
+            peer: p.ingestMBps,
+            peerName: peer,
+            unit: 'MB/s',
+            better: 'higher',
+          },
+          {
+            name: `restore ${label} checkpoint`,
+            dormant: d.restoreMBps,
+            peer: p.restoreMBps,
+            peerName: peer,
+            unit: 'MB/s',
+            better: 'higher',
+          },
+          {
+            name: `stored size, ${label} checkpoint`,
+            dormant: d.storedBytes / MiB,
+            peer: p.storedBytes / MiB,
+            peerName: peer,
+            unit: 'MiB',
+            better: 'lower',
+          },
+          {
+            name: 'ingest 10 forks after the base',
+            dormant: d.forksIngestMBps,
+            peer: p.forksIngestMBps,
+            peerName: peer,
+            unit: 'MB/s',
+            better: 'higher',
+          },
+          {
+            name: 'stored size, base + 10 forks',
+            dormant: d.forksStoredBytes / MiB,
+            peer: p.forksStoredBytes / MiB,
+            peerName: peer,
+            unit: 'MiB',
+            better: 'lower',
+          },
+        );
+      }
+      rows.push({
+        name: 'base + 10 forks stored / base stored',
+        dormant: d.forksStoredBytes / d.forksBaseBytes,
+        peer: figures.get('restic')!.forksStoredBytes / figures.get('restic')!.forksBaseBytes,
+        peerName: 'restic',
+        unit: 'x',
+        better: 'lower',
+      });
+      notes.push(
+        `inputs: real CRIU dumps (criu dump --shell-job into /dev/shm) of a python process holding ${label} of mixed memory (1/4 random, 1/4 JSON-like text, 1/4 zeros, 1/4 pages with 64 random bytes each): ${(bigBytes / MiB).toFixed(0)} MiB of images; and of a base process with ${forkMiB} MiB (half random, half text) plus ten forks that each change one byte per MiB and allocate 256 KiB of their own: ${(familyBytes / MiB).toFixed(0)} MiB of images in all`,
+        'repositories on the local disk, each tool with its own encryption: dormant (AES-256-GCM, zstd-1, master key file), restic 0.14 (RESTIC_PASSWORD, repository v2, compression auto), borg 1.2 (`borg init --encryption=repokey`, default lz4); restores into /dev/shm',
+        'throughput is logical bytes (size of the image folder) per second of wall time; dormant runs in one Node process, restic and borg as commands',
+      );
+      return {
+        title: 'Vault: ingest, restore and stored size against restic and borg',
+        description: `One ${label} checkpoint and a base sandbox with ten forks, stored by dormant's vault, restic and borg in the same run.`,
+        rows,
+        notes,
+      };
+    } finally {
+      await rm(shm, { recursive: true, force: true });
+      await rm(disk, { recursive: true, force: true });
+    }
+  },
+};
