@@ -5,6 +5,8 @@
 import { Command, CommanderError } from '@commander-js/extra-typings';
 import { registerDoctor } from './commands/doctor.js';
 import { registerVault } from './commands/vault.js';
+import { registerSandboxes } from './commands/sandboxes.js';
+import { registerServe } from './commands/serve.js';
 import { EXIT_USAGE, reportError } from './output.js';
 
 export function buildProgram(): Command {
@@ -14,6 +16,8 @@ export function buildProgram(): Command {
     .version('0.1.0')
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
+  registerServe(program);
+  registerSandboxes(program);
   registerDoctor(program);
   registerVault(program);
   return program;

@@ -1,6 +1,7 @@
 /** How the CLI prints: tables for people, one JSON value for programs, errors with hints. */
 import pc from 'picocolors';
 import { DormantError, asError } from '../domain/errors.js';
+import { DormantApiError } from '../sdk/client.js';
 
 export const EXIT_OK = 0;
 export const EXIT_ERROR = 1;
@@ -18,10 +19,12 @@ export function reportError(e: unknown, json: boolean): number {
   const err =
     e instanceof DormantError
       ? e
-      : new DormantError('INTERNAL', asError(e).message, {
-          cause: e,
-          hint: 'this is a bug in dormant; please report it',
-        });
+      : e instanceof DormantApiError
+        ? new DormantError(e.code, e.message, { status: e.status, ...(e.hint ? { hint: e.hint } : {}) })
+        : new DormantError('INTERNAL', asError(e).message, {
+            cause: e,
+            hint: 'this is a bug in dormant; please report it',
+          });
   if (json) {
     printJson({ error: err.toJSON() });
   } else {

@@ -6,7 +6,7 @@ import Database from 'better-sqlite3';
 import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
-import type { CheckpointRecord, StateStore } from './store.js';
+import type { CheckpointRecord, StateStore, TokenRow } from './store.js';
 
 const MIGRATIONS: string[] = [
   `CREATE TABLE sandboxes (
@@ -45,6 +45,13 @@ const MIGRATIONS: string[] = [
      meta TEXT NOT NULL
    );
    CREATE INDEX checkpoints_sandbox ON checkpoints (sandbox_id, created_at);`,
+  `CREATE TABLE tokens (
+     hash TEXT PRIMARY KEY,
+     tenant TEXT NOT NULL,
+     admin INTEGER NOT NULL,
+     created_at INTEGER NOT NULL,
+     revoked_at INTEGER
+   );`,
 ];
 
 interface SandboxRow {
@@ -319,6 +326,36 @@ export class SqliteStateStore implements StateStore {
 
   deleteCheckpoint(id: string): void {
     this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);
+  }
+
+  insertToken(t: TokenRow): void {
+    this.db
+      .prepare('INSERT INTO tokens (hash, tenant, admin, created_at, revoked_at) VALUES (?, ?, ?, ?, ?)')
+      .run(t.hash, t.tenant, t.admin ? 1 : 0, t.createdAt, t.revokedAt ?? null);
+  }
+
+  listTokens(): TokenRow[] {
+    const rows = this.db.prepare('SELECT * FROM tokens ORDER BY created_at').all() as {
+      hash: string;
+      tenant: string;
+      admin: number;
+      created_at: number;
+      revoked_at: number | null;
+    }[];
+    return rows.map((r) => ({
+      hash: r.hash,
+      tenant: r.tenant,
+      admin: r.admin === 1,
+      createdAt: r.created_at,
+      ...(r.revoked_at === null ? {} : { revokedAt: r.revoked_at }),
+    }));
+  }
+
+  revokeToken(hash: string, at: number): boolean {
+    return (
+      this.db.prepare('UPDATE tokens SET revoked_at = ? WHERE hash = ? AND revoked_at IS NULL').run(at, hash)
+        .changes > 0
+    );
   }
 
   close(): void {

@@ -17,7 +17,18 @@ export interface CheckpointRecord {
   meta: Record<string, unknown>;
 }
 
+export interface TokenRow {
+  hash: string;
+  tenant: string;
+  admin: boolean;
+  createdAt: number;
+  revokedAt?: number;
+}
+
 export interface StateStore {
+  insertToken(t: TokenRow): void;
+  listTokens(): TokenRow[];
+  revokeToken(hash: string, at: number): boolean;
   insertSandbox(s: Sandbox, reason: string): void;
   getSandbox(id: string): Sandbox | undefined;
   listSandboxes(tenant?: string): Sandbox[];

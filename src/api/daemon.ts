@@ -1,0 +1,122 @@
+/**
+ * `dormant serve`: the daemon on its embedded defaults. SQLite state, the local vault and a
+ * master key under the data directory, the runc runtime, CRIU staging in /dev/shm, and the
+ * HTTP API. On start it reconciles every sandbox with what really exists.
+ */
+import { createHash } from 'node:crypto';
+import { mkdir, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { getCriu } from '../criu/criu.js';
+import { SqliteStateStore } from '../state/sqlite.js';
+import { openVault, type Vault } from '../vault/index.js';
+import { RuncRuntime } from '../runtime/runc.js';
+import type { ReadonlyBind } from '../runtime/runtime.js';
+import { SandboxController, type Clock } from '../control/sandboxes.js';
+import { ADMIN_TENANT, ensureAdminToken, hashToken } from './auth.js';
+import { buildServer } from './server.js';
+
+export interface DaemonOptions {
+  dataDir: string;
+  /** host:port; port 0 picks a free one. Default 127.0.0.1:7420. */
+  listen?: string;
+  masterKeyFile?: string;
+  /** Read-only host folders mounted into every sandbox (tests use /usr for python3). */
+  readonlyBinds?: ReadonlyBind[];
+  /** Folders sandbox root filesystems may come from; empty: any. */
+  allowedSourceRoots?: string[];
+  clock?: Clock;
+  logger?: boolean;
+  /** Printed warnings (master key generated, ...). Default: stderr. */
+  warn?: (message: string) => void;
+  /** Fault injection for crash tests. */
+  failAt?: (step: string) => void;
+}
+
+export interface Daemon {
+  url: string;
+  adminToken: string;
+  controller: SandboxController;
+  store: SqliteStateStore;
+  vault: Vault;
+  app: FastifyInstance;
+  reconciled: { id: string; from: string; to: string }[];
+  close(): Promise<void>;
+}
+
+function parseListen(listen: string): { host: string; port: number } {
+  const m = /^(.*):(\d+)$/.exec(listen);
+  if (!m) throw new Error(`--listen ${listen}: expected HOST:PORT`);
+  return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
+}
+
+/** CRIU images in flight live in memory, one folder per data directory. */
+export function stagingDirFor(dataDir: string): string {
+  return `/dev/shm/dormant-${createHash('sha256').update(dataDir).digest('hex').slice(0, 12)}`;
+}
+
+export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
+  const warn = opts.warn ?? ((m: string) => process.stderr.write(`dormant: warning: ${m}\n`));
+  await mkdir(opts.dataDir, { recursive: true, mode: 0o700 });
+  const store = new SqliteStateStore(join(opts.dataDir, 'state.db'));
+  const admin = await ensureAdminToken(join(opts.dataDir, 'admin-token'));
+  if (!store.listTokens().some((t) => t.hash === hashToken(admin.token))) {
+    store.insertToken({
+      hash: hashToken(admin.token),
+      tenant: ADMIN_TENANT,
+      admin: true,
+      createdAt: Date.now(),
+    });
+  }
+  const vault = await openVault({
+    dir: join(opts.dataDir, 'vault'),
+    masterKey: {
+      file: opts.masterKeyFile ?? process.env.DORMANT_MASTER_KEY_FILE ?? join(opts.dataDir, 'master.key'),
+    },
+    onWarning: warn,
+  });
+  const criu = await getCriu();
+  const runtime = new RuncRuntime({
+    stateDir: join(opts.dataDir, 'runtime'),
+    criuPath: criu.path,
+    criuEnv: criu.env,
+  });
+  const stagingDir = stagingDirFor(opts.dataDir);
+  // Leftovers of a crash: images of a hibernate that never committed. Memory only, but wipe them.
+  await rm(stagingDir, { recursive: true, force: true });
+  await mkdir(stagingDir, { recursive: true, mode: 0o700 });
+  const controller = new SandboxController({
+    store,
+    runtime,
+    vault,
+    stagingDir,
+    ...(opts.readonlyBinds ? { readonlyBinds: opts.readonlyBinds } : {}),
+    ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
+    ...(opts.clock ? { clock: opts.clock } : {}),
+    ...(opts.failAt ? { failAt: opts.failAt } : {}),
+  });
+  const reconciled = await controller.reconcile();
+  const app = buildServer({ controller, store, logger: opts.logger ?? false });
+  const { host, port } = parseListen(opts.listen ?? '127.0.0.1:7420');
+  await app.listen({ host, port });
+  const addr = app.server.address();
+  const url =
+    typeof addr === 'object' && addr
+      ? `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`
+      : `http://${host}:${port}`;
+  return {
+    url,
+    adminToken: admin.token,
+    controller,
+    store,
+    vault,
+    app,
+    reconciled,
+    async close() {
+      await app.close();
+      await vault.close();
+      store.close();
+      await rm(stagingDir, { recursive: true, force: true });
+    },
+  };
+}

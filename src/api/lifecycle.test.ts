@@ -1,0 +1,255 @@
+/**
+ * The sandbox lifecycle end to end, through the real daemon (HTTP API on loopback, SQLite,
+ * vault, runc, CRIU) and the SDK client the CLI uses: a python HTTP server holding a counter
+ * in memory is hibernated (processes gone, memory freed, checkpoint in the vault) and
+ * resumed with its memory intact; failures leave it running; a restarted daemon finds it.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { request } from 'node:http';
+import { join } from 'node:path';
+import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
+import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+
+const SERVER = `
+import http.server, os, sys
+count = 0
+token = os.urandom(8).hex()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        count += 1
+        body = ("%d %s" % (count, token)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+print("serving", flush=True)
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+`;
+
+function get(host: string, port: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host, port, path: '/', agent: false, timeout: 3000 }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => resolve(body));
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function eventually<T>(what: string, fn: () => Promise<T>, timeoutMs = 15_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < deadline) {
+    try {
+      return await fn();
+    } catch (e) {
+      last = e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  throw new Error(`${what}: not after ${timeoutMs} ms: ${String(last)}`);
+}
+
+async function apiError(p: Promise<unknown>): Promise<DormantApiError> {
+  try {
+    await p;
+  } catch (e) {
+    assert.ok(e instanceof DormantApiError, String(e));
+    return e;
+  }
+  assert.fail('expected an API error');
+}
+
+/** Live processes (zombies hold no memory and are not counted) in the sandbox's cgroup. */
+function hostPids(sandboxCgroupMatch: string): number[] {
+  const pids: number[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    try {
+      const zombie = /^State:\s+Z/m.test(readFileSync(`/proc/${p}/status`, 'utf8'));
+      if (!zombie && readFileSync(`/proc/${p}/cgroup`, 'utf8').includes(sandboxCgroupMatch))
+        pids.push(Number(p));
+    } catch {
+      // Gone while we looked.
+    }
+  }
+  return pids;
+}
+describe('sandbox lifecycle through the daemon', () => {
+  let dir: string;
+  let rootfs: string;
+  let daemon: Daemon;
+  let client: DormantClient;
+  let sb: SandboxInfo;
+  let failNext: string | undefined;
+
+  const start = async (): Promise<void> => {
+    daemon = await startDaemon({
+      dataDir: join(dir, 'data'),
+      listen: '127.0.0.1:0',
+      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+      warn: () => undefined,
+      failAt: (step) => {
+        if (step === failNext) {
+          failNext = undefined;
+          throw new Error(`injected failure at ${step}`);
+        }
+      },
+    });
+    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+  };
+
+  before(async () => {
+    dir = await mkdtemp('/tmp/dormant-lifecycle-');
+    rootfs = join(dir, 'rootfs');
+    await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER });
+    await start();
+  });
+
+  after(async () => {
+    for (const s of await client.listSandboxes().catch(() => []))
+      await client.remove(s.id).catch(() => undefined);
+    await daemon.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  test('create: the sandbox runs, serves on its declared port, and shows up in ls', async () => {
+    sb = await client.createSandbox({
+      name: 'counter',
+      rootfs,
+      command: ['/usr/bin/python3', '-u', '/srv/server.py'],
+      ports: [8080],
+      memory: '256M',
+    });
+    assert.equal(sb.state, 'running');
+    assert.equal(sb.name, 'counter');
+    assert.ok(sb.address);
+    const first = await eventually('server', () => get(sb.address!, 8080));
+    assert.match(first, /^1 [0-9a-f]{16}$/);
+    assert.deepEqual(
+      (await client.listSandboxes()).map((s) => s.id),
+      [sb.id],
+    );
+    const ex = await client.exec(sb.id, ['sh', '-c', 'echo $((6*7)); echo oops >&2; exit 3']);
+    assert.deepEqual([ex.stdout, ex.stderr, ex.exitCode], ['42\n', 'oops\n', 3]);
+  });
+
+  test('hibernate: processes gone, checkpoint in the vault, nothing left in staging; resume: memory intact', async () => {
+    const token = (await get(sb.address!, 8080)).split(' ')[1];
+    const h = await client.hibernate(sb.id);
+    assert.equal(h.state, 'hibernated');
+    assert.equal(h.memoryBytes, 0);
+    assert.ok(h.checkpointId);
+    assert.deepEqual(hostPids(sb.id), [], 'no process of the sandbox runs while it is hibernated');
+    await assert.rejects(get(sb.address!, 8080), 'nothing answers while hibernated');
+    const cks = await client.listCheckpoints(sb.id);
+    assert.equal(cks.length, 1);
+    assert.ok(cks[0]!.storedBytes > 0 && cks[0]!.storedBytes < cks[0]!.logicalBytes, 'stored compressed');
+    assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'staging wiped');
+
+    const r = await client.resume(sb.id);
+    assert.equal(r.state, 'running');
+    // The counter and the random token lived only in the process's memory.
+    assert.equal(await eventually('resumed server', () => get(sb.address!, 8080)), `3 ${token}`);
+    const logs = await client.logs(sb.id);
+    assert.match(logs, /serving/, 'output from before the hibernate is kept');
+  });
+
+  test('illegal transitions are 409 with a code; idempotent ones succeed; unknown ids are 404', async () => {
+    const e = await apiError(client.exec('sb-aaaaaaaaaaaaaaaa', ['true']));
+    assert.equal(e.code, 'SANDBOX_NOT_FOUND');
+    assert.equal(e.status, 404);
+    const again = await client.resume(sb.id);
+    assert.equal(again.state, 'running', 'resume of a running sandbox is a no-op');
+    await client.pause(sb.id);
+    const ex = await apiError(client.exec(sb.id, ['true']));
+    assert.equal(ex.status, 409);
+    assert.equal(ex.code, 'ILLEGAL_TRANSITION');
+    assert.ok(ex.hint);
+    await client.resume(sb.id);
+  });
+
+  test('a hibernate that fails after the dump leaves the sandbox running, memory intact', async () => {
+    const before = await get(sb.address!, 8080);
+    failNext = 'hibernate:dumped';
+    const e = await apiError(client.hibernate(sb.id));
+    assert.equal(e.code, 'HIBERNATE_FAILED');
+    assert.match(e.message, /running again/);
+    const s = await client.getSandbox(sb.id);
+    assert.equal(s.state, 'running');
+    const n = Number(before.split(' ')[0]);
+    assert.equal(await get(sb.address!, 8080), `${n + 1} ${before.split(' ')[1]}`);
+    assert.equal((await client.listCheckpoints(sb.id)).length, 1, 'no half checkpoint was recorded');
+  });
+
+  test('a restarted daemon finds every sandbox as it was, and hibernates and resumes it', async () => {
+    const before = await get(sb.address!, 8080);
+    await daemon.close();
+    await start();
+    assert.deepEqual(daemon.reconciled, []);
+    const s = await client.getSandbox(sb.id);
+    assert.equal(s.state, 'running');
+    await client.hibernate(sb.id);
+    await client.resume(sb.id);
+    const n = Number(before.split(' ')[0]);
+    assert.equal(
+      await eventually('server', () => get(sb.address!, 8080)),
+      `${n + 1} ${before.split(' ')[1]}`,
+    );
+    assert.equal((await client.listCheckpoints(sb.id)).length, 2, 'keeps the last two checkpoints');
+  });
+
+  test('archive keeps the filesystem; resume starts the command afresh on it', async () => {
+    await client.exec(sb.id, ['sh', '-c', 'echo kept > /srv/note']);
+    const a = await client.archive(sb.id);
+    assert.equal(a.state, 'archived');
+    assert.deepEqual(await client.listCheckpoints(sb.id), []);
+    await client.resume(sb.id);
+    assert.match(
+      await eventually('fresh server', () => get(sb.address!, 8080)),
+      /^1 /,
+      'a fresh process: its counter starts over',
+    );
+    assert.equal((await client.exec(sb.id, ['cat', '/srv/note'])).stdout, 'kept\n');
+  });
+
+  test('bad input is a 400 that names the problem', async () => {
+    const cases: [Record<string, unknown>, RegExp][] = [
+      [{ rootfs, command: [] }, /command/],
+      [{ rootfs: 'relative/path', command: ['true'] }, /absolute/],
+      [{ rootfs: join(dir, 'missing'), command: ['true'] }, /does not exist/],
+      [{ rootfs, command: ['true'], name: 'Bad Name!' }, /name/],
+      [{ rootfs, command: ['true'], memory: 'lots' }, /memory/],
+      [{ rootfs, command: ['true'], ports: [70000] }, /ports/],
+      [{ rootfs, command: ['true'], surprise: 1 }, /surprise|unrecognized/i],
+    ];
+    for (const [body, re] of cases) {
+      const e = await apiError(client.request('POST', '/v1/sandboxes', body));
+      assert.equal(e.status, 400, JSON.stringify(body));
+      assert.equal(e.code, 'INVALID_ARGUMENT');
+      assert.match(e.message, re);
+    }
+    const unauth = await apiError(new DormantClient({ url: daemon.url, token: 'dmt_wrong' }).listSandboxes());
+    assert.equal(unauth.status, 401);
+  });
+
+  test('rm removes the sandbox, its processes, network and checkpoints', async () => {
+    await client.hibernate(sb.id);
+    await client.remove(sb.id);
+    assert.equal((await apiError(client.getSandbox(sb.id))).status, 404);
+    assert.deepEqual(hostPids(sb.id), []);
+    assert.equal(existsSync(join(dir, 'data', 'runtime', 'sandboxes', sb.id)), false);
+  });
+});

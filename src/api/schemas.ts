@@ -1,0 +1,73 @@
+/** Request and response shapes of the HTTP API: one zod schema validates and documents each. */
+import { z } from 'zod';
+import { parseDurationMs, parseSizeBytes } from '../domain/units.js';
+
+/** A duration in milliseconds, or a human one (`15m`, `7d`). */
+const duration = z.union([z.number().int().nonnegative(), z.string().max(32)]).transform((v, ctx) => {
+  if (typeof v === 'number') return v;
+  try {
+    return parseDurationMs(v);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: (e as Error).message });
+    return z.NEVER;
+  }
+});
+
+const size = z.union([z.number().int().positive(), z.string().max(32)]).transform((v, ctx) => {
+  if (typeof v === 'number') return v;
+  try {
+    return parseSizeBytes(v);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: (e as Error).message });
+    return z.NEVER;
+  }
+});
+
+const envName = z
+  .string()
+  .regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, 'environment variable names: letters, digits, _');
+
+export const CreateSandboxBody = z.strictObject({
+  name: z.string().min(1).max(63).optional(),
+  rootfs: z.string().min(1).max(4096).optional(),
+  image: z.string().min(1).max(4096).optional(),
+  command: z.array(z.string().max(65_536)).min(1).max(1024),
+  env: z.record(envName, z.string().max(65_536)).optional(),
+  ports: z
+    .array(
+      z.union([
+        z.number().int().min(1).max(65535),
+        z.strictObject({ port: z.number().int().min(1).max(65535), public: z.boolean().default(false) }),
+      ]),
+    )
+    .max(32)
+    .optional(),
+  memory: size.optional(),
+  cpus: z.number().positive().max(256).optional(),
+  idle: duration.optional(),
+  pauseAfter: duration.optional(),
+  archiveAfter: duration.optional(),
+  lifetime: duration.optional(),
+  onResume: z.array(z.string().max(65_536)).min(1).max(1024).optional(),
+});
+export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
+
+export const ExecBody = z.strictObject({
+  command: z.array(z.string().max(65_536)).min(1).max(1024),
+  timeoutMs: z.number().int().positive().max(3_600_000).optional(),
+  stdin: z
+    .string()
+    .max(16 * 1024 * 1024)
+    .optional(),
+});
+
+export const KeepaliveBody = z.strictObject({ for: duration.optional() }).optional();
+
+export const IdParams = z.object({ id: z.string().min(1).max(128) });
+
+export const LogsQuery = z.object({
+  follow: z
+    .enum(['1', 'true', '0', 'false'])
+    .optional()
+    .transform((v) => v === '1' || v === 'true'),
+});

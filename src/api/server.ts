@@ -1,0 +1,324 @@
+/**
+ * The HTTP API under /v1. Every route authenticates, validates its input with the schemas in
+ * schemas.ts, and answers errors as `{ error: { code, message, hint } }` with a stable code.
+ * Another tenant's sandbox answers 404, exactly like one that does not exist.
+ */
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { createReadStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
+import { z } from 'zod';
+import { DormantError, ErrorCode, asError } from '../domain/errors.js';
+import type { Sandbox, Transition } from '../domain/sandbox.js';
+import type { SandboxController } from '../control/sandboxes.js';
+import type { CheckpointRecord, StateStore } from '../state/store.js';
+import { authenticate, type Principal } from './auth.js';
+import { CreateSandboxBody, ExecBody, IdParams, KeepaliveBody, LogsQuery } from './schemas.js';
+
+export interface ServerOptions {
+  controller: SandboxController;
+  store: StateStore;
+  /** Log requests (pino) to stderr. Default false. */
+  logger?: boolean;
+  version?: string;
+}
+
+const iso = (ms: number): string => new Date(ms).toISOString();
+
+/** The sandbox as the API shows it. */
+export function sandboxView(s: Sandbox) {
+  return {
+    id: s.id,
+    name: s.name,
+    tenant: s.tenant,
+    state: s.state,
+    ports: s.spec.ports,
+    address: s.address ?? null,
+    memoryBytes: s.memoryBytes,
+    memoryLimitBytes: s.spec.memoryBytes,
+    cpus: s.spec.cpus,
+    command: s.spec.command,
+    source: s.spec.source,
+    createdAt: iso(s.createdAt),
+    stateSince: iso(s.stateSince),
+    lastActiveAt: iso(s.lastActiveAt),
+    checkpointId: s.checkpointId ?? null,
+    lastError: s.lastError ?? null,
+    policy: s.spec.policy,
+  };
+}
+
+export function checkpointView(c: CheckpointRecord) {
+  return {
+    id: c.id,
+    sandboxId: c.sandboxId,
+    tenant: c.tenant,
+    kind: c.kind,
+    createdAt: iso(c.createdAt),
+    logicalBytes: c.logicalBytes,
+    storedBytes: c.storedBytes,
+    meta: c.meta,
+  };
+}
+
+export function transitionView(t: Transition) {
+  return {
+    id: t.id,
+    sandboxId: t.sandboxId,
+    tenant: t.tenant,
+    from: t.from,
+    to: t.to,
+    at: iso(t.at),
+    reason: t.reason,
+  };
+}
+
+function parse<T extends z.ZodType>(schema: T, value: unknown, what: string): z.output<T> {
+  const r = schema.safeParse(value);
+  if (!r.success) {
+    const issue = r.error.issues[0];
+    const path = issue && issue.path.length > 0 ? issue.path.join('.') : what;
+    throw new DormantError(
+      ErrorCode.INVALID_ARGUMENT,
+      `invalid ${what}: ${path}: ${issue?.message ?? 'invalid'}`,
+      {
+        status: 400,
+        details: { issues: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })) },
+      },
+    );
+  }
+  return r.data;
+}
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    principal: Principal;
+  }
+}
+
+export function buildServer(opts: ServerOptions): FastifyInstance {
+  const { controller, store } = opts;
+  const app = Fastify({ logger: opts.logger ?? false, bodyLimit: 32 * 1024 * 1024 });
+  app.decorateRequest('principal', { getter: () => ({ tenant: '', admin: false }) });
+
+  app.setErrorHandler((err: unknown, _req, reply) => {
+    if (err instanceof DormantError) {
+      void reply.status(err.status).send({ error: err.toJSON() });
+      return;
+    }
+    const e = asError(err) as Error & { statusCode?: number; code?: string };
+    if (typeof e.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {
+      // fastify's own: malformed JSON, body too large, unsupported media type.
+      void reply
+        .status(e.statusCode)
+        .send({ error: { code: ErrorCode.INVALID_ARGUMENT, message: e.message } });
+      return;
+    }
+    app.log.error(err);
+    void reply
+      .status(500)
+      .send({ error: { code: ErrorCode.INTERNAL, message: e.message, hint: 'see the daemon log' } });
+  });
+  app.setNotFoundHandler((req, reply) => {
+    void reply.status(404).send({
+      error: { code: 'NOT_FOUND', message: `no route ${req.method} ${req.url.split('?')[0] ?? ''}` },
+    });
+  });
+
+  const unauthenticated = new Set(['/v1/health']);
+  app.addHook('onRequest', async (req) => {
+    if (unauthenticated.has(req.url.split('?')[0] ?? '')) return;
+    const p = authenticate(req.headers.authorization, store.listTokens());
+    Object.defineProperty(req, 'principal', { value: p });
+  });
+
+  /** The tenant filter for a request: undefined lets an admin see every tenant. */
+  const scope = (req: FastifyRequest): string | undefined =>
+    req.principal.admin ? undefined : req.principal.tenant;
+
+  app.get('/v1/health', async () => ({ ok: true, version: opts.version ?? '0.1.0' }));
+
+  app.get('/v1/sandboxes', async (req) => ({ sandboxes: controller.list(scope(req)).map(sandboxView) }));
+
+  app.post('/v1/sandboxes', async (req, reply) => {
+    const b = parse(CreateSandboxBody, req.body, 'request body');
+    const s = await controller.create({
+      tenant: req.principal.tenant,
+      command: b.command,
+      ...(b.name !== undefined ? { name: b.name } : {}),
+      ...(b.rootfs !== undefined ? { rootfs: b.rootfs } : {}),
+      ...(b.image !== undefined ? { image: b.image } : {}),
+      ...(b.env !== undefined ? { env: b.env } : {}),
+      ...(b.ports !== undefined ? { ports: b.ports } : {}),
+      ...(b.memory !== undefined ? { memoryBytes: b.memory } : {}),
+      ...(b.cpus !== undefined ? { cpus: b.cpus } : {}),
+      ...(b.onResume !== undefined ? { onResume: b.onResume } : {}),
+      policy: {
+        ...(b.idle !== undefined ? { hibernateAfterMs: b.idle } : {}),
+        ...(b.pauseAfter !== undefined ? { pauseAfterMs: b.pauseAfter } : {}),
+        ...(b.archiveAfter !== undefined ? { archiveAfterMs: b.archiveAfter } : {}),
+        ...(b.lifetime !== undefined ? { lifetimeMs: b.lifetime } : {}),
+      },
+    });
+    return reply.status(201).send(sandboxView(s));
+  });
+
+  app.get('/v1/sandboxes/:id', async (req) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    return sandboxView(controller.get(id, scope(req)));
+  });
+
+  app.delete('/v1/sandboxes/:id', async (req, reply) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    await controller.remove(id, scope(req));
+    return reply.status(204).send();
+  });
+
+  for (const op of ['pause', 'hibernate', 'resume', 'archive'] as const) {
+    app.post(`/v1/sandboxes/:id/${op}`, async (req) => {
+      const { id } = parse(IdParams, req.params, 'path');
+      return sandboxView(await controller[op](id, scope(req)));
+    });
+  }
+
+  app.post('/v1/sandboxes/:id/fork', async (req) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    controller.get(id, scope(req));
+    throw new DormantError('NOT_IMPLEMENTED', `fork is not available yet (sandbox ${id})`, {
+      status: 501,
+      hint: 'hibernate the sandbox and create a new one from the same rootfs',
+    });
+  });
+
+  app.post('/v1/sandboxes/:id/exec', async (req) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    const b = parse(ExecBody, req.body, 'request body');
+    const r = await controller.exec(id, scope(req), b.command, {
+      ...(b.timeoutMs !== undefined ? { timeoutMs: b.timeoutMs } : {}),
+      ...(b.stdin !== undefined ? { input: b.stdin } : {}),
+    });
+    return { exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr, durationMs: r.durationMs };
+  });
+
+  app.post('/v1/sandboxes/:id/keepalive', async (req) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    const b = parse(KeepaliveBody, req.body ?? undefined, 'request body');
+    const forMs = b?.for ?? 30 * 60_000;
+    return sandboxView(await controller.keepalive(id, scope(req), Date.now() + forMs));
+  });
+
+  app.get('/v1/sandboxes/:id/logs', async (req, reply) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    const { follow } = parse(LogsQuery, req.query, 'query');
+    const path = await controller.logPath(id, scope(req));
+    const size = await stat(path).then(
+      (s) => s.size,
+      () => 0,
+    );
+    if (!follow) {
+      if (size === 0) return reply.type('text/plain; charset=utf-8').send('');
+      return reply.type('text/plain; charset=utf-8').send(createReadStream(path));
+    }
+    return followLog(reply, path, () => {
+      try {
+        return controller.get(id, scope(req)).state !== 'deleting';
+      } catch {
+        return false;
+      }
+    });
+  });
+
+  app.get('/v1/checkpoints', async (req) => {
+    const q = parse(z.object({ sandbox: z.string().max(128).optional() }), req.query, 'query');
+    const t = scope(req);
+    if (q.sandbox !== undefined) controller.get(q.sandbox, t);
+    return {
+      checkpoints: store
+        .listCheckpoints({
+          ...(q.sandbox !== undefined ? { sandboxId: q.sandbox } : {}),
+          ...(t !== undefined ? { tenant: t } : {}),
+        })
+        .map(checkpointView),
+    };
+  });
+
+  app.get('/v1/checkpoints/:id', async (req) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    const c = store.getCheckpoint(id);
+    const t = scope(req);
+    if (!c || (t !== undefined && c.tenant !== t)) {
+      throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no checkpoint ${id}`, { status: 404 });
+    }
+    return checkpointView(c);
+  });
+
+  app.get('/v1/events', async (req, reply) => {
+    const t = scope(req);
+    const last = Number(req.headers['last-event-id'] ?? (req.query as { since?: string }).since ?? NaN);
+    let cursor = Number.isFinite(last) ? last : (store.transitions({ limit: 1_000_000 }).at(-1)?.id ?? 0);
+    reply.hijack();
+    reply.raw.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+    });
+    reply.raw.write(': dormant events\n\n');
+    const tick = (): void => {
+      for (const tr of store.transitions({ sinceId: cursor, limit: 500 })) {
+        cursor = tr.id;
+        if (t !== undefined && tr.tenant !== t) continue;
+        reply.raw.write(`id: ${tr.id}\nevent: transition\ndata: ${JSON.stringify(transitionView(tr))}\n\n`);
+      }
+    };
+    tick();
+    const timer = setInterval(tick, 250);
+    const ping = setInterval(() => reply.raw.write(': ping\n\n'), 15_000);
+    req.raw.on('close', () => {
+      clearInterval(timer);
+      clearInterval(ping);
+    });
+  });
+
+  return app;
+}
+
+/** Streams a log file as it grows, until the client goes away or the sandbox is deleted. */
+function followLog(reply: FastifyReply, path: string, stillThere: () => boolean): void {
+  reply.hijack();
+  reply.raw.writeHead(200, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-cache' });
+  let offset = 0;
+  let busy = false;
+  let closed = false;
+  const pump = async (): Promise<void> => {
+    if (busy || closed) return;
+    busy = true;
+    try {
+      const size = await stat(path).then(
+        (s) => s.size,
+        () => 0,
+      );
+      if (size > offset) {
+        await new Promise<void>((resolve, reject) => {
+          const rs = createReadStream(path, { start: offset, end: size - 1 });
+          rs.on('data', (c) => reply.raw.write(c));
+          rs.on('end', resolve);
+          rs.on('error', reject);
+        });
+        offset = size;
+      }
+      if (!stillThere()) stop();
+    } catch {
+      stop();
+    } finally {
+      busy = false;
+    }
+  };
+  const timer = setInterval(() => void pump(), 200);
+  const stop = (): void => {
+    if (closed) return;
+    closed = true;
+    clearInterval(timer);
+    reply.raw.end();
+  };
+  reply.raw.on('close', stop);
+  void pump();
+}

@@ -1,0 +1,289 @@
+/** The sandbox lifecycle commands of INTERFACE.md, over the HTTP API. */
+import { Option, type Command } from '@commander-js/extra-typings';
+import Table from 'cli-table3';
+import pc from 'picocolors';
+import { resolve } from 'node:path';
+import { DormantError, ErrorCode } from '../../domain/errors.js';
+import { formatBytes, formatDurationMs } from '../../domain/units.js';
+import type { SandboxInfo } from '../../sdk/client.js';
+import { clientFromEnv } from '../client.js';
+import { printJson } from '../output.js';
+
+const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
+
+function usage(message: string): DormantError {
+  return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { status: 400 });
+}
+
+const STATE_COLOR: Record<string, (s: string) => string> = {
+  running: pc.green,
+  paused: pc.cyan,
+  hibernated: pc.blue,
+  archived: pc.dim,
+  failed: pc.red,
+};
+
+function age(iso: string): string {
+  return formatDurationMs(Math.max(0, Date.now() - Date.parse(iso)));
+}
+
+function sandboxTable(list: SandboxInfo[]): string {
+  if (list.length === 0) return 'no sandboxes\n';
+  const t = new Table({
+    head: ['id', 'name', 'state', 'for', 'memory', 'ports', 'address'].map((h) => pc.bold(h)),
+    style: { head: [], border: [] },
+  });
+  for (const s of list) {
+    const color = STATE_COLOR[s.state] ?? ((x: string) => x);
+    t.push([
+      s.id,
+      s.name === s.id ? '' : s.name,
+      color(s.state),
+      age(s.stateSince),
+      s.memoryBytes > 0 ? formatBytes(s.memoryBytes) : '-',
+      s.ports.map((p) => p.port).join(',') || '-',
+      s.address ?? '-',
+    ]);
+  }
+  return `${t.toString()}\n`;
+}
+
+function sandboxDetail(s: SandboxInfo): string {
+  const rows: [string, string][] = [
+    ['id', s.id],
+    ['name', s.name],
+    ['state', `${s.state} (for ${age(s.stateSince)})`],
+    ['command', s.command.join(' ')],
+    ['ports', s.ports.map((p) => `${p.port}${p.public ? ' (public)' : ''}`).join(', ') || '-'],
+    ['address', s.address ?? '-'],
+    [
+      'memory',
+      `${s.memoryBytes > 0 ? formatBytes(s.memoryBytes) : 'none held'} (limit ${formatBytes(s.memoryLimitBytes)})`,
+    ],
+    ['created', s.createdAt],
+    ['last active', `${s.lastActiveAt} (${age(s.lastActiveAt)} ago)`],
+    ['checkpoint', s.checkpointId ?? '-'],
+  ];
+  if (s.lastError) rows.push(['last error', s.lastError]);
+  return `${rows.map(([k, v]) => `${pc.bold(k.padEnd(12))} ${v}`).join('\n')}\n`;
+}
+
+/** Shows a spinner-free progress line on a terminal for operations that take seconds. */
+async function withProgress<T>(label: string, json: boolean, fn: () => Promise<T>): Promise<T> {
+  if (json || !process.stderr.isTTY) return fn();
+  const started = Date.now();
+  const timer = setInterval(
+    () => process.stderr.write(`\r${label}... ${formatDurationMs(Date.now() - started)}`),
+    200,
+  );
+  try {
+    return await fn();
+  } finally {
+    clearInterval(timer);
+    process.stderr.write(`\r${label}: done in ${formatDurationMs(Date.now() - started)}\n`);
+  }
+}
+
+export function registerSandboxes(program: Command): void {
+  program
+    .command('create')
+    .description('start a sandbox; prints its id')
+    .option('--name <name>', 'a name (lowercase letters, digits, dashes)')
+    .option('--rootfs <dir>', 'root filesystem folder (read-only below the sandbox)')
+    .option('--image <dir[:tag]>', 'OCI image layout folder')
+    .option('--port <port>', 'a port inside the sandbox to expose (repeatable)', collect, [])
+    .option('--env <K=V>', 'an environment variable (repeatable)', collect, [])
+    .option('--memory <size>', 'memory limit, e.g. 512M', '512M')
+    .option('--cpus <n>', 'CPU limit in cores', '1')
+    .option('--idle <duration>', 'hibernate after this long idle', '15m')
+    .option('--archive-after <duration>', 'archive after this long hibernated', '7d')
+    .option('--lifetime <duration>', 'end the sandbox after this long')
+    .option('--on-resume <cmd>', 'shell command run inside after every resume')
+    .option('--json', 'print the sandbox as JSON')
+    .argument('<command...>', 'the command to run, after --')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  dormant create --rootfs /srv/rootfs --port 8080 -- python3 -m http.server 8080\n  dormant create --name agent --idle 5m --rootfs ./rootfs -- sh -c "sleep infinity"',
+    )
+    .action(async (command, o) => {
+      if (!o.rootfs && !o.image) throw usage('give --rootfs DIR or --image OCI_LAYOUT_DIR');
+      const env: Record<string, string> = {};
+      for (const kv of o.env) {
+        const i = kv.indexOf('=');
+        if (i <= 0) throw usage(`--env ${kv}: expected KEY=VALUE`);
+        env[kv.slice(0, i)] = kv.slice(i + 1);
+      }
+      const ports = o.port.map((p) => {
+        const n = Number(p);
+        if (!Number.isInteger(n) || n < 1 || n > 65535)
+          throw usage(`--port ${p}: expected a port number 1-65535`);
+        return n;
+      });
+      const cpus = Number(o.cpus);
+      if (!(cpus > 0)) throw usage(`--cpus ${o.cpus}: expected a positive number`);
+      const s = await withProgress('creating', !!o.json, () =>
+        clientFromEnv().createSandbox({
+          command,
+          ...(o.name ? { name: o.name } : {}),
+          ...(o.rootfs ? { rootfs: resolve(o.rootfs) } : {}),
+          ...(o.image ? { image: o.image } : {}),
+          env,
+          ports,
+          memory: o.memory,
+          cpus,
+          idle: o.idle,
+          archiveAfter: o.archiveAfter,
+          ...(o.lifetime ? { lifetime: o.lifetime } : {}),
+          ...(o.onResume ? { onResume: ['sh', '-c', o.onResume] } : {}),
+        }),
+      );
+      if (o.json) printJson(s);
+      else process.stdout.write(`${s.id}\n`);
+    });
+
+  program
+    .command('ls')
+    .description('list sandboxes')
+    .option('--json', 'print JSON')
+    .action(async (o) => {
+      const list = await clientFromEnv().listSandboxes();
+      if (o.json) printJson(list);
+      else process.stdout.write(sandboxTable(list));
+    });
+
+  program
+    .command('get')
+    .description('show one sandbox')
+    .argument('<id>')
+    .option('--json', 'print JSON')
+    .action(async (id, o) => {
+      const s = await clientFromEnv().getSandbox(id);
+      if (o.json) printJson(s);
+      else process.stdout.write(sandboxDetail(s));
+    });
+
+  program
+    .command('exec')
+    .description('run a command inside; its output and exit code come back')
+    .argument('<id>')
+    .argument('<command...>', 'after --')
+    .option('--timeout <ms>', 'kill the command after this many milliseconds', '60000')
+    .option('--json', 'print { exitCode, stdout, stderr } as JSON')
+    .action(async (id, command, o) => {
+      const r = await clientFromEnv().exec(id, command, { timeoutMs: Number(o.timeout) });
+      if (o.json) printJson(r);
+      else {
+        process.stdout.write(r.stdout);
+        process.stderr.write(r.stderr);
+      }
+      process.exitCode = r.exitCode;
+    });
+
+  program
+    .command('logs')
+    .description("the sandbox's output, across hibernations")
+    .argument('<id>')
+    .option('-f, --follow', 'keep printing as it grows')
+    .option('--json', 'print { logs } as JSON')
+    .action(async (id, o) => {
+      const client = clientFromEnv();
+      if (o.follow) {
+        const ac = new AbortController();
+        process.once('SIGINT', () => ac.abort());
+        await client
+          .followLogs(id, (t) => process.stdout.write(t), { signal: ac.signal })
+          .catch((e: unknown) => {
+            if (!ac.signal.aborted) throw e;
+          });
+        return;
+      }
+      const text = await client.logs(id);
+      if (o.json) printJson({ logs: text });
+      else process.stdout.write(text);
+    });
+
+  const simple: [string, string, 'pause' | 'hibernate' | 'resume' | 'archive'][] = [
+    ['pause', 'freeze (memory kept)', 'pause'],
+    ['hibernate', 'CRIU checkpoint into the vault; processes gone, memory freed', 'hibernate'],
+    ['resume', 'back to running from paused, hibernated or archived', 'resume'],
+    ['archive', 'keep only the filesystem', 'archive'],
+  ];
+  for (const [name, description, op] of simple) {
+    program
+      .command(name)
+      .description(description)
+      .argument('<id>')
+      .option('--json', 'print the sandbox as JSON')
+      .action(async (id, o) => {
+        const s = await withProgress(`${op} ${id}`, !!o.json, () => clientFromEnv()[op](id));
+        if (o.json) printJson(s);
+        else process.stdout.write(`${s.id} ${s.state}\n`);
+      });
+  }
+
+  program
+    .command('fork')
+    .description("a new sandbox restored from ID's latest checkpoint")
+    .argument('<id>')
+    .option('--name <name>')
+    .option('--json', 'print the new sandbox as JSON')
+    .action(async (id, o) => {
+      const s = await clientFromEnv().fork(id, o.name ? { name: o.name } : {});
+      if (o.json) printJson(s);
+      else process.stdout.write(`${s.id}\n`);
+    });
+
+  program
+    .command('keepalive')
+    .description('tell the policy the sandbox is busy (an agent waiting on a model)')
+    .argument('<id>')
+    .addOption(new Option('--for <duration>', 'how long').default('30m'))
+    .option('--json', 'print the sandbox as JSON')
+    .action(async (id, o) => {
+      const s = await clientFromEnv().keepalive(id, o.for);
+      if (o.json) printJson(s);
+      else process.stdout.write(`${s.id} kept alive until ${s.lastActiveAt}\n`);
+    });
+
+  program
+    .command('rm')
+    .description('delete the sandbox and its data')
+    .argument('<id>')
+    .option('--json', 'print { deleted } as JSON')
+    .action(async (id, o) => {
+      await clientFromEnv().remove(id);
+      if (o.json) printJson({ deleted: id });
+      else process.stdout.write(`${id} deleted\n`);
+    });
+
+  const ck = program.command('checkpoint').description('checkpoints: list, inspect, scan, export, import');
+  ck.command('ls')
+    .description('checkpoints, newest first')
+    .argument('[id]', 'only this sandbox')
+    .option('--json', 'print JSON')
+    .action(async (id, o) => {
+      const list = await clientFromEnv().listCheckpoints(id);
+      if (o.json) {
+        printJson(list);
+        return;
+      }
+      if (list.length === 0) {
+        process.stdout.write('no checkpoints\n');
+        return;
+      }
+      const t = new Table({
+        head: ['id', 'sandbox', 'kind', 'created', 'logical', 'stored'].map((h) => pc.bold(h)),
+        style: { head: [], border: [] },
+      });
+      for (const c of list)
+        t.push([
+          c.id,
+          c.sandboxId,
+          c.kind,
+          c.createdAt,
+          formatBytes(c.logicalBytes),
+          formatBytes(c.storedBytes),
+        ]);
+      process.stdout.write(`${t.toString()}\n`);
+    });
+}

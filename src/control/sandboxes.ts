@@ -1,0 +1,519 @@
+/**
+ * The lifecycle controller: the one place that moves sandboxes between states. It ties the
+ * database of record, the runtime and the vault together, one operation per sandbox at a
+ * time, and keeps the contract of DESIGN.md: a checkpoint is committed before the original
+ * processes end, a failed hibernate leaves the sandbox as it was, a failed resume leaves the
+ * checkpoint in place and says why, and a restart of the daemon reconciles every sandbox.
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdir, rm, stat } from 'node:fs/promises';
+import { arch, release } from 'node:os';
+import { isAbsolute, join } from 'node:path';
+import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
+import {
+  DEFAULT_POLICY,
+  assertLegal,
+  isNoop,
+  newId,
+  validateName,
+  type PortSpec,
+  type Sandbox,
+  type SandboxPolicy,
+  type SandboxState,
+} from '../domain/sandbox.js';
+import type { CheckpointRecord, StateStore } from '../state/store.js';
+import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
+import { KeyedMutex } from './mutex.js';
+
+/** What the controller needs of the vault (vault/index.ts implements it). */
+export interface CheckpointVault {
+  putCheckpoint(o: {
+    tenant: string;
+    sandboxId: string;
+    checkpointId: string;
+    srcDir: string;
+    meta?: Record<string, string>;
+    signal?: AbortSignal;
+  }): Promise<{ logicalBytes: number; storedBytes: number }>;
+  restoreCheckpoint(o: {
+    tenant: string;
+    checkpointId: string;
+    destDir: string;
+    signal?: AbortSignal;
+  }): Promise<unknown>;
+  deleteCheckpoint(o: { tenant: string; checkpointId: string }): Promise<unknown>;
+}
+
+export interface Clock {
+  now(): number;
+}
+
+export const systemClock: Clock = { now: () => Date.now() };
+
+export interface ControllerOptions {
+  store: StateStore;
+  runtime: Runtime;
+  vault: CheckpointVault;
+  /** Memory-backed folder for CRIU images in flight (never persistent disk). */
+  stagingDir: string;
+  /** Folders a sandbox's rootfs may come from. Empty: any absolute folder. */
+  allowedSourceRoots?: readonly string[];
+  /** Committed checkpoints kept per sandbox (older ones are deleted). Default 2. */
+  keepCheckpoints?: number;
+  clock?: Clock;
+  /** Read-only host folders mounted into every sandbox (e.g. /usr for python3 in tests). */
+  readonlyBinds?: RuntimeSpec['readonlyBinds'];
+  /** Fault injection for crash tests: throw at the named step. */
+  failAt?: (step: string) => void;
+}
+
+export interface CreateSandboxInput {
+  tenant: string;
+  name?: string;
+  rootfs?: string;
+  image?: string;
+  command: string[];
+  env?: Record<string, string>;
+  ports?: (number | PortSpec)[];
+  memoryBytes?: number;
+  cpus?: number;
+  policy?: SandboxPolicy;
+  onResume?: string[];
+}
+
+const DEFAULT_MEMORY = 512 * 1024 ** 2;
+
+function invalid(message: string, hint?: string): DormantError {
+  return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { status: 400, ...(hint ? { hint } : {}) });
+}
+
+export class SandboxController {
+  private readonly store: StateStore;
+  private readonly runtime: Runtime;
+  private readonly vault: CheckpointVault;
+  private readonly clock: Clock;
+  private readonly locks = new KeyedMutex();
+  private readonly opts: ControllerOptions;
+
+  constructor(opts: ControllerOptions) {
+    this.opts = opts;
+    this.store = opts.store;
+    this.runtime = opts.runtime;
+    this.vault = opts.vault;
+    this.clock = opts.clock ?? systemClock;
+  }
+
+  private step(name: string): void {
+    this.opts.failAt?.(name);
+  }
+
+  /** The sandbox, if the tenant may see it (an admin passes undefined). Else SANDBOX_NOT_FOUND. */
+  get(id: string, tenant?: string): Sandbox {
+    const s = this.store.getSandbox(id);
+    if (!s || (tenant !== undefined && s.tenant !== tenant)) {
+      throw new DormantError('SANDBOX_NOT_FOUND', `no sandbox ${id.slice(0, 80)}`, {
+        status: 404,
+        hint: 'dormant ls shows the sandboxes you can see',
+      });
+    }
+    return s;
+  }
+
+  list(tenant?: string): Sandbox[] {
+    return this.store.listSandboxes(tenant);
+  }
+
+  private runtimeSpec(s: Sandbox): RuntimeSpec {
+    if (s.spec.source.kind !== 'rootfs') throw invalid('image sources are not supported yet');
+    return {
+      id: s.id,
+      rootfs: s.spec.source.path,
+      args: s.spec.command,
+      env: s.spec.env,
+      hostname: s.name,
+      ports: s.spec.ports.map((p) => p.port),
+      limits: { memoryBytes: s.spec.memoryBytes, cpus: s.spec.cpus, pids: 512 },
+      ...(this.opts.readonlyBinds ? { readonlyBinds: this.opts.readonlyBinds } : {}),
+    };
+  }
+
+  private async validateSource(input: CreateSandboxInput): Promise<Sandbox['spec']['source']> {
+    if (input.image !== undefined) {
+      throw new DormantError('NOT_IMPLEMENTED', 'sandboxes from OCI image layouts are not supported yet', {
+        status: 501,
+        hint: 'unpack the image (umoci unpack) and pass its rootfs folder with --rootfs',
+      });
+    }
+    const path = input.rootfs;
+    if (path === undefined) throw invalid('a sandbox needs a root filesystem', 'pass --rootfs DIR');
+    if (!isAbsolute(path) || path.split('/').includes('..'))
+      throw invalid(`rootfs "${path}" must be an absolute path without ".."`);
+    const roots = this.opts.allowedSourceRoots ?? [];
+    if (roots.length > 0 && !roots.some((r) => path === r || path.startsWith(`${r.replace(/\/$/, '')}/`))) {
+      throw invalid(`rootfs ${path} is outside the allowed folders (${roots.join(', ')})`);
+    }
+    try {
+      if (!(await stat(path)).isDirectory()) throw invalid(`rootfs ${path} is not a folder`);
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT') throw invalid(`rootfs ${path} does not exist`);
+      throw e;
+    }
+    return { kind: 'rootfs', path };
+  }
+
+  async create(input: CreateSandboxInput): Promise<Sandbox> {
+    if (!Array.isArray(input.command) || input.command.length === 0)
+      throw invalid('a sandbox needs a command', 'dormant create ... -- CMD ARG...');
+    const source = await this.validateSource(input);
+    const id = newId('sb', randomBytes);
+    const name = validateName(input.name ?? id);
+    if (this.store.listSandboxes(input.tenant).some((s) => s.name === name)) {
+      throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`, { status: 409 });
+    }
+    const ports = (input.ports ?? []).map((p) => (typeof p === 'number' ? { port: p, public: false } : p));
+    for (const p of ports)
+      if (!Number.isInteger(p.port) || p.port < 1 || p.port > 65535)
+        throw invalid(`invalid port ${String(p.port)}`);
+    const now = this.clock.now();
+    const sandbox: Sandbox = {
+      id,
+      tenant: input.tenant,
+      name,
+      state: 'creating',
+      spec: {
+        source,
+        command: input.command,
+        env: input.env ?? {},
+        ports,
+        memoryBytes: input.memoryBytes ?? DEFAULT_MEMORY,
+        cpus: input.cpus ?? 1,
+        policy: { ...DEFAULT_POLICY, ...input.policy },
+        ...(input.onResume ? { onResume: input.onResume } : {}),
+      },
+      createdAt: now,
+      stateSince: now,
+      lastActiveAt: now,
+      memoryBytes: 0,
+    };
+    this.store.insertSandbox(sandbox, 'create');
+    return this.locks.run(id, async () => {
+      try {
+        this.step('create:before-runtime');
+        const st = await this.runtime.create(this.runtimeSpec(sandbox));
+        this.step('create:created');
+        await this.runtime.start(id);
+        this.store.transition(id, 'creating', 'running', 'create', this.clock.now(), {
+          address: st.network.address,
+        });
+        return this.get(id);
+      } catch (e) {
+        await this.runtime.destroy(id).catch(() => undefined);
+        this.store.transition(id, 'creating', 'failed', 'create failed', this.clock.now(), {
+          lastError: asError(e).message,
+        });
+        throw e;
+      }
+    });
+  }
+
+  async exec(
+    id: string,
+    tenant: string | undefined,
+    args: string[],
+    opts: { timeoutMs?: number; input?: string } = {},
+  ) {
+    const s = this.get(id, tenant);
+    assertLegal('exec', s.state, id);
+    if (args.length === 0) throw invalid('exec needs a command');
+    const r = await this.runtime.exec(id, args, opts);
+    this.store.updateSandbox(id, { lastActiveAt: this.clock.now() });
+    return r;
+  }
+
+  /** The sandbox's output log, across hibernations. */
+  async logPath(id: string, tenant?: string): Promise<string> {
+    this.get(id, tenant);
+    return (await this.runtime.state(id)).logPath;
+  }
+
+  async pause(id: string, tenant?: string): Promise<Sandbox> {
+    return this.locks.run(id, async () => {
+      const s = this.get(id, tenant);
+      assertLegal('pause', s.state, id);
+      if (isNoop('pause', s.state)) return s;
+      await this.runtime.freeze(id);
+      this.store.transition(id, 'running', 'paused', 'pause', this.clock.now());
+      return this.get(id);
+    });
+  }
+
+  private staging(ckId: string): string {
+    return join(this.opts.stagingDir, ckId);
+  }
+
+  private async wipe(dir: string): Promise<void> {
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  /**
+   * Hibernate: freeze, dump with the processes left in place (frozen), store the images in
+   * the vault, commit the checkpoint, and only then end the processes. Any failure before the
+   * commit thaws the sandbox back to where it was.
+   */
+  async hibernate(id: string, tenant?: string, reason = 'hibernate'): Promise<Sandbox> {
+    return this.locks.run(id, async () => {
+      const s = this.get(id, tenant);
+      assertLegal('hibernate', s.state, id);
+      if (isNoop('hibernate', s.state)) return s;
+      const before = s.state;
+      const ckId = newId('ck', randomBytes);
+      const dir = this.staging(ckId);
+      this.store.transition(id, before, 'hibernating', reason, this.clock.now());
+      let committed = false;
+      try {
+        await mkdir(dir, { recursive: true, mode: 0o700 });
+        await this.runtime.freeze(id);
+        this.step('hibernate:frozen');
+        const images = join(dir, 'images');
+        await this.runtime.checkpoint(id, {
+          imagesDir: images,
+          workDir: join(dir, 'work'),
+          leaveRunning: true,
+        });
+        this.step('hibernate:dumped');
+        const meta = { arch: arch(), kernel: release(), kind: 'memory' };
+        const put = await this.vault.putCheckpoint({
+          tenant: s.tenant,
+          sandboxId: id,
+          checkpointId: ckId,
+          srcDir: images,
+          meta,
+        });
+        this.step('hibernate:stored');
+        const rec: CheckpointRecord = {
+          id: ckId,
+          sandboxId: id,
+          tenant: s.tenant,
+          createdAt: this.clock.now(),
+          kind: 'memory',
+          logicalBytes: put.logicalBytes,
+          storedBytes: put.storedBytes,
+          meta,
+        };
+        this.store.insertCheckpoint(rec);
+        this.store.updateSandbox(id, { checkpointId: ckId });
+        committed = true;
+        this.step('hibernate:committed');
+      } catch (e) {
+        await this.wipe(dir);
+        if (committed) throw e;
+        // Not committed: the sandbox goes back to what it was, running or paused.
+        if (before === 'running') await this.runtime.thaw(id).catch(() => undefined);
+        this.store.transition(id, 'hibernating', before, 'hibernate failed', this.clock.now(), {
+          lastError: asError(e).message,
+        });
+        throw new DormantError(
+          'HIBERNATE_FAILED',
+          `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}`,
+          {
+            status: 500,
+            cause: e,
+            hint: 'dormant doctor shows what this node supports',
+          },
+        );
+      } finally {
+        await this.wipe(dir);
+      }
+      await this.endProcesses(id);
+      this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
+      await this.pruneCheckpoints(id, s.tenant);
+      return this.get(id);
+    });
+  }
+
+  /** Ends a sandbox's processes and removes its container; its filesystem and network stay. */
+  private async endProcesses(id: string): Promise<void> {
+    const st = await this.runtime.state(id);
+    if (st.status === 'absent') return;
+    await this.runtime.stop(id);
+  }
+
+  private async pruneCheckpoints(id: string, tenant: string): Promise<void> {
+    const keep = this.opts.keepCheckpoints ?? 2;
+    const all = this.store.listCheckpoints({ sandboxId: id }).filter((c) => c.kind === 'memory');
+    for (const old of all.slice(keep)) {
+      await this.vault.deleteCheckpoint({ tenant, checkpointId: old.id });
+      this.store.deleteCheckpoint(old.id);
+    }
+  }
+
+  async resume(id: string, tenant?: string, reason = 'resume'): Promise<Sandbox> {
+    return this.locks.run(id, async () => {
+      const s = this.get(id, tenant);
+      assertLegal('resume', s.state, id);
+      if (isNoop('resume', s.state)) return s;
+      if (s.state === 'paused') {
+        await this.runtime.thaw(id);
+        this.store.transition(id, 'paused', 'running', reason, this.clock.now(), {
+          lastActiveAt: this.clock.now(),
+        });
+        return this.get(id);
+      }
+      const from = s.state;
+      this.store.transition(id, from, 'resuming', reason, this.clock.now());
+      try {
+        if (from === 'hibernated') await this.restoreFromVault(s);
+        else await this.freshStart(s);
+      } catch (e) {
+        this.store.transition(id, 'resuming', from, 'resume failed', this.clock.now(), {
+          lastError: asError(e).message,
+        });
+        throw new DormantError(
+          'RESUME_FAILED',
+          `resume of sandbox ${id} failed; it is still ${from}${from === 'hibernated' ? ' and its checkpoint is intact' : ''}: ${asError(e).message}`,
+          {
+            status: 500,
+            cause: e,
+            hint: 'dormant doctor shows what this node supports; dormant logs ID shows its output',
+          },
+        );
+      }
+      const now = this.clock.now();
+      this.store.transition(id, 'resuming', 'running', reason, now, {
+        lastActiveAt: now,
+        lastError: undefined,
+      });
+      if (s.spec.onResume && s.spec.onResume.length > 0) {
+        await this.runtime.exec(id, s.spec.onResume, { timeoutMs: 30_000 }).catch(() => undefined);
+      }
+      return this.get(id);
+    });
+  }
+
+  private async restoreFromVault(s: Sandbox): Promise<void> {
+    const ckId = s.checkpointId;
+    if (ckId === undefined)
+      throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
+    const dir = this.staging(`${ckId}-restore`);
+    try {
+      await mkdir(dir, { recursive: true, mode: 0o700 });
+      const images = join(dir, 'images');
+      await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images });
+      this.step('resume:fetched');
+      await this.runtime.prepare(this.runtimeSpec(s));
+      await this.runtime.restore(s.id, { imagesDir: images, workDir: join(dir, 'work') });
+    } finally {
+      await this.wipe(dir);
+    }
+  }
+
+  private async freshStart(s: Sandbox): Promise<void> {
+    const st = await this.runtime.state(s.id).catch(() => undefined);
+    if (st && st.status !== 'absent') await this.runtime.stop(s.id);
+    await this.runtime.create(this.runtimeSpec(s));
+    await this.runtime.start(s.id);
+  }
+
+  /** Keep only the filesystem: processes end, memory checkpoints are deleted. */
+  async archive(id: string, tenant?: string, reason = 'archive'): Promise<Sandbox> {
+    return this.locks.run(id, async () => {
+      const s = this.get(id, tenant);
+      assertLegal('archive', s.state, id);
+      if (isNoop('archive', s.state)) return s;
+      await this.endProcesses(id);
+      for (const c of this.store.listCheckpoints({ sandboxId: id })) {
+        await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
+        this.store.deleteCheckpoint(c.id);
+      }
+      this.store.transition(id, s.state, 'archived', reason, this.clock.now(), {
+        memoryBytes: 0,
+        checkpointId: undefined,
+      });
+      return this.get(id);
+    });
+  }
+
+  async keepalive(id: string, tenant: string | undefined, untilMs: number): Promise<Sandbox> {
+    const s = this.get(id, tenant);
+    assertLegal('keepalive', s.state, id);
+    this.store.updateSandbox(id, { lastActiveAt: Math.max(this.clock.now(), untilMs) });
+    return this.get(id);
+  }
+
+  async remove(id: string, tenant?: string): Promise<void> {
+    await this.locks.run(id, async () => {
+      const s = this.get(id, tenant);
+      if (s.state !== 'deleting') this.store.transition(id, s.state, 'deleting', 'rm', this.clock.now());
+      await this.runtime.destroy(id);
+      for (const c of this.store.listCheckpoints({ sandboxId: id })) {
+        await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
+      }
+      this.store.deleteSandbox(id, 'rm', this.clock.now());
+    });
+  }
+
+  /**
+   * After a daemon restart: every sandbox ends up in a resting state that matches what is
+   * really there, and nothing is lost.
+   */
+  async reconcile(): Promise<{ id: string; from: SandboxState; to: SandboxState }[]> {
+    const changes: { id: string; from: SandboxState; to: SandboxState }[] = [];
+    for (const s of this.store.listSandboxes()) {
+      await this.locks.run(s.id, async () => {
+        const to = await this.reconcileOne(s).catch(() => 'failed' as const);
+        if (to !== s.state) {
+          if (to === 'deleting') this.store.deleteSandbox(s.id, 'reconcile', this.clock.now());
+          else this.store.transition(s.id, s.state, to, 'reconcile after restart', this.clock.now());
+          changes.push({ id: s.id, from: s.state, to });
+        }
+      });
+    }
+    return changes;
+  }
+
+  private async reconcileOne(s: Sandbox): Promise<SandboxState> {
+    const st = await this.runtime.state(s.id).catch((e: unknown) => {
+      if (isDormantError(e, ErrorCode.RUNTIME_SANDBOX_NOT_FOUND)) return undefined;
+      throw e;
+    });
+    const status = st?.status ?? 'absent';
+    const committed = this.store
+      .listCheckpoints({ sandboxId: s.id })
+      .find((c) => c.kind === 'memory' && c.createdAt >= s.stateSince);
+    switch (s.state) {
+      case 'deleting':
+        await this.runtime.destroy(s.id);
+        for (const c of this.store.listCheckpoints({ sandboxId: s.id })) {
+          await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
+        }
+        return 'deleting';
+      case 'creating':
+        await this.runtime.destroy(s.id);
+        return 'failed';
+      case 'hibernating':
+        if (committed) {
+          this.store.updateSandbox(s.id, { checkpointId: committed.id });
+          if (status !== 'absent') await this.runtime.stop(s.id);
+          return 'hibernated';
+        }
+        if (status === 'paused') await this.runtime.thaw(s.id);
+        return status === 'running' || status === 'paused' ? 'running' : this.fallback(s);
+      case 'resuming':
+        if (status === 'running') return 'running';
+        if (status !== 'absent') await this.runtime.stop(s.id);
+        return s.checkpointId ? 'hibernated' : 'archived';
+      case 'running':
+      case 'paused':
+        if (status === 'running' || status === 'paused') return status;
+        if (status !== 'absent') await this.runtime.stop(s.id);
+        return this.fallback(s);
+      default:
+        return s.state;
+    }
+  }
+
+  /** Processes are gone (a reboot): the newest checkpoint if there is one, else the filesystem. */
+  private fallback(s: Sandbox): SandboxState {
+    return s.checkpointId && this.store.getCheckpoint(s.checkpointId) ? 'hibernated' : 'archived';
+  }
+}

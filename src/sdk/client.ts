@@ -1,0 +1,215 @@
+/**
+ * The TypeScript client of dormant's HTTP API. The CLI is built on it.
+ *
+ * @example
+ * ```ts
+ * const client = new DormantClient({ url: 'http://127.0.0.1:7420', token: process.env.DORMANT_TOKEN });
+ * const sb = await client.createSandbox({ rootfs: '/srv/rootfs', command: ['sh', '-c', 'sleep infinity'] });
+ * await client.hibernate(sb.id);
+ * await client.resume(sb.id);
+ * ```
+ */
+
+/** An error the API answered, with its stable code (`SANDBOX_NOT_FOUND`, `ILLEGAL_TRANSITION`, ...). */
+export class DormantApiError extends Error {
+  readonly code: string;
+  readonly status: number;
+  readonly hint: string | undefined;
+  constructor(code: string, message: string, status: number, hint?: string) {
+    super(message);
+    this.name = 'DormantApiError';
+    this.code = code;
+    this.status = status;
+    this.hint = hint;
+  }
+}
+
+export interface SandboxInfo {
+  id: string;
+  name: string;
+  tenant: string;
+  state: string;
+  ports: { port: number; public: boolean }[];
+  address: string | null;
+  memoryBytes: number;
+  memoryLimitBytes: number;
+  cpus: number;
+  command: string[];
+  createdAt: string;
+  stateSince: string;
+  lastActiveAt: string;
+  checkpointId: string | null;
+  lastError: string | null;
+  policy: Record<string, number | undefined>;
+}
+
+export interface CheckpointInfo {
+  id: string;
+  sandboxId: string;
+  tenant: string;
+  kind: string;
+  createdAt: string;
+  logicalBytes: number;
+  storedBytes: number;
+}
+
+export interface ExecResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  durationMs: number;
+}
+
+export interface CreateSandboxOptions {
+  name?: string;
+  rootfs?: string;
+  image?: string;
+  command: string[];
+  env?: Record<string, string>;
+  ports?: number[];
+  /** Bytes, or a size like `512M`. */
+  memory?: number | string;
+  cpus?: number;
+  /** Milliseconds, or a duration like `15m`. */
+  idle?: number | string;
+  archiveAfter?: number | string;
+  lifetime?: number | string;
+  onResume?: string[];
+}
+
+export interface ClientOptions {
+  /** Default http://127.0.0.1:7420. */
+  url?: string;
+  token?: string;
+  /** Per-request timeout in milliseconds. Default 300 000 (hibernate and resume take seconds). */
+  timeoutMs?: number;
+}
+
+export interface CallOptions {
+  signal?: AbortSignal;
+}
+
+export class DormantClient {
+  readonly url: string;
+  private readonly token: string | undefined;
+  private readonly timeoutMs: number;
+
+  constructor(opts: ClientOptions = {}) {
+    this.url = (opts.url ?? 'http://127.0.0.1:7420').replace(/\/$/, '');
+    this.token = opts.token;
+    this.timeoutMs = opts.timeoutMs ?? 300_000;
+  }
+
+  /** Sends one request; resolves with the parsed JSON (or text), rejects with DormantApiError. */
+  async request<T>(method: string, path: string, body?: unknown, opts: CallOptions = {}): Promise<T> {
+    const signals = [AbortSignal.timeout(this.timeoutMs), ...(opts.signal ? [opts.signal] : [])];
+    let res: Response;
+    try {
+      res = await fetch(`${this.url}${path}`, {
+        method,
+        headers: {
+          ...(this.token ? { authorization: `Bearer ${this.token}` } : {}),
+          ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+        },
+        ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+        signal: AbortSignal.any(signals),
+      });
+    } catch (e) {
+      const why = e instanceof Error ? (e.cause instanceof Error ? e.cause.message : e.message) : String(e);
+      throw new DormantApiError(
+        'DAEMON_UNREACHABLE',
+        `cannot reach dormant at ${this.url}: ${why}`,
+        0,
+        'start it with `dormant serve`, or set DORMANT_URL',
+      );
+    }
+    const text = await res.text();
+    const type = res.headers.get('content-type') ?? '';
+    const data: unknown = type.includes('application/json') && text !== '' ? JSON.parse(text) : text;
+    if (!res.ok) {
+      const err = (data as { error?: { code?: string; message?: string; hint?: string } }).error;
+      throw new DormantApiError(
+        err?.code ?? `HTTP_${res.status}`,
+        err?.message ?? `${method} ${path}: HTTP ${res.status}`,
+        res.status,
+        err?.hint,
+      );
+    }
+    return data as T;
+  }
+
+  health(opts?: CallOptions) {
+    return this.request<{ ok: boolean; version: string }>('GET', '/v1/health', undefined, opts);
+  }
+  createSandbox(o: CreateSandboxOptions, opts?: CallOptions) {
+    return this.request<SandboxInfo>('POST', '/v1/sandboxes', o, opts);
+  }
+  async listSandboxes(opts?: CallOptions): Promise<SandboxInfo[]> {
+    return (await this.request<{ sandboxes: SandboxInfo[] }>('GET', '/v1/sandboxes', undefined, opts))
+      .sandboxes;
+  }
+  getSandbox(id: string, opts?: CallOptions) {
+    return this.request<SandboxInfo>('GET', `/v1/sandboxes/${encodeURIComponent(id)}`, undefined, opts);
+  }
+  private op(id: string, op: string, body: unknown, opts?: CallOptions) {
+    return this.request<SandboxInfo>('POST', `/v1/sandboxes/${encodeURIComponent(id)}/${op}`, body, opts);
+  }
+  pause(id: string, opts?: CallOptions) {
+    return this.op(id, 'pause', undefined, opts);
+  }
+  hibernate(id: string, opts?: CallOptions) {
+    return this.op(id, 'hibernate', undefined, opts);
+  }
+  resume(id: string, opts?: CallOptions) {
+    return this.op(id, 'resume', undefined, opts);
+  }
+  archive(id: string, opts?: CallOptions) {
+    return this.op(id, 'archive', undefined, opts);
+  }
+  fork(id: string, o: { name?: string } = {}, opts?: CallOptions) {
+    return this.op(id, 'fork', o, opts);
+  }
+  keepalive(id: string, forMs?: number | string, opts?: CallOptions) {
+    return this.op(id, 'keepalive', forMs === undefined ? {} : { for: forMs }, opts);
+  }
+  exec(id: string, command: string[], o: { timeoutMs?: number; stdin?: string } = {}, opts?: CallOptions) {
+    return this.request<ExecResult>(
+      'POST',
+      `/v1/sandboxes/${encodeURIComponent(id)}/exec`,
+      { command, ...o },
+      opts,
+    );
+  }
+  logs(id: string, opts?: CallOptions) {
+    return this.request<string>('GET', `/v1/sandboxes/${encodeURIComponent(id)}/logs`, undefined, opts);
+  }
+  /** Streams the sandbox's output as it grows; ends when the signal aborts or the sandbox is deleted. */
+  async followLogs(id: string, onChunk: (text: string) => void, opts: CallOptions = {}): Promise<void> {
+    const res = await fetch(`${this.url}/v1/sandboxes/${encodeURIComponent(id)}/logs?follow=1`, {
+      headers: this.token ? { authorization: `Bearer ${this.token}` } : {},
+      ...(opts.signal ? { signal: opts.signal } : {}),
+    });
+    if (!res.ok || !res.body) {
+      const data = (await res.json().catch(() => ({}))) as {
+        error?: { code?: string; message?: string; hint?: string };
+      };
+      throw new DormantApiError(
+        data.error?.code ?? `HTTP_${res.status}`,
+        data.error?.message ?? 'logs failed',
+        res.status,
+        data.error?.hint,
+      );
+    }
+    const decoder = new TextDecoder();
+    for await (const chunk of res.body) onChunk(decoder.decode(chunk as Uint8Array, { stream: true }));
+  }
+  async remove(id: string, opts?: CallOptions): Promise<void> {
+    await this.request<string>('DELETE', `/v1/sandboxes/${encodeURIComponent(id)}`, undefined, opts);
+  }
+  async listCheckpoints(sandboxId?: string, opts?: CallOptions): Promise<CheckpointInfo[]> {
+    const q = sandboxId ? `?sandbox=${encodeURIComponent(sandboxId)}` : '';
+    return (
+      await this.request<{ checkpoints: CheckpointInfo[] }>('GET', `/v1/checkpoints${q}`, undefined, opts)
+    ).checkpoints;
+  }
+}
