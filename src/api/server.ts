@@ -135,6 +135,10 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   const scope = (req: FastifyRequest): string | undefined =>
     req.principal.admin ? undefined : req.principal.tenant;
 
+  /** The sandbox id of a route's :id, which may also be the sandbox's name. 404 if not visible. */
+  const sandboxId = (req: FastifyRequest): string =>
+    controller.get(parse(IdParams, req.params, 'path').id, scope(req)).id;
+
   app.get('/v1/health', async () => ({ ok: true, version: opts.version ?? '0.1.0' }));
 
   app.get('/v1/sandboxes', async (req) => ({ sandboxes: controller.list(scope(req)).map(sandboxView) }));
@@ -163,25 +167,25 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   app.get('/v1/sandboxes/:id', async (req) => {
-    const { id } = parse(IdParams, req.params, 'path');
+    const id = sandboxId(req);
     return sandboxView(controller.get(id, scope(req)));
   });
 
   app.delete('/v1/sandboxes/:id', async (req, reply) => {
-    const { id } = parse(IdParams, req.params, 'path');
+    const id = sandboxId(req);
     await controller.remove(id, scope(req));
     return reply.status(204).send();
   });
 
   for (const op of ['pause', 'hibernate', 'resume', 'archive'] as const) {
     app.post(`/v1/sandboxes/:id/${op}`, async (req) => {
-      const { id } = parse(IdParams, req.params, 'path');
+      const id = sandboxId(req);
       return sandboxView(await controller[op](id, scope(req)));
     });
   }
 
   app.post('/v1/sandboxes/:id/fork', async (req) => {
-    const { id } = parse(IdParams, req.params, 'path');
+    const id = sandboxId(req);
     controller.get(id, scope(req));
     throw new DormantError('NOT_IMPLEMENTED', `fork is not available yet (sandbox ${id})`, {
       status: 501,
@@ -190,7 +194,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   app.post('/v1/sandboxes/:id/exec', async (req) => {
-    const { id } = parse(IdParams, req.params, 'path');
+    const id = sandboxId(req);
     const b = parse(ExecBody, req.body, 'request body');
     const r = await controller.exec(id, scope(req), b.command, {
       ...(b.timeoutMs !== undefined ? { timeoutMs: b.timeoutMs } : {}),
@@ -200,14 +204,14 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   app.post('/v1/sandboxes/:id/keepalive', async (req) => {
-    const { id } = parse(IdParams, req.params, 'path');
+    const id = sandboxId(req);
     const b = parse(KeepaliveBody, req.body ?? undefined, 'request body');
     const forMs = b?.for ?? 30 * 60_000;
     return sandboxView(await controller.keepalive(id, scope(req), Date.now() + forMs));
   });
 
   app.get('/v1/sandboxes/:id/logs', async (req, reply) => {
-    const { id } = parse(IdParams, req.params, 'path');
+    const id = sandboxId(req);
     const { follow } = parse(LogsQuery, req.query, 'query');
     const path = await controller.logPath(id, scope(req));
     const size = await stat(path).then(

@@ -12,6 +12,7 @@ import { isAbsolute, join } from 'node:path';
 import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
 import {
   DEFAULT_POLICY,
+  ID_PATTERN,
   assertLegal,
   isNoop,
   newId,
@@ -109,7 +110,10 @@ export class SandboxController {
 
   /** The sandbox, if the tenant may see it (an admin passes undefined). Else SANDBOX_NOT_FOUND. */
   get(id: string, tenant?: string): Sandbox {
-    const s = this.store.getSandbox(id);
+    // An id, or a name within the tenant (names are unique per tenant).
+    const s =
+      this.store.getSandbox(id) ??
+      (ID_PATTERN.test(id) ? undefined : this.store.listSandboxes(tenant).find((x) => x.name === id));
     if (!s || (tenant !== undefined && s.tenant !== tenant)) {
       throw new DormantError('SANDBOX_NOT_FOUND', `no sandbox ${id.slice(0, 80)}`, {
         status: 404,
