@@ -8,6 +8,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { getCriu } from '../criu/criu.js';
+import { cgroupUsage } from '../sys/cgroup.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { openVault, type Vault } from '../vault/index.js';
 import { RuncRuntime } from '../runtime/runc.js';
@@ -94,6 +95,8 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
+    // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
+    usage: (id) => cgroupUsage(`/dormant/${id}`),
   });
   const reconciled = await controller.reconcile();
   const app = buildServer({ controller, store, logger: opts.logger ?? false });

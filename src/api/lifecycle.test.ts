@@ -142,6 +142,8 @@ describe('sandbox lifecycle through the daemon', () => {
       (await client.listSandboxes()).map((s) => s.id),
       [sb.id],
     );
+    const held = (await client.getSandbox(sb.id)).memoryBytes;
+    assert.ok(held > 1024 * 1024, `a running python server holds memory (${held} bytes, from its cgroup)`);
     const ex = await client.exec(sb.id, ['sh', '-c', 'echo $((6*7)); echo oops >&2; exit 3']);
     assert.deepEqual([ex.stdout, ex.stderr, ex.exitCode], ['42\n', 'oops\n', 3]);
   });
@@ -173,12 +175,23 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.equal(e.status, 404);
     const again = await client.resume(sb.id);
     assert.equal(again.state, 'running', 'resume of a running sandbox is a no-op');
-    await client.pause(sb.id);
+    const paused = await client.pause(sb.id);
+    assert.equal(paused.state, 'paused');
+    assert.ok(paused.memoryBytes > 0, 'a paused sandbox still holds its memory');
     const ex = await apiError(client.exec(sb.id, ['true']));
     assert.equal(ex.status, 409);
     assert.equal(ex.code, 'ILLEGAL_TRANSITION');
     assert.ok(ex.hint);
     await client.resume(sb.id);
+  });
+
+  test('a paused sandbox hibernates and resumes too', async () => {
+    const before = await get(sb.address!, 8080);
+    await client.pause(sb.id);
+    assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
+    assert.equal((await client.resume(sb.id)).state, 'running');
+    const [n, token] = before.split(' ');
+    assert.equal(await eventually('server', () => get(sb.address!, 8080)), `${Number(n) + 1} ${token}`);
   });
 
   test('a hibernate that fails after the dump leaves the sandbox running, memory intact', async () => {
@@ -191,7 +204,7 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.equal(s.state, 'running');
     const n = Number(before.split(' ')[0]);
     assert.equal(await get(sb.address!, 8080), `${n + 1} ${before.split(' ')[1]}`);
-    assert.equal((await client.listCheckpoints(sb.id)).length, 1, 'no half checkpoint was recorded');
+    assert.equal((await client.listCheckpoints(sb.id)).length, 2, 'no half checkpoint was recorded');
   });
 
   test('a restarted daemon finds every sandbox as it was, and hibernates and resumes it', async () => {
@@ -208,7 +221,11 @@ describe('sandbox lifecycle through the daemon', () => {
       await eventually('server', () => get(sb.address!, 8080)),
       `${n + 1} ${before.split(' ')[1]}`,
     );
-    assert.equal((await client.listCheckpoints(sb.id)).length, 2, 'keeps the last two checkpoints');
+    assert.equal(
+      (await client.listCheckpoints(sb.id)).length,
+      2,
+      'keeps the last two checkpoints (of three)',
+    );
   });
 
   test('archive keeps the filesystem; resume starts the command afresh on it', async () => {

@@ -141,7 +141,11 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
 
   app.get('/v1/health', async () => ({ ok: true, version: opts.version ?? '0.1.0' }));
 
-  app.get('/v1/sandboxes', async (req) => ({ sandboxes: controller.list(scope(req)).map(sandboxView) }));
+  const view = async (s: Sandbox) => sandboxView(await controller.withUsage(s));
+
+  app.get('/v1/sandboxes', async (req) => ({
+    sandboxes: await Promise.all(controller.list(scope(req)).map(view)),
+  }));
 
   app.post('/v1/sandboxes', async (req, reply) => {
     const b = parse(CreateSandboxBody, req.body, 'request body');
@@ -163,12 +167,12 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
         ...(b.lifetime !== undefined ? { lifetimeMs: b.lifetime } : {}),
       },
     });
-    return reply.status(201).send(sandboxView(s));
+    return reply.status(201).send(await view(s));
   });
 
   app.get('/v1/sandboxes/:id', async (req) => {
     const id = sandboxId(req);
-    return sandboxView(controller.get(id, scope(req)));
+    return view(controller.get(id, scope(req)));
   });
 
   app.delete('/v1/sandboxes/:id', async (req, reply) => {
@@ -180,7 +184,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   for (const op of ['pause', 'hibernate', 'resume', 'archive'] as const) {
     app.post(`/v1/sandboxes/:id/${op}`, async (req) => {
       const id = sandboxId(req);
-      return sandboxView(await controller[op](id, scope(req)));
+      return view(await controller[op](id, scope(req)));
     });
   }
 
@@ -207,7 +211,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     const id = sandboxId(req);
     const b = parse(KeepaliveBody, req.body ?? undefined, 'request body');
     const forMs = b?.for ?? 30 * 60_000;
-    return sandboxView(await controller.keepalive(id, scope(req), Date.now() + forMs));
+    return view(await controller.keepalive(id, scope(req), Date.now() + forMs));
   });
 
   app.get('/v1/sandboxes/:id/logs', async (req, reply) => {

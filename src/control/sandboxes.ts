@@ -66,6 +66,8 @@ export interface ControllerOptions {
   readonlyBinds?: RuntimeSpec['readonlyBinds'];
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
+  /** Resource use of a sandbox's cgroup right now (undefined: no processes). */
+  usage?: (sandboxId: string) => Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
 }
 
 export interface CreateSandboxInput {
@@ -125,6 +127,18 @@ export class SandboxController {
 
   list(tenant?: string): Sandbox[] {
     return this.store.listSandboxes(tenant);
+  }
+
+  /** The sandbox with `memoryBytes` read from its cgroup now (0 unless running or paused). */
+  async withUsage(s: Sandbox): Promise<Sandbox> {
+    if ((s.state !== 'running' && s.state !== 'paused') || !this.opts.usage) return { ...s, memoryBytes: 0 };
+    const u = await this.opts.usage(s.id).catch(() => undefined);
+    return { ...s, memoryBytes: u?.memoryBytes ?? 0 };
+  }
+
+  /** Records activity on the sandbox (API call, proxied traffic): the idle clock restarts. */
+  touch(id: string): void {
+    this.store.updateSandbox(id, { lastActiveAt: this.clock.now() });
   }
 
   private runtimeSpec(s: Sandbox): RuntimeSpec {
