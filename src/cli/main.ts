@@ -7,6 +7,7 @@ import { registerDoctor } from './commands/doctor.js';
 import { registerVault } from './commands/vault.js';
 import { registerSandboxes } from './commands/sandboxes.js';
 import { registerServe } from './commands/serve.js';
+import { registerCheckpoint } from './commands/checkpoint.js';
 import { EXIT_USAGE, reportError } from './output.js';
 
 export function buildProgram(): Command {
@@ -18,6 +19,7 @@ export function buildProgram(): Command {
     .exitOverride();
   registerServe(program);
   registerSandboxes(program);
+  registerCheckpoint(program);
   registerDoctor(program);
   registerVault(program);
   return program;

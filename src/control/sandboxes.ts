@@ -136,6 +136,11 @@ export class SandboxController {
     return { ...s, memoryBytes: u?.memoryBytes ?? 0 };
   }
 
+  /** Resource use of the sandbox's cgroup now; undefined when it has no processes. */
+  async usage(id: string): Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined> {
+    return this.opts.usage ? this.opts.usage(id).catch(() => undefined) : undefined;
+  }
+
   /** Records activity on the sandbox (API call, proxied traffic): the idle clock restarts. */
   touch(id: string): void {
     this.store.updateSandbox(id, { lastActiveAt: this.clock.now() });
