@@ -22,6 +22,7 @@ import {
   packHeader,
   type ManifestEntry,
 } from './format.js';
+import type { SealPool } from './seal-pool.js';
 import type { StoreWriter, VaultStore } from './store.js';
 
 type ZstdBinding = typeof import('zstd-napi/binding.js');
@@ -49,16 +50,27 @@ export function crashPoint(step: string): void {
   if (process.env.DORMANT_VAULT_TEST_KILL_AT === step) process.kill(process.pid, 'SIGKILL');
 }
 
-/** Appends records to packs and commits each full pack (data, then its index). */
+interface OpenPack {
+  id: string;
+  entries: Buffer[];
+  queue: Uint8Array[];
+  queuedBytes: number;
+  offset: number;
+  writer: StoreWriter | undefined;
+  /** Writes of this pack, in order. */
+  tail: Promise<void>;
+  full: boolean;
+}
+
+/**
+ * Appends records to packs and commits each full pack: its data, then its index, each synced.
+ * `add` is synchronous (records may arrive from worker threads at any time); `pump` moves
+ * queued bytes to the store and applies backpressure.
+ */
 export class PackWriter {
-  private writer: StoreWriter | undefined;
-  private packId: string | undefined;
-  private entries: Buffer[] = [];
-  private offset = 0;
-  private queue: Uint8Array[] = [];
-  private queuedBytes = 0;
+  private current: OpenPack | undefined;
+  private readonly open: OpenPack[] = [];
   private inFlightBytes = 0;
-  private tail: Promise<void> = Promise.resolve();
   private readonly commits: Promise<void>[] = [];
   private failed: Error | undefined;
   /** Chunks added to a pack that is not yet committed; dropped again on failure. */
@@ -74,104 +86,125 @@ export class PackWriter {
     private readonly targetBytes = PACK_TARGET_BYTES,
   ) {}
 
-  /** Adds one sealed record to the current pack (starting one if needed); call `pump()` after a batch. */
+  /** Adds one sealed record to the current pack, starting one if needed. */
   add(key: string, id: Buffer, record: readonly Uint8Array[], recordBytes: number, rawBytes: number): void {
-    if (this.packId === undefined) {
-      this.packId = randomBytes(16).toString('hex');
-      const h = packHeader(this.packId);
-      this.queue.push(h);
-      this.queuedBytes += h.length;
-      this.offset = PACK_HEADER_BYTES;
-      this.entries = [];
+    let p = this.current;
+    if (p === undefined) {
+      const packId = randomBytes(16).toString('hex');
+      const h = packHeader(packId);
+      p = {
+        id: packId,
+        entries: [],
+        queue: [h],
+        queuedBytes: h.length,
+        offset: PACK_HEADER_BYTES,
+        writer: undefined,
+        tail: Promise.resolve(),
+        full: false,
+      };
+      this.current = p;
+      this.open.push(p);
     }
-    for (const p of record) this.queue.push(p);
-    this.queuedBytes += recordBytes;
-    this.entries.push(indexEntry(id, this.offset, recordBytes, rawBytes));
-    this.pending.set(key, { pack: this.packId, offset: this.offset, storedBytes: recordBytes, rawBytes });
-    this.offset += recordBytes;
+    for (const part of record) p.queue.push(part);
+    p.queuedBytes += recordBytes;
+    p.entries.push(indexEntry(id, p.offset, recordBytes, rawBytes));
+    this.pending.set(key, { pack: p.id, offset: p.offset, storedBytes: recordBytes, rawBytes });
+    p.offset += recordBytes;
     this.storedBytes += recordBytes;
+    if (p.offset >= this.targetBytes) {
+      p.full = true;
+      this.current = undefined;
+    }
   }
 
-  /** Hands queued bytes to the store and rolls the pack when it is full; applies backpressure. */
-  async pump(final = false): Promise<void> {
-    this.throwIfFailed();
-    if (this.packId === undefined) return;
-    this.writer ??= await this.store.create(`data/${this.tenant}/packs/${this.packId}.pack`);
-    if (this.queuedBytes >= WRITE_BATCH_BYTES || final || this.offset >= this.targetBytes) {
-      const parts = this.queue;
-      const n = this.queuedBytes;
-      this.queue = [];
-      this.queuedBytes = 0;
-      this.inFlightBytes += n;
-      const w = this.writer;
-      this.tail = this.tail.then(async () => {
-        await w.write(parts);
-        this.inFlightBytes -= n;
-        crashPoint('pack-data-written');
-      });
-      this.tail.catch((e: unknown) => {
-        this.failed ??= e instanceof Error ? e : new Error(String(e));
-      });
-    }
-    if (this.offset >= this.targetBytes || final) {
-      const w = this.writer;
-      const packId = this.packId;
-      const entries = this.entries;
-      const written = this.tail;
-      this.writer = undefined;
-      this.packId = undefined;
-      this.tail = Promise.resolve();
-      // The pack commits in the background while the next one fills; the manifest waits for all.
-      const commit = (async () => {
-        try {
-          await written;
-          await w.commit();
-        } catch (e) {
-          await w.abort();
-          throw e;
-        }
-        crashPoint('pack-committed');
-        await this.store.write(
-          `data/${this.tenant}/index/${packId}.idx`,
-          encodeIndex(this.keys.indexKey, this.tenant, packId, entries),
-        );
-        crashPoint('index-committed');
-        const done = new Map<string, ChunkLocation>();
-        for (const [k, loc] of this.pending) {
-          if (loc.pack === packId) {
-            done.set(k, loc);
-            this.pending.delete(k);
-          }
-        }
-        this.packsWritten++;
-        this.onCommitted(packId, done);
-      })();
-      commit.catch((e: unknown) => {
-        this.failed ??= e instanceof Error ? e : new Error(String(e));
-      });
-      this.commits.push(commit);
-    }
-    if (this.inFlightBytes > MAX_QUEUED_BYTES) await this.tail;
-    this.throwIfFailed();
+  private fail(e: unknown): void {
+    this.failed ??= e instanceof Error ? e : new Error(String(e));
   }
 
   private throwIfFailed(): void {
     if (this.failed !== undefined) throw this.failed;
   }
 
+  private flushQueue(p: OpenPack): void {
+    if (p.queuedBytes === 0) return;
+    const parts = p.queue;
+    const n = p.queuedBytes;
+    p.queue = [];
+    p.queuedBytes = 0;
+    this.inFlightBytes += n;
+    p.tail = p.tail.then(async () => {
+      p.writer ??= await this.store.create(`data/${this.tenant}/packs/${p.id}.pack`);
+      await p.writer.write(parts);
+      this.inFlightBytes -= n;
+      crashPoint('pack-data-written');
+    });
+    p.tail.catch((e: unknown) => this.fail(e));
+  }
+
+  private commit(p: OpenPack): void {
+    const written = p.tail;
+    // The pack commits in the background while the next one fills; the manifest waits for all.
+    const commit = (async () => {
+      try {
+        await written;
+        await p.writer!.commit();
+      } catch (e) {
+        await p.writer?.abort();
+        throw e;
+      }
+      crashPoint('pack-committed');
+      await this.store.write(
+        `data/${this.tenant}/index/${p.id}.idx`,
+        encodeIndex(this.keys.indexKey, this.tenant, p.id, p.entries),
+      );
+      crashPoint('index-committed');
+      const done = new Map<string, ChunkLocation>();
+      for (const [k, loc] of this.pending) {
+        if (loc.pack === p.id) {
+          done.set(k, loc);
+          this.pending.delete(k);
+        }
+      }
+      this.packsWritten++;
+      this.onCommitted(p.id, done);
+    })();
+    commit.catch((e: unknown) => this.fail(e));
+    this.commits.push(commit);
+  }
+
+  /** Hands queued bytes to the store and commits full packs; waits when too much is in flight. */
+  async pump(final = false): Promise<void> {
+    this.throwIfFailed();
+    if (final) this.current = undefined;
+    for (const p of [...this.open]) {
+      const closing = p.full || final;
+      if (closing || p.queuedBytes >= WRITE_BATCH_BYTES) this.flushQueue(p);
+      if (closing) {
+        this.open.splice(this.open.indexOf(p), 1);
+        this.commit(p);
+      }
+    }
+    if (this.inFlightBytes > MAX_QUEUED_BYTES) {
+      await Promise.all(this.open.map((p) => p.tail.catch(() => undefined)));
+      await Promise.all(this.commits.map((c) => c.catch(() => undefined)));
+    }
+    this.throwIfFailed();
+  }
+
   /** Commits the last pack and waits until every pack and index is durable. */
   async finish(): Promise<void> {
     await this.pump(true);
-    await Promise.all(this.commits);
+    await Promise.allSettled(this.commits);
     this.throwIfFailed();
   }
 
   async abort(): Promise<void> {
-    const w = this.writer;
-    this.writer = undefined;
-    this.packId = undefined;
-    await this.tail.catch(() => undefined);
-    if (w) await w.abort();
+    this.current = undefined;
+    const open = this.open.splice(0);
+    for (const p of open) {
+      await p.tail.catch(() => undefined);
+      await p.writer?.abort();
+    }
     await Promise.allSettled(this.commits);
     this.pending.clear();
   }
@@ -244,6 +277,8 @@ export interface IngestContext {
   /** Looks a chunk up in the vault's index (committed packs). */
   known: (key: string) => boolean;
   packs: PackWriter;
+  /** Worker threads for compression and sealing; without it, they run on this thread. */
+  pool?: SealPool;
   signal?: AbortSignal;
   onProgress?: (c: Readonly<IngestCounters>) => void;
 }
@@ -301,27 +336,54 @@ export async function ingestFolder(
   });
   if (!rootSt.isDirectory()) throw new DormantError(ErrorCode.INVALID_ARGUMENT, `${srcDir} is not a folder`);
 
-  let added = false;
+  // splitPieces reports pieces synchronously; they are handled after it returns, in order,
+  // because handing a chunk to the worker pool may have to wait for a free buffer.
+  let pieces: number[] = []; // start, end pairs; a hole is (-1, length)
   const sink = {
     data(start: number, end: number): void {
+      pieces.push(start, end);
+    },
+    hole(length: number): void {
+      pieces.push(-1, length);
+    },
+  };
+  const batcher = ctx.pool?.batcher(ctx.keys.dataKey, (key, id, record, rawBytes) => {
+    counters.storedBytes += record.length;
+    ctx.packs.add(key, id, [record], record.length, rawBytes);
+  });
+  const handlePieces = async (): Promise<void> => {
+    const list = pieces;
+    pieces = [];
+    let added = false;
+    for (let i = 0; i < list.length; i += 2) {
+      const start = list[i]!;
+      const end = list[i + 1]!;
+      if (start < 0) {
+        counters.holeBytes += end;
+        refs.hole(end);
+        continue;
+      }
       const chunk = work.subarray(start, end);
       const id = chunkId(ctx.keys.idKey, chunk);
       const key = id.toString('hex');
       counters.chunks++;
       refs.data(id, end - start);
-      if (seenHere.has(key) || ctx.known(key) || ctx.packs.pending.has(key)) return;
+      if (seenHere.has(key) || ctx.known(key) || ctx.packs.pending.has(key)) continue;
       seenHere.add(key);
-      const { parts, bytes } = sealer.seal(id, chunk);
       counters.newChunks++;
       counters.newBytes += end - start;
-      counters.storedBytes += bytes;
-      ctx.packs.add(key, id, parts, bytes, end - start);
-      added = true;
-    },
-    hole(length: number): void {
-      counters.holeBytes += length;
-      refs.hole(length);
-    },
+      if (batcher) {
+        await batcher.add(key, id, chunk);
+      } else {
+        const { parts, bytes } = sealer.seal(id, chunk);
+        counters.storedBytes += bytes;
+        ctx.packs.add(key, id, parts, bytes, end - start);
+        added = true;
+      }
+    }
+    // The chunks point into the read buffer, which is about to be reused: copy them out now.
+    if (batcher) await batcher.dispatch();
+    if (added || batcher) await ctx.packs.pump();
   };
 
   const ingestFile = async (h: FileHandle): Promise<number> => {
@@ -340,10 +402,7 @@ export async function ingestFolder(
       const have = carry + bytesRead;
       total += bytesRead;
       const pos = splitPieces(ctx.chunker, work, 0, have, offset, eof, sink);
-      if (added) {
-        added = false;
-        await ctx.packs.pump();
-      }
+      await handlePieces();
       carry = have - pos;
       work.copyWithin(0, pos, have);
       offset += pos;
@@ -417,5 +476,6 @@ export async function ingestFolder(
     }
   };
   await walk(srcDir, '');
+  await batcher?.flush();
   return { entries, refs: Buffer.from(refs.bytes()), counters };
 }

@@ -2,6 +2,7 @@
  * The vault: where hibernated sandboxes live. See index.ts for the port and docs/VAULT.md for
  * the on-disk format and key design.
  */
+import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { makeChunker, type Chunker } from './chunker.js';
@@ -39,6 +40,7 @@ import {
   type MasterKeySource,
 } from './keys.js';
 import { LocalLock, type Release } from './lock.js';
+import { SealPool } from './seal-pool.js';
 import { ChunkDecoder, PackReaders, restoreInto } from './restore.js';
 import { LocalDirStore, TMP_MARK, type StoreEntry, type VaultStore } from './store.js';
 
@@ -69,6 +71,11 @@ export interface VaultOptions {
   create?: boolean;
   /** How long writers wait for a running gc (and gc for running writers). Default 10 min. */
   lockTimeoutMs?: number;
+  /**
+   * Worker threads that compress and seal chunks during ingest. Default: one per CPU but one,
+   * at least 1 and at most 4; 0 runs everything on the calling thread.
+   */
+  sealWorkers?: number;
   /** Pack size before rolling to a new pack. Default 32 MiB. */
   packTargetBytes?: number;
   signal?: AbortSignal;
@@ -223,6 +230,7 @@ export class Vault {
   private readonly tenants = new Map<string, Promise<TenantState>>();
   private readonly sandboxKeys = new Map<string, Buffer>();
   private closed = false;
+  private pool: SealPool | undefined;
 
   private constructor(
     readonly store: VaultStore,
@@ -262,6 +270,14 @@ export class Vault {
 
   private check(): void {
     if (this.closed) throw new DormantError(ErrorCode.INTERNAL, 'vault is closed');
+  }
+
+  private sealPool(): SealPool | undefined {
+    // The calling thread reads, chunks and hashes (about half the work); the workers take the rest.
+    const n = this.opts.sealWorkers ?? Math.max(1, Math.min(4, availableParallelism() - 1));
+    if (n <= 0) return undefined;
+    this.pool ??= new SealPool(n);
+    return this.pool;
   }
 
   private lockOpts(signal?: AbortSignal): { timeoutMs: number; signal?: AbortSignal } {
@@ -484,6 +500,7 @@ export class Vault {
         keys: t.keys,
         known: (k) => t.index.has(k),
         packs,
+        ...(this.sealPool() ? { pool: this.sealPool()! } : {}),
         ...(o.signal ? { signal: o.signal } : {}),
         ...(o.onProgress ? { onProgress: o.onProgress } : {}),
       });
@@ -1135,5 +1152,7 @@ export class Vault {
     for (const k of this.sandboxKeys.values()) k.fill(0);
     this.sandboxKeys.clear();
     this.master.fill(0);
+    await this.pool?.close();
+    this.pool = undefined;
   }
 }
