@@ -228,6 +228,40 @@ describe('sandbox lifecycle through the daemon', () => {
     );
   });
 
+  test('fork: a new sandbox with the same memory and files; both carry on independently', async () => {
+    await client.exec(sb.id, ['sh', '-c', 'echo from-parent > /srv/parent-file']);
+    const before = await get(sb.address!, 8080);
+    const [n, token] = before.split(' ');
+    const f = await client.fork(sb.id, { name: 'counter-fork' });
+    assert.equal(f.state, 'running');
+    assert.notEqual(f.id, sb.id);
+    assert.notEqual(f.address, sb.address, 'the fork has its own address');
+    assert.equal(
+      await eventually('fork', () => get(f.address!, 8080)),
+      `${Number(n) + 1} ${token}`,
+      'same memory as the parent',
+    );
+    assert.equal(await get(f.address!, 8080), `${Number(n) + 2} ${token}`);
+    assert.equal(
+      await get(sb.address!, 8080),
+      `${Number(n) + 1} ${token}`,
+      'the parent kept running, unaffected',
+    );
+    assert.equal((await client.exec(f.id, ['cat', '/srv/parent-file'])).stdout, 'from-parent\n');
+    await client.exec(f.id, ['sh', '-c', 'echo fork-only > /srv/fork-file']);
+    assert.notEqual(
+      (await client.exec(sb.id, ['sh', '-c', 'cat /srv/fork-file 2>&1'])).exitCode,
+      0,
+      'files are separate',
+    );
+    await client.remove(f.id);
+    assert.equal(
+      await get(sb.address!, 8080),
+      `${Number(n) + 2} ${token}`,
+      'the parent survives the fork being removed',
+    );
+  });
+
   test('archive keeps the filesystem; resume starts the command afresh on it', async () => {
     await client.exec(sb.id, ['sh', '-c', 'echo kept > /srv/note']);
     const a = await client.archive(sb.id);

@@ -188,13 +188,15 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     });
   }
 
-  app.post('/v1/sandboxes/:id/fork', async (req) => {
+  app.post('/v1/sandboxes/:id/fork', async (req, reply) => {
     const id = sandboxId(req);
-    controller.get(id, scope(req));
-    throw new DormantError('NOT_IMPLEMENTED', `fork is not available yet (sandbox ${id})`, {
-      status: 501,
-      hint: 'hibernate the sandbox and create a new one from the same rootfs',
-    });
+    const b = parse(
+      z.strictObject({ name: z.string().min(1).max(63).optional() }).optional(),
+      req.body ?? undefined,
+      'request body',
+    );
+    const s = await controller.fork(id, scope(req), b?.name !== undefined ? { name: b.name } : {});
+    return reply.status(201).send(await view(s));
   });
 
   app.post('/v1/sandboxes/:id/exec', async (req) => {

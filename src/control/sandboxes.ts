@@ -24,6 +24,7 @@ import {
 } from '../domain/sandbox.js';
 import type { CheckpointRecord, StateStore } from '../state/store.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
+import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
@@ -297,32 +298,7 @@ export class SandboxController {
         await mkdir(dir, { recursive: true, mode: 0o700 });
         await this.runtime.freeze(id);
         this.step('hibernate:frozen');
-        const images = join(dir, 'images');
-        await this.runtime.checkpoint(id, {
-          imagesDir: images,
-          workDir: join(dir, 'work'),
-          leaveRunning: true,
-        });
-        this.step('hibernate:dumped');
-        const meta = { arch: arch(), kernel: release(), kind: 'memory' };
-        const put = await this.vault.putCheckpoint({
-          tenant: s.tenant,
-          sandboxId: id,
-          checkpointId: ckId,
-          srcDir: images,
-          meta,
-        });
-        this.step('hibernate:stored');
-        const rec: CheckpointRecord = {
-          id: ckId,
-          sandboxId: id,
-          tenant: s.tenant,
-          createdAt: this.clock.now(),
-          kind: 'memory',
-          logicalBytes: put.logicalBytes,
-          storedBytes: put.storedBytes,
-          meta,
-        };
+        const rec = await this.dumpToVault(s, ckId, dir, 'hibernate');
         this.store.insertCheckpoint(rec);
         this.store.updateSandbox(id, { checkpointId: ckId });
         committed = true;
@@ -352,6 +328,136 @@ export class SandboxController {
       await this.pruneCheckpoints(id, s.tenant);
       return this.get(id);
     });
+  }
+
+  /**
+   * Dumps a frozen sandbox with its processes left in place and stores the images in the
+   * vault. Returns the checkpoint record, not yet committed to the database.
+   */
+  private async dumpToVault(
+    s: Sandbox,
+    ckId: string,
+    dir: string,
+    stepPrefix: string,
+  ): Promise<CheckpointRecord> {
+    const images = join(dir, 'images');
+    await this.runtime.checkpoint(s.id, {
+      imagesDir: images,
+      workDir: join(dir, 'work'),
+      leaveRunning: true,
+    });
+    this.step(`${stepPrefix}:dumped`);
+    const meta = { arch: arch(), kernel: release(), kind: 'memory' };
+    const put = await this.vault.putCheckpoint({
+      tenant: s.tenant,
+      sandboxId: s.id,
+      checkpointId: ckId,
+      srcDir: images,
+      meta,
+    });
+    this.step(`${stepPrefix}:stored`);
+    await this.wipe(images);
+    return {
+      id: ckId,
+      sandboxId: s.id,
+      tenant: s.tenant,
+      createdAt: this.clock.now(),
+      kind: 'memory',
+      logicalBytes: put.logicalBytes,
+      storedBytes: put.storedBytes,
+      meta,
+    };
+  }
+
+  /**
+   * A new sandbox restored from `id`'s newest checkpoint (a running or paused sandbox is
+   * checkpointed first and keeps running), with a copy of its filesystem. The fork has its own
+   * network address; listening sockets bound to all addresses listen again there.
+   */
+  async fork(id: string, tenant: string | undefined, opts: { name?: string } = {}): Promise<Sandbox> {
+    const src = this.get(id, tenant);
+    assertLegal('fork', src.state, src.id);
+    const forkId = newId('sb', randomBytes);
+    const name = validateName(opts.name ?? forkId);
+    if (this.store.listSandboxes(src.tenant).some((x) => x.name === name)) {
+      throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`, { status: 409 });
+    }
+    const now = this.clock.now();
+    const sandbox: Sandbox = {
+      ...src,
+      id: forkId,
+      name,
+      state: 'creating',
+      createdAt: now,
+      stateSince: now,
+      lastActiveAt: now,
+      memoryBytes: 0,
+    };
+    delete sandbox.checkpointId;
+    delete sandbox.lastError;
+    delete sandbox.address;
+    const dir = this.staging(`${forkId}-fork`);
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    try {
+      // Under the source's lock: a consistent checkpoint and filesystem copy of the source.
+      const ckId = await this.locks.run(src.id, async () => {
+        const cur = this.get(src.id);
+        assertLegal('fork', cur.state, src.id);
+        const upper = (await this.runtime.state(src.id)).upperDir;
+        let ck = cur.checkpointId;
+        if (cur.state === 'running' || cur.state === 'paused') {
+          ck = newId('ck', randomBytes);
+          await this.runtime.freeze(src.id);
+          try {
+            const rec = await this.dumpToVault(cur, ck, dir, 'fork');
+            this.store.insertCheckpoint(rec);
+            this.store.updateSandbox(src.id, { checkpointId: ck });
+            this.store.insertSandbox(sandbox, `fork of ${src.id}`);
+            await this.copyFilesystem(upper, forkId);
+          } finally {
+            if (cur.state === 'running') await this.runtime.thaw(src.id);
+          }
+          await this.pruneCheckpoints(src.id, src.tenant);
+        } else {
+          this.store.insertSandbox(sandbox, `fork of ${src.id}`);
+          await this.copyFilesystem(upper, forkId);
+        }
+        if (ck === undefined)
+          throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${src.id} has no checkpoint to fork`, {
+            status: 409,
+          });
+        return ck;
+      });
+      return await this.locks.run(forkId, async () => {
+        const images = join(dir, 'images');
+        await this.vault.restoreCheckpoint({ tenant: src.tenant, checkpointId: ckId, destDir: images });
+        const st = await this.runtime
+          .restore(forkId, { imagesDir: images, workDir: join(dir, 'work') })
+          .then(() => this.runtime.state(forkId));
+        this.store.transition(forkId, 'creating', 'running', `fork of ${src.id}`, this.clock.now(), {
+          address: st.network.address,
+        });
+        return this.get(forkId);
+      });
+    } catch (e) {
+      if (this.store.getSandbox(forkId)) {
+        await this.runtime.destroy(forkId).catch(() => undefined);
+        this.store.transition(forkId, 'creating', 'failed', 'fork failed', this.clock.now(), {
+          lastError: asError(e).message,
+        });
+      }
+      throw e;
+    } finally {
+      await this.wipe(dir);
+    }
+  }
+
+  /** Prepares the fork's runtime side and copies the source's writable layer into it. */
+  private async copyFilesystem(srcUpper: string, forkId: string): Promise<void> {
+    const fork = this.store.getSandbox(forkId)!;
+    const st = await this.runtime.prepare(this.runtimeSpec(fork));
+    // cp -a keeps modes, owners, links and overlayfs whiteouts (character devices 0/0).
+    await run('cp', ['-a', '--', `${srcUpper}/.`, st.upperDir], { timeoutMs: 600_000 });
   }
 
   /** Ends a sandbox's processes and removes its container; its filesystem and network stay. */
