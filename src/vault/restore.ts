@@ -26,15 +26,64 @@ const zstd = createRequire(import.meta.url)('zstd-napi/binding.js') as ZstdBindi
 const WINDOW_BYTES = 4 * 1024 * 1024;
 const OUT_BYTES = 4 * 1024 * 1024;
 
-/** Reads records from packs through one reused window per pack (sequential layouts read once). */
+/** Room in front of a window for the tail of a record that straddles two reads. */
+const HEADROOM = 128 * 1024;
+
+interface Window {
+  buf: Buffer;
+  /** Index in `buf` where the window's bytes start. */
+  base: number;
+  /** Pack offset of the window's first byte. */
+  start: number;
+  len: number;
+}
+
+interface OpenPackReader {
+  r: StoreReader;
+  cur: Window;
+  spare: Buffer;
+  /** A read of the bytes after `cur`, into `spare` at HEADROOM. */
+  prefetch: Promise<{ start: number; len: number }> | undefined;
+}
+
+/**
+ * Reads records from packs through reused windows, reading the next window while the current
+ * one is decoded. A checkpoint's new chunks sit back to back in its packs, so a restore reads
+ * each pack once, sequentially, into warm memory.
+ */
 export class PackReaders {
-  private readonly open = new Map<string, { r: StoreReader; win: Buffer; start: number; len: number }>();
+  private readonly open = new Map<string, OpenPackReader>();
   constructor(
     private readonly store: VaultStore,
     private readonly tenant: string,
     /** What is being read, for messages ("checkpoint ck-1"). */
     private readonly what: string,
   ) {}
+
+  private corrupt(pack: string, why: string): DormantError {
+    return new DormantError(ErrorCode.VAULT_CORRUPT, `${this.what}: pack ${pack} ${why}`, {
+      details: { object: `pack ${pack}` },
+      hint: 'run `dormant vault verify` to list every damaged object',
+    });
+  }
+
+  private startPrefetch(p: OpenPackReader): void {
+    const start = p.cur.start + p.cur.len;
+    const len = Math.min(WINDOW_BYTES, p.r.sizeBytes - start);
+    if (len <= 0) {
+      p.prefetch = undefined;
+      return;
+    }
+    const spare = p.spare;
+    p.prefetch = p.r.read(start, len, spare.subarray(HEADROOM)).then(() => ({ start, len }));
+    // A failed prefetch is reported when (and if) its bytes are needed.
+    p.prefetch.catch(() => undefined);
+  }
+
+  private swapIn(p: OpenPackReader, w: Window): void {
+    p.spare = p.cur.buf;
+    p.cur = w;
+  }
 
   async record(loc: ChunkLocation): Promise<Buffer> {
     let p = this.open.get(loc.pack);
@@ -46,38 +95,66 @@ export class PackReaders {
       const head = r.sizeBytes >= PACK_HEADER_BYTES ? await r.read(0, PACK_HEADER_BYTES) : Buffer.alloc(0);
       if (!head.equals(packHeader(loc.pack))) {
         await r.close();
-        throw new DormantError(
-          ErrorCode.VAULT_CORRUPT,
-          `${this.what}: pack ${loc.pack} has a damaged header`,
-          {
-            details: { object: `pack ${loc.pack}` },
-            hint: 'run `dormant vault verify` to list every damaged object',
-          },
-        );
+        throw this.corrupt(loc.pack, 'has a damaged header');
       }
-      p = { r, win: Buffer.allocUnsafe(WINDOW_BYTES), start: 0, len: 0 };
+      p = {
+        r,
+        cur: { buf: Buffer.allocUnsafe(HEADROOM + WINDOW_BYTES), base: HEADROOM, start: 0, len: 0 },
+        spare: Buffer.allocUnsafe(HEADROOM + WINDOW_BYTES),
+        prefetch: undefined,
+      };
       this.open.set(loc.pack, p);
     }
-    if (loc.offset >= p.start && loc.offset + loc.storedBytes <= p.start + p.len) {
-      return p.win.subarray(loc.offset - p.start, loc.offset - p.start + loc.storedBytes);
+    const end = loc.offset + loc.storedBytes;
+    const inCur = (): boolean => loc.offset >= p.cur.start && end <= p.cur.start + p.cur.len;
+    if (inCur())
+      return p.cur.buf.subarray(p.cur.base + loc.offset - p.cur.start, p.cur.base + end - p.cur.start);
+    if (loc.storedBytes > HEADROOM) {
+      if (end > p.r.sizeBytes) throw this.corrupt(loc.pack, 'is truncated');
+      return p.r.read(loc.offset, loc.storedBytes);
     }
-    if (loc.storedBytes > WINDOW_BYTES) return p.r.read(loc.offset, loc.storedBytes);
+    if (p.prefetch) {
+      const pf = await p.prefetch.catch(() => undefined);
+      p.prefetch = undefined;
+      if (pf !== undefined) {
+        const curEnd = p.cur.start + p.cur.len;
+        if (
+          pf.start === curEnd &&
+          loc.offset >= p.cur.start &&
+          loc.offset < curEnd &&
+          end <= pf.start + pf.len
+        ) {
+          // The record straddles the two reads: move its head in front of the prefetched bytes.
+          const tail = curEnd - loc.offset;
+          p.cur.buf.copy(
+            p.spare,
+            HEADROOM - tail,
+            p.cur.base + loc.offset - p.cur.start,
+            p.cur.base + p.cur.len,
+          );
+          this.swapIn(p, { buf: p.spare, base: HEADROOM - tail, start: loc.offset, len: tail + pf.len });
+        } else {
+          this.swapIn(p, { buf: p.spare, base: HEADROOM, start: pf.start, len: pf.len });
+        }
+        if (inCur()) {
+          this.startPrefetch(p);
+          return p.cur.buf.subarray(p.cur.base + loc.offset - p.cur.start, p.cur.base + end - p.cur.start);
+        }
+      }
+    }
+    // Not where a sequential reader would be: read a window at the record.
     const len = Math.min(WINDOW_BYTES, p.r.sizeBytes - loc.offset);
-    if (len < loc.storedBytes) {
-      throw new DormantError(ErrorCode.VAULT_CORRUPT, `${this.what}: pack ${loc.pack} is truncated`, {
-        details: { object: `pack ${loc.pack}` },
-      });
-    }
-    const b = await p.r.read(loc.offset, len);
-    b.copy(p.win);
-    p.start = loc.offset;
-    p.len = len;
-    return p.win.subarray(0, loc.storedBytes);
+    if (len < loc.storedBytes) throw this.corrupt(loc.pack, 'is truncated');
+    await p.r.read(loc.offset, len, p.cur.buf.subarray(HEADROOM));
+    p.cur = { buf: p.cur.buf, base: HEADROOM, start: loc.offset, len };
+    this.startPrefetch(p);
+    return p.cur.buf.subarray(HEADROOM, HEADROOM + loc.storedBytes);
   }
 
   async close(): Promise<void> {
     const all = [...this.open.values()];
     this.open.clear();
+    for (const p of all) await p.prefetch?.catch(() => undefined);
     await Promise.all(all.map((p) => p.r.close()));
   }
 }
@@ -156,7 +233,9 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
   }
   const readers = new PackReaders(ctx.store, ctx.tenant, what);
   const decoder = new ChunkDecoder(ctx.keys);
-  const out = Buffer.allocUnsafe(OUT_BYTES);
+  // Two output buffers: one is written to the file while the other fills.
+  const outs = [Buffer.allocUnsafe(OUT_BYTES), Buffer.allocUnsafe(OUT_BYTES)];
+  const writing: Promise<void>[] = [Promise.resolve(), Promise.resolve()];
   let restored = 0;
   try {
     for (const e of body.entries) {
@@ -174,11 +253,30 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
       try {
         let fileAt = 0; // file offset of out[0]
         let fill = 0;
+        let which = 0;
+        let out = outs[0]!;
         const flush = async (): Promise<void> => {
-          let done = 0;
-          while (done < fill) done += (await h.write(out, done, fill - done, fileAt + done)).bytesWritten;
+          if (fill > 0) {
+            const buf = out;
+            const n = fill;
+            const pos = fileAt;
+            const w = (async () => {
+              let done = 0;
+              while (done < n) done += (await h.write(buf, done, n - done, pos + done)).bytesWritten;
+            })();
+            w.catch(() => undefined);
+            writing[which] = w;
+            which ^= 1;
+            out = outs[which]!;
+            // The buffer about to be filled must be done with its previous write.
+            await writing[which];
+          }
           fileAt += fill;
           fill = 0;
+        };
+        const drain = async (): Promise<void> => {
+          await flush();
+          await Promise.all(writing);
         };
         for (let i = e.firstRef; i < e.firstRef + e.refCount; i++) {
           const at = i * REF_BYTES;
@@ -213,7 +311,7 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
           fill += len;
           restored += len;
         }
-        await flush();
+        await drain();
         if (fileAt !== e.sizeBytes) {
           throw new DormantError(
             ErrorCode.VAULT_CORRUPT,
@@ -223,6 +321,8 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
         // Trailing holes: the size comes from truncate, the bytes are never written.
         await h.truncate(e.sizeBytes);
       } finally {
+        await Promise.allSettled(writing);
+        writing[0] = writing[1] = Promise.resolve();
         await h.close();
       }
       await chmod(p, e.mode);
@@ -242,13 +342,13 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
       await utimes(p, e.mtimeMs / 1000, e.mtimeMs / 1000);
     }
   } catch (err) {
-    out.fill(0);
+    for (const o of outs) o.fill(0);
     await removeRestored(destDir, createdRoot);
     throw err;
   } finally {
     await readers.close();
   }
-  out.fill(0);
+  for (const o of outs) o.fill(0);
   return restored;
 }
 

@@ -31,8 +31,11 @@ export interface StoreWriter {
 }
 
 export interface StoreReader {
-  /** Reads exactly `length` bytes at `offset`, or throws VAULT_CORRUPT when the object is shorter. */
-  read(offset: number, length: number): Promise<Buffer>;
+  /**
+   * Reads exactly `length` bytes at `offset` (into `target` when given, which must be large
+   * enough), or throws VAULT_CORRUPT when the object is shorter.
+   */
+  read(offset: number, length: number, target?: Buffer): Promise<Buffer>;
   readonly sizeBytes: number;
   close(): Promise<void>;
 }
@@ -142,8 +145,8 @@ export class LocalDirStore implements VaultStore {
     const sizeBytes = (await h.stat()).size;
     return {
       sizeBytes,
-      async read(offset: number, length: number): Promise<Buffer> {
-        const b = Buffer.allocUnsafe(length);
+      async read(offset: number, length: number, target?: Buffer): Promise<Buffer> {
+        const b = target ? target.subarray(0, length) : Buffer.allocUnsafe(length);
         let got = 0;
         while (got < length) {
           const { bytesRead } = await h.read(b, got, length - got, offset + got);
