@@ -91,6 +91,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     runtime,
     vault,
     stagingDir,
+    imageCacheDir: join(opts.dataDir, 'images'),
     ...(opts.readonlyBinds ? { readonlyBinds: opts.readonlyBinds } : {}),
     ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
     ...(opts.clock ? { clock: opts.clock } : {}),

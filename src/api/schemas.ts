@@ -31,7 +31,8 @@ export const CreateSandboxBody = z.strictObject({
   name: z.string().min(1).max(63).optional(),
   rootfs: z.string().min(1).max(4096).optional(),
   image: z.string().min(1).max(4096).optional(),
-  command: z.array(z.string().max(65_536)).min(1).max(1024),
+  /** May be empty with an image: the image's Entrypoint and Cmd are used. */
+  command: z.array(z.string().max(65_536)).max(1024).default([]),
   env: z.record(envName, z.string().max(65_536)).optional(),
   ports: z
     .array(

@@ -20,10 +20,12 @@ import {
   type PortSpec,
   type Sandbox,
   type SandboxPolicy,
+  type SandboxSpec,
   type SandboxState,
 } from '../domain/sandbox.js';
 import type { CheckpointRecord, StateStore } from '../state/store.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
+import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.js';
 import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
 
@@ -63,6 +65,8 @@ export interface ControllerOptions {
   /** Committed checkpoints kept per sandbox (older ones are deleted). Default 2. */
   keepCheckpoints?: number;
   clock?: Clock;
+  /** Where OCI images are unpacked (one folder per manifest digest). Default: under stagingDir. */
+  imageCacheDir?: string;
   /** Read-only host folders mounted into every sandbox (e.g. /usr for python3 in tests). */
   readonlyBinds?: RuntimeSpec['readonlyBinds'];
   /** Fault injection for crash tests: throw at the named step. */
@@ -148,10 +152,11 @@ export class SandboxController {
   }
 
   private runtimeSpec(s: Sandbox): RuntimeSpec {
-    if (s.spec.source.kind !== 'rootfs') throw invalid('image sources are not supported yet');
+    const src = s.spec.source;
     return {
       id: s.id,
-      rootfs: s.spec.source.path,
+      rootfs: src.kind === 'rootfs' ? src.path : src.rootfs,
+      ...(s.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
       args: s.spec.command,
       env: s.spec.env,
       hostname: s.name,
@@ -161,34 +166,55 @@ export class SandboxController {
     };
   }
 
-  private async validateSource(input: CreateSandboxInput): Promise<Sandbox['spec']['source']> {
-    if (input.image !== undefined) {
-      throw new DormantError('NOT_IMPLEMENTED', 'sandboxes from OCI image layouts are not supported yet', {
-        status: 501,
-        hint: 'unpack the image (umoci unpack) and pass its rootfs folder with --rootfs',
-      });
-    }
-    const path = input.rootfs;
-    if (path === undefined) throw invalid('a sandbox needs a root filesystem', 'pass --rootfs DIR');
+  private checkPath(path: string, what: string): void {
     if (!isAbsolute(path) || path.split('/').includes('..'))
-      throw invalid(`rootfs "${path}" must be an absolute path without ".."`);
+      throw invalid(`${what} "${path.slice(0, 200)}" must be an absolute path without ".."`);
     const roots = this.opts.allowedSourceRoots ?? [];
     if (roots.length > 0 && !roots.some((r) => path === r || path.startsWith(`${r.replace(/\/$/, '')}/`))) {
-      throw invalid(`rootfs ${path} is outside the allowed folders (${roots.join(', ')})`);
+      throw invalid(`${what} ${path} is outside the allowed folders (${roots.join(', ')})`);
     }
+  }
+
+  private async validateSource(
+    input: CreateSandboxInput,
+  ): Promise<{ source: SandboxSpec['source']; image?: ImageConfig }> {
+    if (input.image !== undefined) {
+      if (input.rootfs !== undefined) throw invalid('give --rootfs or --image, not both');
+      const { layout } = parseImageRef(input.image);
+      this.checkPath(layout, 'image');
+      const img = await unpackImage(
+        input.image,
+        this.opts.imageCacheDir ?? join(this.opts.stagingDir, 'images'),
+      );
+      const { tag } = parseImageRef(input.image);
+      return {
+        source: {
+          kind: 'image',
+          path: layout,
+          ...(tag !== undefined ? { tag } : {}),
+          digest: img.digest,
+          rootfs: img.rootfs,
+        },
+        image: img.config,
+      };
+    }
+    const path = input.rootfs;
+    if (path === undefined)
+      throw invalid('a sandbox needs a root filesystem', 'pass --rootfs DIR or --image OCI_LAYOUT_DIR[:TAG]');
+    this.checkPath(path, 'rootfs');
     try {
       if (!(await stat(path)).isDirectory()) throw invalid(`rootfs ${path} is not a folder`);
     } catch (e) {
       if (errnoCode(e) === 'ENOENT') throw invalid(`rootfs ${path} does not exist`);
       throw e;
     }
-    return { kind: 'rootfs', path };
+    return { source: { kind: 'rootfs', path } };
   }
 
   async create(input: CreateSandboxInput): Promise<Sandbox> {
-    if (!Array.isArray(input.command) || input.command.length === 0)
-      throw invalid('a sandbox needs a command', 'dormant create ... -- CMD ARG...');
-    const source = await this.validateSource(input);
+    const { source, image } = await this.validateSource(input);
+    const command = input.command.length > 0 ? input.command : (image?.command ?? []);
+    if (command.length === 0) throw invalid('a sandbox needs a command', 'dormant create ... -- CMD ARG...');
     const id = newId('sb', randomBytes);
     const name = validateName(input.name ?? id);
     if (this.store.listSandboxes(input.tenant).some((s) => s.name === name)) {
@@ -206,8 +232,9 @@ export class SandboxController {
       state: 'creating',
       spec: {
         source,
-        command: input.command,
-        env: input.env ?? {},
+        command,
+        env: { ...image?.env, ...input.env },
+        ...(image?.workingDir !== undefined ? { cwd: image.workingDir } : {}),
         ports,
         memoryBytes: input.memoryBytes ?? DEFAULT_MEMORY,
         cpus: input.cpus ?? 1,

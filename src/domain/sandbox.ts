@@ -143,7 +143,12 @@ export const DEFAULT_POLICY: Readonly<SandboxPolicy> = Object.freeze({
 
 export interface SandboxSpec {
   /** A root filesystem folder, or an OCI image layout folder (with an optional tag). */
-  source: { kind: 'rootfs'; path: string } | { kind: 'image'; path: string; tag?: string };
+  source:
+    | { kind: 'rootfs'; path: string }
+    /** An OCI image layout; `rootfs` is where dormant unpacked it, `digest` its manifest's. */
+    | { kind: 'image'; path: string; tag?: string; digest: string; rootfs: string };
+  /** Working directory of the command (from the image, or /). */
+  cwd?: string;
   command: string[];
   env: Record<string, string>;
   ports: PortSpec[];

@@ -64,7 +64,8 @@ export interface CreateSandboxOptions {
   name?: string;
   rootfs?: string;
   image?: string;
-  command: string[];
+  /** Optional with an image (its entrypoint is used). */
+  command?: string[];
   env?: Record<string, string>;
   ports?: number[];
   /** Bytes, or a size like `512M`. */

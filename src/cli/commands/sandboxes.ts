@@ -100,7 +100,7 @@ export function registerSandboxes(program: Command): void {
     .option('--lifetime <duration>', 'end the sandbox after this long')
     .option('--on-resume <cmd>', 'shell command run inside after every resume')
     .option('--json', 'print the sandbox as JSON')
-    .argument('<command...>', 'the command to run, after --')
+    .argument('[command...]', "the command to run, after -- (default with --image: the image's entrypoint)")
     .addHelpText(
       'after',
       '\nExamples:\n  dormant create --rootfs /srv/rootfs --port 8080 -- python3 -m http.server 8080\n  dormant create --name agent --idle 5m --rootfs ./rootfs -- sh -c "sleep infinity"',
