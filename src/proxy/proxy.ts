@@ -1,0 +1,593 @@
+/**
+ * The wake proxy: the address a sandbox's ports are reached at, whatever state the sandbox
+ * sleeps in. HTTP requests (and WebSocket upgrades) are routed by Host, `PORT-REF.<domain>`;
+ * plain TCP gets a host port per declared sandbox port. A connection to a sleeping sandbox is
+ * held while it wakes, for a bounded time, then served; many connections arriving together
+ * cause one wake. Requests in flight and open tunnels count as activity, so the policy never
+ * puts a sandbox to sleep under a caller.
+ *
+ * The proxy sits below the controller: it knows sandboxes only through `WakeTarget`, which the
+ * daemon implements with the controller and the token store.
+ */
+import {
+  Agent,
+  createServer,
+  request,
+  type IncomingMessage,
+  type OutgoingHttpHeaders,
+  type Server,
+  type ServerResponse,
+} from 'node:http';
+import { connect, createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
+import { open, readFile, rename } from 'node:fs/promises';
+import { formatDurationMs } from '../domain/units.js';
+import { asError, errnoCode } from '../domain/errors.js';
+import type { Sandbox } from '../domain/sandbox.js';
+import { TOKEN_COOKIE, extractCredentials, hostFor, parseHost, type Credentials } from './routing.js';
+
+/** A sandbox as the proxy needs it. */
+export type ProxiedSandbox = Pick<Sandbox, 'id' | 'name' | 'tenant' | 'state' | 'address'> & {
+  ports: readonly { port: number; public: boolean }[];
+};
+
+export interface ProxyPrincipal {
+  tenant: string;
+  admin: boolean;
+}
+
+/** What the proxy needs of the rest of dormant. */
+export interface WakeTarget {
+  /** Sandboxes whose id or name is `ref` (a name is unique within a tenant only). */
+  find(ref: string): ProxiedSandbox[];
+  /** Every sandbox (for the TCP listeners). */
+  list(): ProxiedSandbox[];
+  /** Brings the sandbox to running (one resume however often it is called); its address. */
+  wake(id: string, reason: string): Promise<string>;
+  /** Records activity now. */
+  touch(id: string): void;
+  /** The principal of an API token; undefined when unknown or revoked. */
+  authenticate(token: string): ProxyPrincipal | undefined;
+}
+
+export interface ProxyOptions {
+  target: WakeTarget;
+  /** host:port; port 0 picks one. Default 127.0.0.1:7421. */
+  listen?: string;
+  /** Sandbox hosts are `PORT-REF.<domain>`. Default `dormant.localhost` (resolves to loopback). */
+  domain?: string;
+  /** How long a connection is held while its sandbox wakes. Default 30 s. */
+  wakeTimeoutMs?: number;
+  /** Seconds in the Retry-After of a 503 after a wake ran out of time. Default 5. */
+  retryAfterS?: number;
+  /** Activity is written at most this often per sandbox. Default 1 s. */
+  touchEveryMs?: number;
+  /** Token lookups are cached this long (a revoked token works at most this much longer). Default 5 s. */
+  authCacheMs?: number;
+  /**
+   * Raw TCP forwarding carries no token: 'all' ports get a listener, 'public' only ports
+   * declared public, 'off' none. Default: 'all' when listening on loopback, else 'public'.
+   */
+  tcp?: 'all' | 'public' | 'off';
+  /** Where TCP host ports are remembered across restarts (JSON). Default: not remembered. */
+  tcpPortsFile?: string;
+  /** How often TCP listeners follow created and removed sandboxes. Default 1 s. */
+  tcpSyncMs?: number;
+}
+
+export interface SandboxUrl {
+  /** The HTTP URL through the proxy. */
+  url: string;
+  host: string;
+  /** `host:port` of the raw TCP listener, if this port has one. */
+  tcp: string | null;
+  /** True when the port needs no token. */
+  public: boolean;
+}
+
+class ProxyError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly hint?: string,
+    readonly retryAfterS?: number,
+  ) {
+    super(message);
+  }
+}
+
+const HOP_BY_HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+]);
+
+function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || host.startsWith('127.');
+}
+
+function parseListen(listen: string): { host: string; port: number } {
+  const m = /^(.*):(\d+)$/.exec(listen);
+  if (!m) throw new Error(`proxy listen ${listen}: expected HOST:PORT`);
+  return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
+}
+
+export class WakeProxy {
+  readonly domain: string;
+  readonly host: string;
+  port = 0;
+  private readonly opts: ProxyOptions;
+  private readonly target: WakeTarget;
+  private readonly server: Server;
+  private readonly agent = new Agent({ keepAlive: true, maxSockets: 512, keepAliveMsecs: 1000 });
+  private readonly wakes = new Map<string, Promise<string>>();
+  private readonly open = new Map<string, number>();
+  private readonly touched = new Map<string, number>();
+  private readonly auth = new Map<string, { p: ProxyPrincipal | undefined; at: number }>();
+  private readonly tcp = new Map<string, { server: TcpServer; port: number }>();
+  private readonly sockets = new Set<Socket>();
+  private tcpPorts = new Map<string, number>();
+  private syncTimer: NodeJS.Timeout | undefined;
+  private syncing: Promise<void> | undefined;
+  private closed = false;
+
+  private constructor(opts: ProxyOptions) {
+    this.opts = opts;
+    this.target = opts.target;
+    this.domain = (opts.domain ?? 'dormant.localhost').toLowerCase();
+    this.host = parseListen(opts.listen ?? '127.0.0.1:7421').host;
+    this.server = createServer((req, res) => void this.onRequest(req, res));
+    this.server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      void this.onUpgrade(req, socket, head);
+    });
+    this.server.on('connection', (s: Socket) => this.track(s));
+  }
+
+  /** Starts listening (HTTP, then a TCP listener per declared port). */
+  static async start(opts: ProxyOptions): Promise<WakeProxy> {
+    const p = new WakeProxy(opts);
+    const { host, port } = parseListen(opts.listen ?? '127.0.0.1:7421');
+    await new Promise<void>((resolve, reject) => {
+      p.server.once('error', reject);
+      p.server.listen(port, host, () => {
+        p.server.off('error', reject);
+        resolve();
+      });
+    });
+    const a = p.server.address();
+    p.port = typeof a === 'object' && a ? a.port : port;
+    if (opts.tcpPortsFile !== undefined) {
+      try {
+        const saved = JSON.parse(await readFile(opts.tcpPortsFile, 'utf8')) as Record<string, number>;
+        p.tcpPorts = new Map(Object.entries(saved));
+      } catch (e) {
+        if (errnoCode(e) !== 'ENOENT' && !(e instanceof SyntaxError)) throw e;
+      }
+    }
+    await p.sync();
+    const every = opts.tcpSyncMs ?? 1000;
+    if (every > 0) {
+      p.syncTimer = setInterval(() => void p.sync().catch(() => undefined), every);
+      p.syncTimer.unref();
+    }
+    return p;
+  }
+
+  private get tcpMode(): 'all' | 'public' | 'off' {
+    return this.opts.tcp ?? (isLoopback(this.host) ? 'all' : 'public');
+  }
+
+  /** Requests in flight and open tunnels to the sandbox. */
+  openConnections(id: string): number {
+    return this.open.get(id) ?? 0;
+  }
+
+  /** Where a sandbox port is reached through the proxy. */
+  urlFor(s: ProxiedSandbox, port: number): SandboxUrl | undefined {
+    const decl = s.ports.find((p) => p.port === port);
+    if (!decl) return undefined;
+    const host = hostFor(port, s.id, this.domain);
+    const l = this.tcp.get(`${s.id}:${port}`);
+    const h = this.host.includes(':') ? `[${this.host}]` : this.host;
+    return {
+      url: `http://${host}:${this.port}/`,
+      host,
+      tcp: l ? `${h}:${l.port}` : null,
+      public: decl.public,
+    };
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.syncTimer) clearInterval(this.syncTimer);
+    await this.syncing?.catch(() => undefined);
+    const closing = [new Promise<void>((r) => this.server.close(() => r()))];
+    for (const { server } of this.tcp.values())
+      closing.push(new Promise<void>((r) => server.close(() => r())));
+    this.tcp.clear();
+    for (const s of this.sockets) s.destroy();
+    this.agent.destroy();
+    await Promise.all(closing);
+  }
+
+  private track(s: Socket): void {
+    this.sockets.add(s);
+    s.once('close', () => this.sockets.delete(s));
+  }
+
+  private begin(id: string): () => void {
+    this.open.set(id, (this.open.get(id) ?? 0) + 1);
+    this.touch(id, true);
+    let ended = false;
+    return () => {
+      if (ended) return;
+      ended = true;
+      const n = (this.open.get(id) ?? 1) - 1;
+      if (n > 0) this.open.set(id, n);
+      else this.open.delete(id);
+      // The idle countdown starts when the last connection ends, not when it began.
+      this.touch(id, true);
+    };
+  }
+
+  private touch(id: string, force = false): void {
+    const now = Date.now();
+    const last = this.touched.get(id) ?? 0;
+    if (!force && now - last < (this.opts.touchEveryMs ?? 1000)) return;
+    if (force && now - last < 50) return;
+    this.touched.set(id, now);
+    try {
+      this.target.touch(id);
+    } catch {
+      // The sandbox was removed while a connection to it was open.
+    }
+  }
+
+  private principal(token: string): ProxyPrincipal | undefined {
+    const now = Date.now();
+    const hit = this.auth.get(token);
+    if (hit && now - hit.at < (this.opts.authCacheMs ?? 5000)) return hit.p;
+    if (this.auth.size > 10_000) this.auth.clear();
+    const p = this.target.authenticate(token);
+    this.auth.set(token, { p, at: now });
+    return p;
+  }
+
+  /** The sandbox and port a request is for, if the caller may reach it. Throws ProxyError. */
+  private resolve(hostHeader: string | undefined, creds: Credentials): { s: ProxiedSandbox; port: number } {
+    const route = parseHost(hostHeader, this.domain);
+    if (!route) {
+      throw new ProxyError(
+        404,
+        'PROXY_NO_ROUTE',
+        `no sandbox in host "${(hostHeader ?? '').slice(0, 100)}"`,
+        `sandbox URLs look like http://PORT-ID.${this.domain}:${this.port}/ (dormant url ID PORT)`,
+      );
+    }
+    const p = creds.token === undefined ? undefined : this.principal(creds.token);
+    if (creds.token !== undefined && !p) {
+      throw new ProxyError(401, 'UNAUTHORIZED', 'unknown or revoked dormant token');
+    }
+    const withPort = this.target.find(route.ref).filter((s) => s.ports.some((x) => x.port === route.port));
+    const mine = p ? withPort.filter((s) => p.admin || s.tenant === p.tenant) : [];
+    const pub = withPort.filter((s) => s.ports.some((x) => x.port === route.port && x.public));
+    const pick = mine.length > 0 ? mine : pub;
+    if (pick.length === 1) return { s: pick[0]!, port: route.port };
+    if (pick.length > 1) {
+      throw new ProxyError(
+        409,
+        'PROXY_AMBIGUOUS',
+        `more than one sandbox is named ${route.ref}`,
+        'use the sandbox id',
+      );
+    }
+    if (!p) {
+      throw new ProxyError(
+        401,
+        'UNAUTHORIZED',
+        `${hostFor(route.port, route.ref, this.domain)} needs a dormant token`,
+        `send Authorization: Bearer TOKEN, an X-Dormant-Token header, a ${TOKEN_COOKIE} cookie or ?${TOKEN_COOKIE}=TOKEN`,
+      );
+    }
+    throw new ProxyError(
+      404,
+      'SANDBOX_NOT_FOUND',
+      `no sandbox ${route.ref} with port ${route.port}`,
+      'dormant get ID shows the ports a sandbox declared',
+    );
+  }
+
+  /** The sandbox's address once it runs and accepts on `port`; bounded by the wake timeout. */
+  private async ready(s: ProxiedSandbox, port: number, via: string): Promise<string> {
+    if (s.state === 'running' && s.address) return s.address;
+    const timeoutMs = this.opts.wakeTimeoutMs ?? 30_000;
+    const deadline = Date.now() + timeoutMs;
+    let w = this.wakes.get(s.id);
+    if (!w) {
+      w = this.target.wake(s.id, `proxy: ${via} on port ${port}`).finally(() => this.wakes.delete(s.id));
+      w.catch(() => undefined); // a caller that timed out no longer listens
+      this.wakes.set(s.id, w);
+    }
+    const timedOut = (): ProxyError =>
+      new ProxyError(
+        503,
+        'WAKE_TIMEOUT',
+        `sandbox ${s.id} did not wake within ${formatDurationMs(timeoutMs)}`,
+        'it is still waking; retry shortly',
+        this.opts.retryAfterS ?? 5,
+      );
+    let timer: NodeJS.Timeout | undefined;
+    const address = await Promise.race([
+      w,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(timedOut()), Math.max(0, deadline - Date.now()));
+      }),
+    ])
+      .catch((e: unknown) => {
+        if (e instanceof ProxyError) throw e;
+        throw new ProxyError(502, 'WAKE_FAILED', `sandbox ${s.id} could not be woken: ${asError(e).message}`);
+      })
+      .finally(() => clearTimeout(timer));
+    // A sandbox started afresh (from archived) needs a moment before its server listens.
+    await this.accepting(address, port, deadline).catch(() => {
+      throw timedOut();
+    });
+    return address;
+  }
+
+  private async accepting(address: string, port: number, deadline: number): Promise<void> {
+    for (;;) {
+      const ok = await new Promise<boolean>((resolve, reject) => {
+        const c = connect({ host: address, port });
+        c.once('connect', () => {
+          c.destroy();
+          resolve(true);
+        });
+        c.once('error', (e) => {
+          c.destroy();
+          if (errnoCode(e) === 'ECONNREFUSED') resolve(false);
+          else reject(e);
+        });
+      });
+      if (ok) return;
+      if (Date.now() > deadline) throw new Error('not accepting');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
+  private sendError(res: ServerResponse, e: unknown): void {
+    const pe =
+      e instanceof ProxyError
+        ? e
+        : new ProxyError(502, 'PROXY_UPSTREAM', `the sandbox did not answer: ${asError(e).message}`);
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    const body = JSON.stringify({
+      error: { code: pe.code, message: pe.message, ...(pe.hint !== undefined ? { hint: pe.hint } : {}) },
+    });
+    res.writeHead(pe.status, {
+      'content-type': 'application/json',
+      'content-length': Buffer.byteLength(body),
+      ...(pe.retryAfterS !== undefined ? { 'retry-after': String(pe.retryAfterS) } : {}),
+    });
+    res.end(body);
+  }
+
+  private forwardHeaders(
+    req: IncomingMessage,
+    creds: Credentials,
+    keepUpgrade: boolean,
+  ): OutgoingHttpHeaders {
+    const h: OutgoingHttpHeaders = {};
+    for (const [k, v] of Object.entries(req.headers)) {
+      if (v === undefined) continue;
+      if (!keepUpgrade && HOP_BY_HOP.has(k)) continue;
+      h[k] = v;
+    }
+    for (const k of creds.rewrite) h[k] = creds.headers[k];
+    for (const k of creds.rewrite) if (h[k] === undefined) Reflect.deleteProperty(h, k);
+    const ip = req.socket.remoteAddress ?? '';
+    const xff = req.headers['x-forwarded-for'];
+    h['x-forwarded-for'] = xff ? `${String(xff)}, ${ip}` : ip;
+    h['x-forwarded-host'] = req.headers.host ?? '';
+    h['x-forwarded-proto'] = 'http';
+    return h;
+  }
+
+  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    let end: (() => void) | undefined;
+    try {
+      const creds = extractCredentials(req.url ?? '/', req.headers);
+      const { s, port } = this.resolve(req.headers.host, creds);
+      end = this.begin(s.id);
+      res.once('close', end);
+      const address = await this.ready(s, port, `${req.method ?? 'GET'} request`);
+      const headers = this.forwardHeaders(req, creds, false);
+      const cookie =
+        creds.from === 'query' && creds.token !== undefined
+          ? `${TOKEN_COOKIE}=${encodeURIComponent(creds.token)}; Path=/; HttpOnly; SameSite=Lax`
+          : undefined;
+      const send = (attempt: number): void => {
+        const up = request(
+          { host: address, port, method: req.method, path: creds.path, headers, agent: this.agent },
+          (ur) => {
+            const out: OutgoingHttpHeaders = {};
+            for (const [k, v] of Object.entries(ur.headers))
+              if (v !== undefined && !HOP_BY_HOP.has(k)) out[k] = v;
+            if (cookie !== undefined) {
+              out['set-cookie'] = [...(ur.headers['set-cookie'] ?? []), cookie];
+            }
+            res.writeHead(ur.statusCode ?? 502, ur.statusMessage, out);
+            ur.on('data', () => this.touch(s.id));
+            ur.pipe(res);
+            ur.once('error', () => res.destroy());
+          },
+        );
+        up.once('error', (e) => {
+          // A pooled connection the sandbox closed while idle (it slept since): retry once,
+          // when nothing of the request has been sent on.
+          const bodyless = req.method === 'GET' || req.method === 'HEAD' || req.method === 'OPTIONS';
+          if (attempt === 0 && up.reusedSocket && bodyless && errnoCode(e) === 'ECONNRESET') {
+            send(1);
+            return;
+          }
+          this.sendError(res, e);
+        });
+        res.once('close', () => {
+          if (!res.writableFinished) up.destroy();
+        });
+        if (attempt === 0) req.pipe(up);
+        else up.end();
+      };
+      send(0);
+    } catch (e) {
+      this.sendError(res, e);
+      end?.();
+    }
+  }
+
+  private async onUpgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
+    socket.on('error', () => socket.destroy());
+    let end: (() => void) | undefined;
+    try {
+      const creds = extractCredentials(req.url ?? '/', req.headers);
+      const { s, port } = this.resolve(req.headers.host, creds);
+      end = this.begin(s.id);
+      socket.once('close', end);
+      const address = await this.ready(s, port, 'upgrade');
+      const up = connect({ host: address, port });
+      this.track(up);
+      up.once('error', () => socket.destroy());
+      socket.once('close', () => up.destroy());
+      up.once('close', () => socket.destroy());
+      up.once('connect', () => {
+        const lines = [`${req.method ?? 'GET'} ${creds.path} HTTP/1.1`];
+        for (const [k, v] of Object.entries(this.forwardHeaders(req, creds, true))) {
+          if (v === undefined) continue;
+          for (const one of Array.isArray(v) ? v : [v]) lines.push(`${k}: ${String(one)}`);
+        }
+        up.write(`${lines.join('\r\n')}\r\n\r\n`);
+        if (head.length > 0) up.write(head);
+        up.on('data', () => this.touch(s.id));
+        socket.on('data', () => this.touch(s.id));
+        up.pipe(socket);
+        socket.pipe(up);
+      });
+    } catch (e) {
+      const pe = e instanceof ProxyError ? e : new ProxyError(502, 'PROXY_UPSTREAM', asError(e).message);
+      const body = JSON.stringify({ error: { code: pe.code, message: pe.message } });
+      socket.end(
+        `HTTP/1.1 ${pe.status} ${pe.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
+          `${pe.retryAfterS !== undefined ? `retry-after: ${pe.retryAfterS}\r\n` : ''}connection: close\r\n\r\n${body}`,
+      );
+      end?.();
+    }
+  }
+
+  /** Opens a TCP listener for every declared port that has none, closes those of removed sandboxes. */
+  sync(): Promise<void> {
+    if (this.syncing) return this.syncing;
+    const run = this.syncOnce().finally(() => (this.syncing = undefined));
+    this.syncing = run;
+    return run;
+  }
+
+  private async syncOnce(): Promise<void> {
+    if (this.closed) return;
+    const mode = this.tcpMode;
+    const want = new Map<string, { id: string; port: number }>();
+    if (mode !== 'off') {
+      for (const s of this.target.list()) {
+        if (s.state === 'deleting' || s.state === 'failed') continue;
+        for (const p of s.ports)
+          if (mode === 'all' || p.public) want.set(`${s.id}:${p.port}`, { id: s.id, port: p.port });
+      }
+    }
+    let changed = false;
+    for (const [key, l] of this.tcp) {
+      if (want.has(key)) continue;
+      this.tcp.delete(key);
+      this.tcpPorts.delete(key);
+      changed = true;
+      await new Promise<void>((r) => l.server.close(() => r()));
+    }
+    for (const [key, w] of want) {
+      if (this.tcp.has(key) || this.closed) continue;
+      const server = createTcpServer((c) => void this.onTcp(w.id, w.port, c));
+      const listenOn = (port: number): Promise<void> =>
+        new Promise<void>((resolve, reject) => {
+          server.once('error', reject);
+          server.listen(port, this.host, () => {
+            server.off('error', reject);
+            resolve();
+          });
+        });
+      const remembered = this.tcpPorts.get(key);
+      try {
+        await listenOn(remembered ?? 0);
+      } catch (e) {
+        if (remembered === undefined || errnoCode(e) !== 'EADDRINUSE') throw e;
+        await listenOn(0);
+      }
+      const a = server.address();
+      const port = typeof a === 'object' && a ? a.port : 0;
+      this.tcp.set(key, { server, port });
+      if (this.tcpPorts.get(key) !== port) changed = true;
+      this.tcpPorts.set(key, port);
+    }
+    if (changed && this.opts.tcpPortsFile !== undefined) await this.saveTcpPorts(this.opts.tcpPortsFile);
+  }
+
+  /** Temp file, fsync, rename: a crash leaves the old map or the new one. */
+  private async saveTcpPorts(path: string): Promise<void> {
+    const tmp = `${path}.tmp`;
+    const fh = await open(tmp, 'w', 0o600);
+    try {
+      await fh.writeFile(JSON.stringify(Object.fromEntries(this.tcpPorts)));
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await rename(tmp, path);
+  }
+
+  private async onTcp(id: string, port: number, client: Socket): Promise<void> {
+    this.track(client);
+    client.on('error', () => client.destroy());
+    const s = this.target.list().find((x) => x.id === id);
+    if (!s) {
+      client.destroy();
+      return;
+    }
+    const end = this.begin(id);
+    client.once('close', end);
+    try {
+      // What the client sends while the sandbox wakes waits in the socket's buffer.
+      client.pause();
+      const address = await this.ready(s, port, 'tcp connection');
+      if (client.destroyed) return;
+      const up = connect({ host: address, port });
+      this.track(up);
+      up.once('error', () => client.destroy());
+      up.once('close', () => client.destroy());
+      client.once('close', () => up.destroy());
+      up.once('connect', () => {
+        up.on('data', () => this.touch(id));
+        client.on('data', () => this.touch(id));
+        up.pipe(client);
+        client.pipe(up);
+        client.resume();
+      });
+    } catch {
+      client.destroy();
+    }
+  }
+}
