@@ -6,7 +6,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -265,5 +265,59 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     assert.match(log, /request 5\n/);
 
     await rt.destroy(id);
+  });
+  test("the daemon's hibernate path (freeze, dump leaving it in place, stop) and a fork", async () => {
+    const spec = {
+      id: `hib-${suffix}`,
+      rootfs,
+      args: ['/usr/bin/python3', '-u', '/srv/server.py'],
+      ports: [8080],
+      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+    };
+    await rt.create(spec);
+    await rt.start(spec.id);
+    const url = `http://${(await rt.state(spec.id)).network.address}:8080/`;
+    await waitFor('the server', () => get(url, 500));
+    // A background process started by exec, with its output redirected, returns at once.
+    const bg = await rt.exec(spec.id, ['sh', '-c', 'echo kept > /data.txt; sleep 600 >/dev/null 2>&1 &'], {
+      timeoutMs: 5000,
+    });
+    assert.equal(bg.exitCode, 0);
+
+    await rt.freeze(spec.id);
+    const imagesDir = join(shm, 'hib');
+    await rt.checkpoint(spec.id, { imagesDir, workDir: join(tmp, 'hib-work'), leaveRunning: true });
+    assert.equal((await rt.state(spec.id)).status, 'paused', 'left in place, still frozen');
+    await rt.stop(spec.id);
+    assert.equal((await rt.state(spec.id)).status, 'absent');
+    assert.equal(await rt.rootfsMounted(spec.id), false);
+
+    await rt.prepare(spec);
+    await rt.restore(spec.id, { imagesDir, workDir: join(tmp, 'hib-restore') });
+    assert.equal((await rt.state(spec.id)).status, 'running', 'restored running, not frozen');
+    assert.equal(await get(url), '2');
+    assert.match(
+      (await rt.exec(spec.id, ['pidof', 'sleep'])).stdout,
+      /^\d+\n$/,
+      'the background child is back',
+    );
+
+    // A fork: the same images restored into a second sandbox with its own address,
+    // hostname and writable layer (the daemon copies the filesystem diff in first).
+    const fork = { ...spec, id: `fork-${suffix}` };
+    await rt.prepare(fork);
+    await rt.stop(fork.id);
+    await cp(rt.upperDir(spec.id), rt.upperDir(fork.id), { recursive: true });
+    await rt.restore(fork.id, { imagesDir, workDir: join(tmp, 'fork-restore') });
+    const forkNet = (await rt.state(fork.id)).network;
+    assert.notEqual(forkNet.address, (await rt.state(spec.id)).network.address);
+    const forkUrl = `http://${forkNet.address}:8080/`;
+    assert.equal(await get(forkUrl), '2', 'the fork starts from the checkpoint');
+    assert.equal(await get(url), '3', 'the original carries on independently');
+    assert.equal((await rt.exec(fork.id, ['hostname'])).stdout.trim(), fork.id);
+    assert.equal((await rt.exec(fork.id, ['cat', '/data.txt'])).stdout, 'kept\n');
+
+    await rt.destroy(fork.id);
+    await rt.destroy(spec.id);
   });
 });

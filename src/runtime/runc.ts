@@ -425,19 +425,20 @@ export class RuncRuntime implements Runtime {
     const flags: string[] = [];
     if (opts.cwd !== undefined) flags.push('--cwd', opts.cwd);
     for (const [k, v] of Object.entries(opts.env ?? {})) flags.push('--env', `${k}=${v}`);
-    // The command gets real pipes (through cat), not run()'s socketpairs: a process it
-    // leaves in the background would otherwise hold unix sockets CRIU cannot dump.
-    const script = 'set -o pipefail; "$@" 2> >(cat >&2) | cat; exit "${PIPESTATUS[0]}"';
-    const r = await run(
-      'bash',
-      ['-c', script, 'bash', this.runcPath, ...this.runcArgs(id, ['exec', ...flags, id, ...args])],
+    // runc exec (not detached, no terminal) gives the command pipes of its own and copies
+    // them to ours until every holder closes them: a command that leaves a process in the
+    // background holding its stdout/stderr keeps the exec open until that process exits or
+    // the timeout ends it. Background processes should redirect their output.
+    const r = await this.runc(
+      id,
+      ['exec', ...flags, id, ...args],
       {
         timeoutMs: opts.timeoutMs ?? DEFAULTS.execMs,
         signal: opts.signal,
-        env: this.env,
         input: opts.input,
         okExitCodes: Array.from({ length: 256 }, (_, i) => i),
       },
+      DEFAULTS.execMs,
     );
     return { stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode ?? 255, durationMs: r.durationMs };
   }
@@ -536,6 +537,14 @@ export class RuncRuntime implements Runtime {
           details: { criuLog: logPath },
         },
       );
+    // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
+    // checkpoint (a fork) must still answer to its own hostname. Set from the host: the
+    // sandbox itself has no CAP_SYS_ADMIN.
+    const hostname = rec.spec.hostname ?? id;
+    await run('nsenter', ['--target', String(s.pid), '--uts', 'hostname', hostname], {
+      timeoutMs: DEFAULTS.stateMs,
+      signal: opts.signal,
+    });
     return { durationMs: r.durationMs, pid: s.pid, logPath };
   }
 
