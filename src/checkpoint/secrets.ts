@@ -1,0 +1,178 @@
+/**
+ * Secret detectors: pure functions over bytes, no I/O. One combined regular expression
+ * runs over each chunk (decoded as latin1, so string offsets are byte offsets); each match
+ * is classified into a kind. Findings carry a redacted preview and a keyed fingerprint,
+ * never the secret itself.
+ */
+import { createHmac } from 'node:crypto';
+
+export const SECRET_KINDS = [
+  'aws_access_key',
+  'gcp_api_key',
+  'gcp_service_account',
+  'azure_storage_key',
+  'azure_client_secret',
+  'github_token',
+  'gitlab_token',
+  'openai_api_key',
+  'anthropic_api_key',
+  'slack_token',
+  'slack_webhook',
+  'stripe_key',
+  'jwt',
+  'private_key',
+  'ssh_private_key',
+  'secret_assignment',
+  'high_entropy_assignment',
+] as const;
+export type SecretKind = (typeof SECRET_KINDS)[number];
+
+/** Specific token shapes: [kind, pattern]. Order matters (sk-ant- before sk-). */
+const SPECIFIC: [SecretKind, string][] = [
+  ['aws_access_key', String.raw`(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![0-9A-Za-z])`],
+  ['gcp_api_key', String.raw`AIza[0-9A-Za-z_\-]{35}`],
+  ['gcp_service_account', String.raw`"type"\s*:\s*"service_account"`],
+  ['azure_storage_key', String.raw`AccountKey=[A-Za-z0-9+/]{86}==`],
+  ['azure_client_secret', String.raw`[A-Za-z0-9_~.\-]{3}[0-9]Q~[A-Za-z0-9_~.\-]{31,34}`],
+  ['github_token', String.raw`(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{60,255})`],
+  ['gitlab_token', String.raw`gl(?:pat|dt|rt|ptt|cbt)-[A-Za-z0-9_\-]{20,64}`],
+  ['anthropic_api_key', String.raw`sk-ant-[A-Za-z0-9]{2,8}-[A-Za-z0-9_\-]{32,128}`],
+  ['openai_api_key', String.raw`sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,200}`],
+  [
+    'slack_webhook',
+    String.raw`https://hooks\.slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{20,}`,
+  ],
+  ['slack_token', String.raw`xox[abposr]-[0-9A-Za-z\-]{10,250}`],
+  ['stripe_key', String.raw`(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{20,250}`],
+  ['jwt', String.raw`eyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{16,}`],
+  ['ssh_private_key', String.raw`-----BEGIN OPENSSH PRIVATE KEY-----`],
+  ['private_key', String.raw`-----BEGIN (?:RSA |EC |DSA |ENCRYPTED |PGP )?PRIVATE KEY(?: BLOCK)?-----`],
+];
+
+/** A name that says "secret", then `=` or `:`, then the value (matched at the keyword). */
+const ASSIGN = new RegExp(
+  String.raw`(?:[Kk]ey|KEY|[Tt]oken|TOKEN|[Ss]ecret|SECRET|[Pp]assw(?:or)?d|PASSW(?:OR)?D|[Pp]wd|PWD|[Cc]redentials?|CREDENTIALS?)["']?[ \t]{0,4}[=:][ \t]{0,4}["']?([^\s"'\0,;{}<>\[\]()\\]{6,512})`,
+  'y',
+);
+
+/**
+ * Stage one: cheap anchors (literal prefixes of every shape, and the secret-ish names).
+ * V8 runs this at a few hundred MB/s; the full patterns then run only where it hits.
+ */
+const ANCHOR =
+  /AKIA|ASIA|ABIA|ACCA|AIza|"type"|AccountKey=|[0-9]Q~|gh[pousr]_|github_pat_|gl(?:pat|dt|rt|ptt|cbt)-|sk-|https:\/\/hooks\.slack\.com|xox[abposr]-|(?:sk|rk|pk)_(?:live|test)_|eyJ|-----BEGIN |[Kk]ey|KEY|[Tt]oken|TOKEN|[Ss]ecret|SECRET|[Pp]assw|PASSW|[Pp]wd|PWD|[Cc]redential|CREDENTIAL/g;
+/** Stage two: each specific shape, anchored where stage one hit (sticky). */
+const STICKY = SPECIFIC.map(([kind, p]) => [kind, new RegExp(p, 'y')] as const);
+const AZURE_BACK = 4; // the Azure client secret's anchor ([0-9]Q~) sits 3 characters in
+const EXACT_ANYWHERE = SPECIFIC.map(([kind, p]) => [kind, new RegExp(`^(?:${p})`)] as const);
+const NAME_CHAR = /[A-Za-z0-9_.-]/;
+
+export interface RawSecret {
+  kind: SecretKind;
+  /** Byte offset of the secret's first byte in the scanned buffer. */
+  offset: number;
+  length: number;
+  /** The variable name for assignments (not secret). */
+  name?: string;
+  /** The secret's text: used for the preview and fingerprint, then dropped. */
+  value: string;
+}
+
+/** Shannon entropy in bits per character. */
+export function entropy(s: string): number {
+  const counts = new Map<string, number>();
+  for (const c of s) counts.set(c, (counts.get(c) ?? 0) + 1);
+  let h = 0;
+  for (const n of counts.values()) {
+    const p = n / s.length;
+    h -= p * Math.log2(p);
+  }
+  return h;
+}
+
+/** Names that match the pattern but never hold secrets (the shell's working directories). */
+const NOT_SECRET_NAMES = new Set(['PWD', 'OLDPWD', 'pwd', 'oldpwd']);
+
+function looksLikeEnvName(name: string): boolean {
+  if (NOT_SECRET_NAMES.has(name)) return false;
+  return (
+    /^[A-Z][A-Z0-9_]*$/.test(name) &&
+    /(?:_|^)(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PWD|CREDENTIALS?)$/.test(name)
+  );
+}
+
+const PLACEHOLDER =
+  /^(?:\$\{?[A-Za-z_]|%[sd]|\*+$|x{6,}$|<|null$|none$|true$|false$|undefined$|changeme$|redacted$|example$)/i;
+
+function specificAt(
+  text: string,
+  i: number,
+): { kind: SecretKind; offset: number; value: string } | undefined {
+  for (const [kind, re] of STICKY) {
+    const at = kind === 'azure_client_secret' ? i - AZURE_BACK + 1 : i;
+    if (at < 0) continue;
+    re.lastIndex = at;
+    const m = re.exec(text);
+    if (m) return { kind, offset: at, value: m[0] };
+  }
+  return undefined;
+}
+
+/**
+ * Finds secrets in `text` (a latin1 view of bytes). `offset`s are relative to `text`.
+ */
+export function findSecrets(text: string): RawSecret[] {
+  const out: RawSecret[] = [];
+  ANCHOR.lastIndex = 0;
+  for (let a = ANCHOR.exec(text); a !== null; a = ANCHOR.exec(text)) {
+    const idx = a.index;
+    const sp = specificAt(text, idx);
+    if (sp) {
+      out.push({ kind: sp.kind, offset: sp.offset, length: sp.value.length, value: sp.value });
+      ANCHOR.lastIndex = sp.offset + sp.value.length;
+      continue;
+    }
+    ASSIGN.lastIndex = idx;
+    const m = ASSIGN.exec(text);
+    if (!m) continue;
+    const value = m[1]!;
+    const whole = m[0];
+    // The name runs backwards from the keyword over identifier characters.
+    let start = idx;
+    while (start > 0 && idx - start < 128 && NAME_CHAR.test(text[start - 1]!)) start--;
+    const keywordEnd = whole.search(/["']?[ \t]{0,4}[=:]/);
+    const name = text.slice(start, idx + keywordEnd);
+    const valueOffset = idx + whole.length - value.length;
+    ANCHOR.lastIndex = idx + whole.length;
+    if (PLACEHOLDER.test(value) || NOT_SECRET_NAMES.has(name)) continue;
+    const specific = EXACT_ANYWHERE.find(([, re]) => re.test(value));
+    if (specific) {
+      const sm = specific[1].exec(value)![0];
+      out.push({ kind: specific[0], offset: valueOffset, length: sm.length, name, value: sm });
+    } else if (looksLikeEnvName(name) && value.length >= 8) {
+      out.push({ kind: 'secret_assignment', offset: valueOffset, length: value.length, name, value });
+    } else if (value.length >= 16 && entropy(value) >= 3.5 && /[0-9]/.test(value) && /[A-Za-z]/.test(value)) {
+      out.push({ kind: 'high_entropy_assignment', offset: valueOffset, length: value.length, name, value });
+    }
+  }
+  return out;
+}
+
+/** A preview that names the secret's shape without revealing it: a short prefix and the length. */
+export function redact(kind: SecretKind, value: string, name?: string): string {
+  if (kind === 'private_key' || kind === 'ssh_private_key' || kind === 'gcp_service_account') return value;
+  const known =
+    /^(?:sk-ant-|sk-proj-|sk-|gh[pousr]_|github_pat_|glpat-|xox[abposr]-|(?:sk|rk|pk)_(?:live|test)_|AKIA|ASIA|AIza|eyJ|AccountKey=)/.exec(
+      value,
+    );
+  let keep = known ? known[0].length : 2;
+  keep = Math.min(keep, Math.floor(value.length / 4) + (known ? known[0].length : 0), value.length - 4);
+  keep = Math.max(0, Math.min(keep, Math.floor(value.length / 3)));
+  const preview = `${value.slice(0, keep)}…[${value.length} chars]`;
+  return name ? `${name}=${preview}` : preview;
+}
+
+/** A keyed fingerprint: equal secrets compare equal within one key; without the key it says nothing. */
+export function fingerprint(key: Buffer, value: string): string {
+  return createHmac('sha256', key).update(value, 'latin1').digest('hex').slice(0, 16);
+}

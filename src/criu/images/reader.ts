@@ -1,0 +1,292 @@
+/**
+ * Reads a folder of CRIU images into a model of the dumped tree: processes (pstree, core,
+ * ids, mm, pagemap, fdinfo, fs), the files they hold (files.img), mounts, cgroups and the
+ * dump's statistics. Memory is not loaded: `pages()` streams a process's pages from its
+ * pages-N.img in bounded chunks, addressed by its pagemap.
+ *
+ * Every image is treated as hostile: sizes are capped before reading, framing and protobuf
+ * are bounds-checked (CRIU_IMAGE_MALFORMED), and pagemap entries that point past the end of
+ * the pages file are refused rather than read short.
+ */
+import { open, readdir, readFile, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { errnoCode } from '../../domain/errors.js';
+import { Magic, parseImage } from './image-file.js';
+import {
+  decodeCgroup,
+  decodeCore,
+  decodeFdinfo,
+  decodeFileEntry,
+  decodeFs,
+  decodeIdsEntry,
+  decodeInventory,
+  decodeMm,
+  decodeMount,
+  decodePagemapEntry,
+  decodePagemapHead,
+  decodePstree,
+  decodeStats,
+  pagemapInPagesFile,
+  type CgroupSet,
+  type CoreEntry,
+  type DumpStats,
+  type FdinfoEntry,
+  type FileEntry,
+  type FsEntry,
+  type Inventory,
+  type MmEntry,
+  type MountEntry,
+  type PagemapEntry,
+  type TaskKobjIds,
+} from './messages.js';
+import { malformed } from './proto.js';
+
+export const PAGE_SIZE = 4096;
+/** No metadata image (anything but pages) of a real dump comes near this. */
+const MAX_META_IMAGE_BYTES = 256 * 1024 * 1024;
+
+export interface ProcessImage {
+  pid: number;
+  ppid: number;
+  pgid: number;
+  sid: number;
+  threads: number[];
+  comm: string;
+  /** CRIU task state: 1 alive, 2 dead (zombie), 3 stopped. */
+  taskState: number;
+  ids?: TaskKobjIds;
+  core?: CoreEntry;
+  mm?: MmEntry;
+  pagemap?: { pagesId: number; entries: PagemapEntry[] };
+  fds: FdinfoEntry[];
+  fs?: FsEntry;
+}
+
+export interface CriuImages {
+  dir: string;
+  inventory?: Inventory;
+  processes: ProcessImage[];
+  /** files.img, by file id. */
+  files: Map<number, FileEntry>;
+  /** mountpoints-N.img, by mount namespace id. */
+  mounts: Map<number, MountEntry[]>;
+  cgroups: CgroupSet[];
+  stats?: DumpStats;
+  /** Every file in the folder with its size, for sizes and for scanning what is not parsed. */
+  imageFiles: Map<string, number>;
+  /** Total size of pages-*.img: the memory the dump holds. */
+  pagesBytes: number;
+  arch?: string;
+}
+
+async function readCapped(path: string, name: string): Promise<Uint8Array | undefined> {
+  try {
+    const st = await stat(path);
+    if (!st.isFile()) throw malformed(`${name} is not a regular file`);
+    if (st.size > MAX_META_IMAGE_BYTES)
+      throw malformed(`${name} is ${st.size} bytes, over the ${MAX_META_IMAGE_BYTES} cap`);
+    return await readFile(path);
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return undefined;
+    throw e;
+  }
+}
+
+async function entriesOf(dir: string, name: string, magic: number): Promise<Uint8Array[] | undefined> {
+  const b = await readCapped(join(dir, name), name);
+  return b === undefined ? undefined : parseImage(b, name, magic).entries;
+}
+
+/** Reads every image of the dump in `dir` except page contents. */
+export async function readCriuImages(dir: string): Promise<CriuImages> {
+  const imageFiles = new Map<string, number>();
+  let pagesBytes = 0;
+  for (const d of await readdir(dir, { withFileTypes: true })) {
+    if (!d.isFile()) continue;
+    const st = await stat(join(dir, d.name));
+    imageFiles.set(d.name, st.size);
+    if (/^pages-\d+\.img$/.test(d.name)) pagesBytes += st.size;
+  }
+
+  const invEntries = await entriesOf(dir, 'inventory.img', Magic.INVENTORY);
+  const inventory = invEntries?.[0] ? decodeInventory(invEntries[0]) : undefined;
+  const pstree = await entriesOf(dir, 'pstree.img', Magic.PSTREE);
+  if (pstree === undefined) throw malformed(`no pstree.img in ${dir}: not a CRIU dump`);
+
+  const processes: ProcessImage[] = [];
+  const fdinfoCache = new Map<number, FdinfoEntry[]>();
+  let arch: string | undefined;
+  for (const raw of pstree) {
+    const pe = decodePstree(raw);
+    const p: ProcessImage = { ...pe, comm: '', taskState: 0, fds: [] };
+    const core = (await entriesOf(dir, `core-${pe.pid}.img`, Magic.CORE))?.[0];
+    if (core) {
+      p.core = decodeCore(core);
+      p.comm = p.core.comm;
+      p.taskState = p.core.taskState;
+      arch ??= p.core.arch;
+    }
+    const ids = (await entriesOf(dir, `ids-${pe.pid}.img`, Magic.IDS))?.[0];
+    p.ids = ids ? decodeIdsEntry(ids) : p.core?.ids;
+    const mm = (await entriesOf(dir, `mm-${pe.pid}.img`, Magic.MM))?.[0];
+    if (mm) p.mm = decodeMm(mm);
+    const pm = await entriesOf(dir, `pagemap-${pe.pid}.img`, Magic.PAGEMAP);
+    if (pm && pm.length > 0) {
+      p.pagemap = {
+        pagesId: decodePagemapHead(pm[0]!).pagesId,
+        entries: pm.slice(1).map(decodePagemapEntry),
+      };
+    }
+    const fsImg = (await entriesOf(dir, `fs-${pe.pid}.img`, Magic.FS))?.[0];
+    if (fsImg) p.fs = decodeFs(fsImg);
+    if (p.ids) {
+      const fid = p.ids.filesId;
+      let fds = fdinfoCache.get(fid);
+      if (fds === undefined) {
+        fds = ((await entriesOf(dir, `fdinfo-${fid}.img`, Magic.FDINFO)) ?? []).map(decodeFdinfo);
+        fdinfoCache.set(fid, fds);
+      }
+      p.fds = fds;
+    }
+    processes.push(p);
+  }
+
+  const files = new Map<number, FileEntry>();
+  for (const raw of (await entriesOf(dir, 'files.img', Magic.FILES)) ?? []) {
+    const f = decodeFileEntry(raw);
+    files.set(f.id, f);
+  }
+
+  const mounts = new Map<number, MountEntry[]>();
+  for (const name of imageFiles.keys()) {
+    const m = /^mountpoints-(\d+)\.img$/.exec(name);
+    if (!m) continue;
+    mounts.set(Number(m[1]), ((await entriesOf(dir, name, Magic.MNTS)) ?? []).map(decodeMount));
+  }
+
+  const cg = (await entriesOf(dir, 'cgroup.img', Magic.CGROUP))?.[0];
+  const stats = (await entriesOf(dir, 'stats-dump', Magic.STATS))?.[0];
+  return {
+    dir,
+    inventory,
+    processes,
+    files,
+    mounts,
+    cgroups: cg ? decodeCgroup(cg).sets : [],
+    stats: stats ? decodeStats(stats) : undefined,
+    imageFiles,
+    pagesBytes,
+    arch,
+  };
+}
+
+/** A run of a process's memory as stored in the dump. */
+export interface PageChunk {
+  /** Virtual address of data[0] in the process. */
+  vaddr: bigint;
+  data: Buffer;
+  /** Byte offset of data[0] in the pages file. */
+  fileOffset: number;
+  pagesFile: string;
+}
+
+/** Bytes of memory stored for this process (present pagemap entries). */
+export function storedMemoryBytes(p: ProcessImage): number {
+  let n = 0;
+  for (const e of p.pagemap?.entries ?? []) if (pagemapInPagesFile(e)) n += e.nrPages * PAGE_SIZE;
+  return n;
+}
+
+/**
+ * Streams the stored pages of process `p` in chunks of at most `chunkBytes` (a multiple of
+ * the page size), in pagemap order. A chunk never spans two pagemap entries, so callers that
+ * match across chunk edges should carry a tail only when the next chunk's vaddr continues
+ * the previous one. The yielded buffer is reused: copy what must outlive the iteration.
+ */
+export async function* readPages(
+  images: Pick<CriuImages, 'dir'>,
+  p: ProcessImage,
+  opts: { chunkBytes?: number; signal?: AbortSignal } = {},
+): AsyncGenerator<PageChunk> {
+  const pm = p.pagemap;
+  if (!pm) return;
+  const chunkBytes = Math.max(
+    PAGE_SIZE,
+    Math.floor((opts.chunkBytes ?? 4 * 1024 * 1024) / PAGE_SIZE) * PAGE_SIZE,
+  );
+  const pagesFile = `pages-${pm.pagesId}.img`;
+  let fh;
+  try {
+    fh = await open(join(images.dir, pagesFile), 'r');
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') throw malformed(`${pagesFile} (named by pagemap-${p.pid}.img) is missing`);
+    throw e;
+  }
+  try {
+    const size = (await fh.stat()).size;
+    const buf = Buffer.allocUnsafe(chunkBytes);
+    let off = 0;
+    for (const e of pm.entries) {
+      if (!pagemapInPagesFile(e)) continue;
+      const bytes = e.nrPages * PAGE_SIZE;
+      if (off + bytes > size)
+        throw malformed(
+          `pagemap-${p.pid}.img addresses ${off + bytes} bytes of ${pagesFile}, which has ${size}`,
+        );
+      let done = 0;
+      while (done < bytes) {
+        opts.signal?.throwIfAborted();
+        const n = Math.min(chunkBytes, bytes - done);
+        const { bytesRead } = await fh.read(buf, 0, n, off + done);
+        if (bytesRead !== n) throw malformed(`${pagesFile}: short read at ${off + done}`);
+        yield { vaddr: e.vaddr + BigInt(done), data: buf.subarray(0, n), fileOffset: off + done, pagesFile };
+        done += n;
+      }
+      off += bytes;
+    }
+  } finally {
+    await fh.close();
+  }
+}
+
+/**
+ * Reads up to `len` bytes of process memory at `addr` from the dump (for the command line
+ * and environment). Returns what is stored, stopping at the first page that is not.
+ */
+export async function readMemory(
+  images: Pick<CriuImages, 'dir'>,
+  p: ProcessImage,
+  addr: bigint,
+  len: number,
+): Promise<Buffer> {
+  const pm = p.pagemap;
+  if (!pm || len <= 0) return Buffer.alloc(0);
+  const parts: Buffer[] = [];
+  let want = addr;
+  const end = addr + BigInt(len);
+  let off = 0;
+  const fh = await open(join(images.dir, `pages-${pm.pagesId}.img`), 'r').catch((e: unknown) => {
+    if (errnoCode(e) === 'ENOENT') return undefined;
+    throw e;
+  });
+  if (!fh) return Buffer.alloc(0);
+  try {
+    for (const e of pm.entries) {
+      if (!pagemapInPagesFile(e)) continue;
+      const eEnd = e.vaddr + BigInt(e.nrPages * PAGE_SIZE);
+      if (want >= e.vaddr && want < eEnd) {
+        const from = Number(want - e.vaddr);
+        const n = Number((end < eEnd ? end : eEnd) - want);
+        const b = Buffer.alloc(n);
+        const { bytesRead } = await fh.read(b, 0, n, off + from);
+        parts.push(b.subarray(0, bytesRead));
+        want += BigInt(n);
+        if (want >= end || bytesRead < n) break;
+      }
+      off += e.nrPages * PAGE_SIZE;
+    }
+  } finally {
+    await fh.close();
+  }
+  return Buffer.concat(parts);
+}
