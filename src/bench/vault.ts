@@ -185,6 +185,22 @@ export const vaultSuite: BenchSuite = {
         });
         process.stderr.write(`bench vault: ${tool.name} ${JSON.stringify(figures.get(tool.name))}\n`);
       }
+      // CRIU's own restore of the same images: the speed restore must stay well above.
+      let criuMBps: number | undefined;
+      try {
+        const s = await timed(() =>
+          run('criu', ['restore', '-D', big, '--shell-job', '-d', '-o', 'restore.log'], {
+            timeoutMs: 600_000,
+          }),
+        );
+        criuMBps = bigBytes / MB / s;
+      } catch (e) {
+        notes.push(
+          `criu restore of the 1 GiB images failed here, so there is no CRIU row: ${String(e).slice(0, 200)}`,
+        );
+      } finally {
+        killPid(bigPid);
+      }
       const d = figures.get('dormant')!;
       const rows: BenchRow[] = [];
       const MiB = 1024 * 1024;
@@ -233,6 +249,16 @@ export const vaultSuite: BenchSuite = {
             better: 'lower',
           },
         );
+      }
+      if (criuMBps !== undefined) {
+        rows.push({
+          name: `restore ${label} checkpoint vs criu restore of it`,
+          dormant: d.restoreMBps,
+          peer: criuMBps,
+          peerName: 'criu restore',
+          unit: 'MB/s',
+          better: 'higher',
+        });
       }
       rows.push({
         name: 'base + 10 forks stored / base stored',
