@@ -10,7 +10,12 @@ export const KEY_BYTES = 32;
 export const NONCE_BYTES = 12;
 export const TAG_BYTES = 16;
 export const SEAL_OVERHEAD = NONCE_BYTES + TAG_BYTES;
-export const CHUNK_ID_BYTES = 32;
+/**
+ * Chunk ids are HMAC-SHA256 truncated to 128 bits: keyed, so nobody without the tenant key can
+ * aim for a collision, and 2^-64 odds of an accidental one even at 2^32 chunks (64 TiB). Every
+ * id is stored three times (index, manifest, AAD), so halving it saves ~3 MB per GiB stored.
+ */
+export const CHUNK_ID_BYTES = 16;
 
 /** The keys one tenant's data is handled with, all derived from the tenant's data key. */
 export interface TenantKeys {
@@ -53,7 +58,7 @@ export function wipeTenantKeys(k: TenantKeys): void {
 }
 
 export function chunkId(idKey: Buffer, data: Uint8Array): Buffer {
-  return createHmac('sha256', idKey).update(data).digest();
+  return createHmac('sha256', idKey).update(data).digest().subarray(0, CHUNK_ID_BYTES);
 }
 
 /** Random nonces drawn from a pool: one getrandom call per 1024 nonces instead of per chunk. */

@@ -3,14 +3,19 @@
  *
  * - pack   `DRMPK001 | packId(16)` then records `nonce(12) | AES-GCM(codec(1) | payload) | tag(16)`,
  *          each sealed with the tenant's data key and its chunk id as associated data.
- * - index  `DRMIX001 | packId(16) | sealed(entries)`, entries `id(32) offset(u32) stored(u32) raw(u32)`,
- *          sealed with the tenant's index key; associated data: magic, tenant, pack id.
+ * - index  `DRMIX001 | packId(16) | sealed(entries)`, entries `id(16) offset(u32) stored(u32) raw(u32)`,
+ *          sealed with the tenant's index key; associated data: magic, tenant, pack id. Ids are
+ *          16 bytes (truncated HMAC-SHA256).
  * - manifest `DRMMF001 | u32 len | header JSON | sealed(body)`: the plaintext header (ids, time,
  *          size) is authenticated as associated data; the body (file list and chunk references)
  *          is sealed with the sandbox's key.
  */
+import { createRequire } from 'node:module';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { CHUNK_ID_BYTES, open, seal } from './crypto.js';
+
+type Zstd = typeof import('zstd-napi');
+const zstd = createRequire(import.meta.url)('zstd-napi') as Zstd;
 
 export const PACK_MAGIC = Buffer.from('DRMPK001');
 export const INDEX_MAGIC = Buffer.from('DRMIX001');
@@ -18,7 +23,7 @@ export const MANIFEST_MAGIC = Buffer.from('DRMMF001');
 export const PACK_ID_BYTES = 16;
 export const PACK_HEADER_BYTES = PACK_MAGIC.length + PACK_ID_BYTES;
 export const INDEX_ENTRY_BYTES = CHUNK_ID_BYTES + 12;
-/** A manifest reference: kind(1) length(u32) id(32); holes carry a zero id. */
+/** A manifest reference: kind(1) length(u32) id(16); holes carry a zero id. */
 export const REF_BYTES = 1 + 4 + CHUNK_ID_BYTES;
 export const REF_DATA = 0;
 export const REF_HOLE = 1;
@@ -131,7 +136,9 @@ export function encodeManifest(key: Buffer, header: ManifestHeader, body: Manife
   const jlen = Buffer.alloc(4);
   jlen.writeUInt32LE(json.length);
   const aad = Buffer.concat([MANIFEST_MAGIC, len, h]);
-  return Buffer.concat([aad, seal(key, aad, Buffer.concat([jlen, json, body.refs]))]);
+  // Compressed: the file list and the kinds and lengths of references shrink a lot; ids do not.
+  const plain = zstd.compress(Buffer.concat([jlen, json, body.refs]), { compressionLevel: 3 });
+  return Buffer.concat([aad, seal(key, aad, plain)]);
 }
 
 function corrupt(name: string, what: string): DormantError {
@@ -172,8 +179,11 @@ export function decodeManifestHeader(
 
 /** Opens the body; undefined when authentication fails (any flipped byte, header included). */
 export function decodeManifestBody(key: Buffer, blob: Buffer, headerBytes: number): ManifestBody | undefined {
-  const plain = open(key, blob.subarray(0, headerBytes), blob.subarray(headerBytes));
-  if (plain === undefined || plain.length < 4) return undefined;
+  const sealed = open(key, blob.subarray(0, headerBytes), blob.subarray(headerBytes));
+  if (sealed === undefined) return undefined;
+  // Authenticated above: whatever fails from here on is a bug or a wrong format version.
+  const plain = zstd.decompress(sealed);
+  if (plain.length < 4) return undefined;
   const jl = plain.readUInt32LE(0);
   const parsed = JSON.parse(plain.subarray(4, 4 + jl).toString('utf8')) as {
     entries: ManifestEntry[];

@@ -24,7 +24,7 @@ export interface SealJob {
   key: Uint8Array;
   /** count x (input offset, length). */
   meta: Int32Array;
-  /** count x 32-byte chunk ids. */
+  /** count x CHUNK_ID_BYTES chunk ids. */
   ids: Uint8Array;
 }
 
