@@ -7,7 +7,9 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { cp, mkdir, mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
-import { connect } from 'node:net';
+import { once } from 'node:events';
+import { createServer } from 'node:http';
+import { connect, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDormantError, ErrorCode } from '../domain/errors.js';
@@ -129,6 +131,18 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     const seesState = await rt.exec(id, ['ls', join(tmp, 'state')]);
     assert.notEqual(seesState.exitCode, 0, 'the data directory is out of reach');
     assert.equal((await rt.exec(id, ['cat', '/proc/kcore'])).stdout, '', 'masked path');
+
+    // The sandbox cannot open connections to the host, even to a server on all addresses.
+    const hostServer = createServer((_, res) => res.end('host')).listen(0, '0.0.0.0');
+    try {
+      await once(hostServer, 'listening');
+      const { port } = hostServer.address() as AddressInfo;
+      const hostAddress = (await rt.state(id)).network.hostAddress;
+      const probe = await rt.exec(id, ['wget', '-q', '-T', '2', '-O', '-', `http://${hostAddress}:${port}/`]);
+      assert.notEqual(probe.exitCode, 0, 'host unreachable from inside');
+    } finally {
+      hostServer.close();
+    }
 
     // Writes land in the writable layer only.
     await rt.exec(id, ['sh', '-c', 'echo hello > /note.txt']);

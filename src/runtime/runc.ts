@@ -15,7 +15,7 @@
  *   runc.log              runc's own log (JSON lines), read back for error messages
  */
 import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
 import { ensureCollector, stopCollector } from './log-collector.js';
@@ -377,7 +377,10 @@ export class RuncRuntime implements Runtime {
     await this.prepare(spec, opts);
     const id = spec.id;
     const current = await this.runcState(id, opts);
-    if (current !== undefined) return this.state(id, opts);
+    if (current !== undefined && current.status !== 'stopped') return this.state(id, opts);
+    // A container whose processes are gone (its command exited, or the node rebooted) is
+    // only a record in runc's state: clear it so the sandbox starts afresh.
+    if (current !== undefined) await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
     const offset = await this.runcLogSize(id);
     try {
       await this.runcWithLogPipe(id, ['create', '--bundle', this.bundle(id), id], opts, DEFAULTS.createMs);
@@ -453,7 +456,9 @@ export class RuncRuntime implements Runtime {
     if (s.status === 'paused') await this.runc(id, ['resume', id], opts, DEFAULTS.freezeMs);
   }
 
-  async checkpoint(id: string, opts: CheckpointOptions): Promise<CheckpointResult> {
+  async checkpoint(id: string, options: CheckpointOptions): Promise<CheckpointResult> {
+    // runc runs criu from the bundle folder: relative paths would land there.
+    const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
     await this.requireStatus(id, ['running', 'paused'], 'checkpoint');
     const rec = await this.readRecord(id);
     await mkdir(opts.imagesDir, { recursive: true, mode: 0o700 });
@@ -483,7 +488,8 @@ export class RuncRuntime implements Runtime {
     return { durationMs: r.durationMs, logPath };
   }
 
-  async restore(id: string, opts: RestoreOptions): Promise<RestoreResult> {
+  async restore(id: string, options: RestoreOptions): Promise<RestoreResult> {
+    const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
     const rec = await this.readRecord(id);
     const current = await this.runcState(id, opts);
     if (current !== undefined) {

@@ -1,0 +1,162 @@
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ErrorCode, isDormantError } from '../domain/errors.js';
+import {
+  firewallRules,
+  ipv4,
+  parseSubnet,
+  preferredSlot,
+  reserveSlot,
+  releaseSlot,
+  slotNetwork,
+} from './network.js';
+import { buildOciConfig, compileSandboxSpec, MASKED_PATHS, SANDBOX_CAPABILITIES } from './oci.js';
+
+describe('compileSandboxSpec', () => {
+  test('fills defaults and freezes', () => {
+    const s = compileSandboxSpec({ id: 'box-1', rootfs: '/r', args: ['sh'], ports: [8080, 80, 8080] });
+    assert.equal(s.hostname, 'box-1');
+    assert.equal(s.cwd, '/');
+    assert.deepEqual(s.ports, [80, 8080]);
+    assert.ok(Object.isFrozen(s));
+  });
+
+  test('rejects what runc or the network would choke on, with INVALID_ARGUMENT', () => {
+    const bad = [
+      { id: 'Upper', rootfs: '/r', args: ['sh'] },
+      { id: '../x', rootfs: '/r', args: ['sh'] },
+      { id: 'ok', rootfs: 'relative', args: ['sh'] },
+      { id: 'ok', rootfs: '/r', args: [] },
+      { id: 'ok', rootfs: '/r', args: ['sh'], ports: [0] },
+      { id: 'ok', rootfs: '/r', args: ['sh'], limits: { memoryBytes: 1024 } },
+      { id: 'ok', rootfs: '/r', args: ['sh'], env: { 'A=B': 'x' } },
+    ];
+    for (const spec of bad)
+      assert.throws(
+        () => compileSandboxSpec(spec),
+        (e) => isDormantError(e, ErrorCode.INVALID_ARGUMENT),
+        JSON.stringify(spec),
+      );
+  });
+});
+
+describe('buildOciConfig', () => {
+  const spec = compileSandboxSpec({
+    id: 'box',
+    rootfs: '/r',
+    args: ['python3', 'app.py'],
+    env: { TOKEN: 'x' },
+    limits: { memoryBytes: 512 * 1024 * 1024, cpus: 1.5, pids: 100 },
+    readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+  });
+  const config = buildOciConfig({
+    spec,
+    netnsPath: '/var/run/netns/dormant-box',
+    cgroupsPath: '/dormant/box',
+    criuConfigPath: '/state/box/criu.conf',
+  }) as {
+    process: {
+      noNewPrivileges: boolean;
+      env: string[];
+      capabilities: { bounding: string[] };
+      terminal: boolean;
+    };
+    linux: {
+      namespaces: { type: string; path?: string }[];
+      resources: {
+        memory: { limit: number };
+        cpu: { quota: number; period: number };
+        pids: { limit: number };
+      };
+      maskedPaths: string[];
+      cgroupsPath: string;
+    };
+    mounts: { destination: string; source: string; options?: string[] }[];
+    annotations: Record<string, string>;
+  };
+
+  test('own pid, mount, uts, ipc namespaces and the prepared network namespace', () => {
+    const ns = Object.fromEntries(config.linux.namespaces.map((n) => [n.type, n.path ?? 'new']));
+    assert.deepEqual(ns, {
+      pid: 'new',
+      mount: 'new',
+      uts: 'new',
+      ipc: 'new',
+      network: '/var/run/netns/dormant-box',
+    });
+  });
+
+  test('limits, privileges, masked paths, criu options', () => {
+    assert.equal(config.linux.resources.memory.limit, 512 * 1024 * 1024);
+    assert.deepEqual(config.linux.resources.cpu, { quota: 150_000, period: 100_000 });
+    assert.equal(config.linux.resources.pids.limit, 100);
+    assert.equal(config.linux.cgroupsPath, '/dormant/box');
+    assert.equal(config.process.noNewPrivileges, true);
+    assert.equal(config.process.terminal, false);
+    assert.deepEqual(config.process.capabilities.bounding, [...SANDBOX_CAPABILITIES]);
+    assert.ok(!config.process.capabilities.bounding.includes('CAP_SYS_ADMIN'));
+    assert.deepEqual(config.linux.maskedPaths, [...MASKED_PATHS]);
+    assert.ok(config.process.env.includes('TOKEN=x'));
+    assert.equal(config.annotations['org.criu.config'], '/state/box/criu.conf');
+    const usr = config.mounts.find((m) => m.destination === '/usr');
+    assert.ok(usr?.options?.includes('ro'));
+  });
+});
+
+describe('network addressing', () => {
+  test('a /30 per slot: host .1, sandbox .2 of each block of four', () => {
+    const subnet = parseSubnet('10.213.0.0/16');
+    assert.equal(subnet.slots, 16384);
+    assert.deepEqual(slotNetwork('a', subnet, 0), {
+      netns: 'dormant-a',
+      hostAddress: '10.213.0.1',
+      address: '10.213.0.2',
+      prefixLength: 30,
+      hostInterface: 'dmh0',
+    });
+    const last = slotNetwork('b', subnet, 16383);
+    assert.equal(last.address, '10.213.255.254');
+    assert.ok(last.hostInterface.length <= 15, 'fits IFNAMSIZ');
+    assert.equal(ipv4(parseSubnet('192.168.7.9/24').base), '192.168.7.0');
+    assert.throws(
+      () => parseSubnet('10.0.0.0/30'),
+      (e) => isDormantError(e, ErrorCode.INVALID_ARGUMENT),
+    );
+  });
+
+  test('reservations never collide, are idempotent per id, and are released', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'dormant-net-'));
+    try {
+      const subnet = parseSubnet('10.0.0.0/28'); // four slots
+      // Two ids whose preferred slot is the same still get different slots.
+      const ids = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'];
+      const prefs = new Map<number, string[]>();
+      for (const id of ids) prefs.set(preferredSlot(id, 4), [...(prefs.get(preferredSlot(id, 4)) ?? []), id]);
+      const clash = [...prefs.values()].find((v) => v.length > 1)!;
+      const slots = await Promise.all(clash.slice(0, 2).map((id) => reserveSlot(dir, id, subnet)));
+      assert.notEqual(slots[0], slots[1]);
+      assert.equal(await reserveSlot(dir, clash[0]!, subnet), slots[0], 'same id, same slot');
+      const others = ids.filter((id) => !clash.slice(0, 2).includes(id)).slice(0, 2);
+      for (const id of others) await reserveSlot(dir, id, subnet);
+      await assert.rejects(reserveSlot(dir, 'z', subnet), (e) =>
+        isDormantError(e, ErrorCode.RUNTIME_NETWORK_FAILED),
+      );
+      await releaseSlot(dir, slots[0]!);
+      assert.equal(await reserveSlot(dir, 'z', subnet), slots[0]);
+      assert.equal((await readdir(dir)).length, 4);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('the firewall admits declared ports only and blocks connections to the host', () => {
+    const rules = firewallRules(slotNetwork('a', parseSubnet('10.213.0.0/16'), 0), [8080, 3000]);
+    assert.match(rules, /:INPUT DROP/);
+    assert.match(rules, /--dport 8080 -j ACCEPT/);
+    assert.match(rules, /--dport 3000 -j ACCEPT/);
+    assert.match(rules, /-A OUTPUT -o eth0 -j REJECT/);
+  });
+});
