@@ -13,7 +13,9 @@ import { SqliteStateStore } from '../state/sqlite.js';
 import { openVault, type Vault } from '../vault/index.js';
 import { RuncRuntime } from '../runtime/runc.js';
 import type { ReadonlyBind } from '../runtime/runtime.js';
-import { SandboxController, type Clock } from '../control/sandboxes.js';
+import { SandboxController, systemClock, type Clock } from '../control/sandboxes.js';
+import { TrackingController } from '../control/activity.js';
+import { startWakeServices, type PolicyConfig, type ProxyConfig, type WakeServices } from './wake.js';
 import { ADMIN_TENANT, ensureAdminToken, hashToken } from './auth.js';
 import { buildServer } from './server.js';
 
@@ -32,6 +34,10 @@ export interface DaemonOptions {
   warn?: (message: string) => void;
   /** Fault injection for crash tests. */
   failAt?: (step: string) => void;
+  /** The wake proxy (default: on, API port + 1); false: none. */
+  proxy?: ProxyConfig | false;
+  /** The idle policy loop (default: every 5 s); false: none. */
+  policy?: PolicyConfig | false;
 }
 
 export interface Daemon {
@@ -41,6 +47,8 @@ export interface Daemon {
   store: SqliteStateStore;
   vault: Vault;
   app: FastifyInstance;
+  /** The wake proxy and the policy loop, when running. */
+  wake: WakeServices;
   reconciled: { id: string; from: string; to: string }[];
   close(): Promise<void>;
 }
@@ -86,7 +94,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
   // Leftovers of a crash: images of a hibernate that never committed. Memory only, but wipe them.
   await rm(stagingDir, { recursive: true, force: true });
   await mkdir(stagingDir, { recursive: true, mode: 0o700 });
-  const controller = new SandboxController({
+  const controller = new TrackingController({
     store,
     runtime,
     vault,
@@ -101,6 +109,16 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
   });
   const reconciled = await controller.reconcile();
   const app = buildServer({ controller, store, logger: opts.logger ?? false });
+  const wake = await startWakeServices({
+    controller,
+    store,
+    app,
+    clock: opts.clock ?? systemClock,
+    dataDir: opts.dataDir,
+    apiListen: opts.listen ?? '127.0.0.1:7420',
+    ...(opts.proxy !== undefined ? { proxy: opts.proxy } : {}),
+    ...(opts.policy !== undefined ? { policy: opts.policy } : {}),
+  });
   const { host, port } = parseListen(opts.listen ?? '127.0.0.1:7420');
   await app.listen({ host, port });
   const addr = app.server.address();
@@ -115,8 +133,10 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     store,
     vault,
     app,
+    wake,
     reconciled,
     async close() {
+      await wake.close();
       await app.close();
       await vault.close();
       store.close();

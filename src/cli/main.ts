@@ -8,6 +8,7 @@ import { registerVault } from './commands/vault.js';
 import { registerSandboxes } from './commands/sandboxes.js';
 import { registerServe } from './commands/serve.js';
 import { registerCheckpoint } from './commands/checkpoint.js';
+import { registerUrl } from './commands/url.js';
 import { EXIT_USAGE, reportError } from './output.js';
 
 export function buildProgram(): Command {
@@ -20,6 +21,7 @@ export function buildProgram(): Command {
   registerServe(program);
   registerSandboxes(program);
   registerCheckpoint(program);
+  registerUrl(program);
   registerDoctor(program);
   registerVault(program);
   return program;

@@ -53,6 +53,20 @@ export interface CheckpointInfo {
   storedBytes: number;
 }
 
+/** A sandbox port as reached through the wake proxy. */
+export interface SandboxUrlInfo {
+  id: string;
+  port: number;
+  /** `http://PORT-ID.<domain>:PROXYPORT/`. */
+  url: string;
+  host: string;
+  /** `host:port` of the raw TCP listener for this port, or null when it has none. */
+  tcp: string | null;
+  public: boolean;
+  /** 'token': send the tenant's token; 'none': a public port. */
+  auth: 'token' | 'none';
+}
+
 export interface ExecResult {
   exitCode: number;
   stdout: string;
@@ -67,7 +81,8 @@ export interface CreateSandboxOptions {
   /** Optional with an image (its entrypoint is used). */
   command?: string[];
   env?: Record<string, string>;
-  ports?: number[];
+  /** Ports inside the sandbox; `public: true` opens one through the wake proxy without a token. */
+  ports?: (number | { port: number; public?: boolean })[];
   /** Bytes, or a size like `512M`. */
   memory?: number | string;
   cpus?: number;
@@ -206,6 +221,20 @@ export class DormantClient {
   }
   async remove(id: string, opts?: CallOptions): Promise<void> {
     await this.request<string>('DELETE', `/v1/sandboxes/${encodeURIComponent(id)}`, undefined, opts);
+  }
+  /**
+   * Where a sandbox port is reached through the wake proxy (`dormant url ID PORT`), which wakes
+   * the sandbox on the first request. (Not `url()`: `url` is the daemon address.) Unless the
+   * port was declared public, callers send the tenant's token (`Authorization: Bearer`,
+   * `X-Dormant-Token`, a `dormant_token` cookie or `?dormant_token=`).
+   */
+  sandboxUrl(id: string, port: number, opts?: CallOptions) {
+    return this.request<SandboxUrlInfo>(
+      'GET',
+      `/v1/sandboxes/${encodeURIComponent(id)}/url?port=${port}`,
+      undefined,
+      opts,
+    );
   }
   async listCheckpoints(sandboxId?: string, opts?: CallOptions): Promise<CheckpointInfo[]> {
     const q = sandboxId ? `?sandbox=${encodeURIComponent(sandboxId)}` : '';

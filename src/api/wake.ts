@@ -1,0 +1,212 @@
+/**
+ * What the daemon runs beside its API to make sleeping automatic and waking invisible: the
+ * policy loop and the wake proxy, tied to the controller and the token store, and the
+ * `GET /v1/sandboxes/{id}/url` route that says where a sandbox port is reached.
+ */
+import { join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { z } from 'zod';
+import { DormantError, ErrorCode, isDormantError } from '../domain/errors.js';
+import type { Sandbox } from '../domain/sandbox.js';
+import type { StateStore } from '../state/store.js';
+import { WakeProxy, type ProxyOptions, type WakeTarget } from '../proxy/proxy.js';
+import type { TrackingController } from '../control/activity.js';
+import {
+  PolicyLoop,
+  type PolicyLoopOptions,
+  type PolicyStep,
+  type PolicyTarget,
+} from '../control/policy-loop.js';
+import type { PolicyDefaults } from '../control/policy.js';
+import type { Clock } from '../control/sandboxes.js';
+import { authenticate } from './auth.js';
+
+export interface ProxyConfig {
+  /** host:port. Default: the API's host, on the API's port + 1 (7421), or a free port when the API's is 0. */
+  listen?: string;
+  /** Sandbox hosts are `PORT-ID.<domain>`. Default `dormant.localhost`. */
+  domain?: string;
+  /** How long a request is held while its sandbox wakes. Default 30 s. */
+  wakeTimeoutMs?: number;
+  tcp?: ProxyOptions['tcp'];
+}
+
+export interface PolicyConfig {
+  /** Milliseconds between passes. Default 5000; 0 runs no timer (tick by hand). */
+  intervalMs?: number;
+  /** Node and per-tenant defaults under each sandbox's own policy. */
+  defaults?: PolicyDefaults;
+  /** CPU share of one core above which a sandbox counts as busy. Default 0.05. */
+  cpuActiveShare?: number;
+  onStep?: (step: PolicyStep) => void;
+}
+
+export interface WakeServices {
+  proxy: WakeProxy | undefined;
+  policy: PolicyLoop | undefined;
+  close(): Promise<void>;
+}
+
+/**
+ * Activity never shortens a lease: `dormant keepalive` sets lastActiveAt in the future, and a
+ * request in the meantime must not pull it back to now.
+ */
+function touchKeepingLease(controller: TrackingController, clock: Clock, id: string): void {
+  let s: Sandbox;
+  try {
+    s = controller.get(id);
+  } catch {
+    return; // removed meanwhile
+  }
+  if (s.lastActiveAt < clock.now()) controller.touch(id);
+}
+
+function wakeTarget(controller: TrackingController, store: StateStore, clock: Clock): WakeTarget {
+  return {
+    find: (ref) => {
+      const byId = store.getSandbox(ref);
+      return byId
+        ? [byId].map(proxied)
+        : store
+            .listSandboxes()
+            .filter((s) => s.name === ref)
+            .map(proxied);
+    },
+    list: () => controller.list().map(proxied),
+    wake: async (id, reason) => {
+      const s = await controller.resume(id, undefined, reason);
+      if (s.state !== 'running' || s.address === undefined) {
+        throw new DormantError(ErrorCode.INTERNAL, `sandbox ${id} is ${s.state} after a resume`);
+      }
+      return s.address;
+    },
+    touch: (id) => touchKeepingLease(controller, clock, id),
+    authenticate: (token) => {
+      try {
+        return authenticate(`Bearer ${token}`, store.listTokens());
+      } catch (e) {
+        if (isDormantError(e, 'UNAUTHORIZED')) return undefined;
+        throw e;
+      }
+    },
+  };
+}
+
+function proxied(s: Sandbox) {
+  return {
+    id: s.id,
+    name: s.name,
+    tenant: s.tenant,
+    state: s.state,
+    address: s.address,
+    ports: s.spec.ports,
+  };
+}
+
+function defaultProxyListen(apiListen: string): string {
+  const m = /^(.*):(\d+)$/.exec(apiListen);
+  if (!m) return '127.0.0.1:7421';
+  const port = Number(m[2]);
+  return `${m[1]!}:${port === 0 ? 0 : port + 1}`;
+}
+
+export async function startWakeServices(o: {
+  controller: TrackingController;
+  store: StateStore;
+  app: FastifyInstance;
+  clock: Clock;
+  dataDir: string;
+  apiListen: string;
+  proxy?: ProxyConfig | false;
+  policy?: PolicyConfig | false;
+}): Promise<WakeServices> {
+  const { controller, store, clock } = o;
+  const proxy =
+    o.proxy === false
+      ? undefined
+      : await WakeProxy.start({
+          target: wakeTarget(controller, store, clock),
+          listen: o.proxy?.listen ?? defaultProxyListen(o.apiListen),
+          tcpPortsFile: join(o.dataDir, 'proxy-ports.json'),
+          ...(o.proxy?.domain !== undefined ? { domain: o.proxy.domain } : {}),
+          ...(o.proxy?.wakeTimeoutMs !== undefined ? { wakeTimeoutMs: o.proxy.wakeTimeoutMs } : {}),
+          ...(o.proxy?.tcp !== undefined ? { tcp: o.proxy.tcp } : {}),
+        });
+  let policy: PolicyLoop | undefined;
+  if (o.policy !== false) {
+    const target: PolicyTarget = {
+      list: () => controller.list(),
+      get: (id) => controller.get(id),
+      // The controller's pause takes no reason yet; its transition reads 'pause'.
+      pause: (id, tenant) => controller.pause(id, tenant),
+      hibernate: (id, tenant, reason) => controller.hibernate(id, tenant, reason),
+      archive: (id, tenant, reason) => controller.archive(id, tenant, reason),
+      remove: (id, tenant) => controller.remove(id, tenant),
+      usage: (id) => controller.usage(id),
+      touch: (id) => touchKeepingLease(controller, clock, id),
+    };
+    const lo: PolicyLoopOptions = {
+      target,
+      clock,
+      activity: (id) => ({
+        openConnections: proxy?.openConnections(id) ?? 0,
+        runningExecs: controller.execs.count(id),
+      }),
+      ...(o.policy?.intervalMs !== undefined ? { intervalMs: o.policy.intervalMs } : {}),
+      ...(o.policy?.defaults !== undefined ? { defaults: o.policy.defaults } : {}),
+      ...(o.policy?.cpuActiveShare !== undefined ? { cpuActiveShare: o.policy.cpuActiveShare } : {}),
+      ...(o.policy?.onStep !== undefined ? { onStep: o.policy.onStep } : {}),
+    };
+    policy = new PolicyLoop(lo);
+    policy.start();
+  }
+  registerUrlRoute(o.app, controller, proxy);
+  return {
+    proxy,
+    policy,
+    async close() {
+      await policy?.close();
+      await proxy?.close();
+    },
+  };
+}
+
+const UrlQuery = z.object({ port: z.coerce.number().int().min(1).max(65535) });
+
+function registerUrlRoute(
+  app: FastifyInstance,
+  controller: TrackingController,
+  proxy: WakeProxy | undefined,
+): void {
+  app.get('/v1/sandboxes/:id/url', async (req) => {
+    const params = req.params as { id?: string };
+    const q = UrlQuery.safeParse(req.query);
+    if (!q.success) {
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid query: port must be 1-65535', {
+        status: 400,
+      });
+    }
+    const tenant = req.principal.admin ? undefined : req.principal.tenant;
+    const s = controller.get(params.id ?? '', tenant);
+    if (!proxy) {
+      throw new DormantError('PROXY_DISABLED', 'this daemon runs no wake proxy', {
+        status: 503,
+        hint: 'start dormant serve with the proxy enabled',
+      });
+    }
+    await proxy.sync();
+    const u = proxy.urlFor(proxied(s), q.data.port);
+    if (!u) {
+      const declared = s.spec.ports.map((p) => p.port).join(', ') || 'none';
+      throw new DormantError(
+        ErrorCode.INVALID_ARGUMENT,
+        `sandbox ${s.id} did not declare port ${q.data.port}`,
+        {
+          status: 400,
+          hint: `declared ports: ${declared} (dormant create --port P)`,
+        },
+      );
+    }
+    return { id: s.id, port: q.data.port, ...u, auth: u.public ? 'none' : 'token' };
+  });
+}
