@@ -15,6 +15,7 @@ import { join } from 'node:path';
 import { isDormantError, ErrorCode } from '../domain/errors.js';
 import { run, which } from '../sys/exec.js';
 import { findCollector, stopCollector } from './log-collector.js';
+import { tearDownNetwork } from './network.js';
 import { RuncRuntime } from './runc.js';
 import { buildBusyboxRootfs } from './testing/rootfs.js';
 
@@ -255,7 +256,10 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     held.destroy();
 
     // The collector may be gone by restore time (a reboot): a new pipe takes the old one's place.
+    // So may its network namespace (it lives on /run): restore makes both again, with the
+    // same address, as after a reboot of the node.
     await stopCollector(join(tmp, 'state', 'sandboxes', id, 'log'));
+    await tearDownNetwork(network);
     const restored = await rt.restore(id, { imagesDir, workDir: join(tmp, 'work-restore') });
     assert.ok(restored.pid > 0);
     assert.equal((await rt.state(id)).status, 'running');
