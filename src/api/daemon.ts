@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { getCriu } from '../criu/criu.js';
 import { cgroupUsage } from '../sys/cgroup.js';
+import { cpuFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { openVault, type Vault } from '../vault/index.js';
 import { RuncRuntime } from '../runtime/runc.js';
@@ -85,6 +86,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     onWarning: warn,
   });
   const criu = await getCriu();
+  const cpu = await cpuFacts();
   const runtime = new RuncRuntime({
     stateDir: join(opts.dataDir, 'runtime'),
     criuPath: criu.path,
@@ -106,6 +108,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
     // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
     usage: (id) => cgroupUsage(`/dormant/${id}`),
+    platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
   });
   const reconciled = await controller.reconcile();
   const app = buildServer({ controller, store, logger: opts.logger ?? false });

@@ -6,7 +6,7 @@
  * checkpoint in place and says why, and a restart of the daemon reconciles every sandbox.
  */
 import { randomBytes } from 'node:crypto';
-import { mkdir, rm, stat } from 'node:fs/promises';
+import { mkdir, open, rm, stat } from 'node:fs/promises';
 import { arch, release } from 'node:os';
 import { isAbsolute, join } from 'node:path';
 import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
@@ -28,6 +28,7 @@ import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js'
 import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.js';
 import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
+import { restoreProblems, type PlatformFacts } from '../domain/compat.js';
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
 export interface CheckpointVault {
@@ -46,6 +47,8 @@ export interface CheckpointVault {
     signal?: AbortSignal;
   }): Promise<unknown>;
   deleteCheckpoint(o: { tenant: string; checkpointId: string }): Promise<unknown>;
+  /** Crypto-shreds the sandbox's key and deletes its checkpoints. */
+  destroySandboxKey(o: { tenant: string; sandboxId: string }): Promise<unknown>;
 }
 
 export interface Clock {
@@ -71,6 +74,8 @@ export interface ControllerOptions {
   readonlyBinds?: RuntimeSpec['readonlyBinds'];
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
+  /** This node's architecture, CRIU version and CPU flags, recorded in checkpoints and checked before restores. */
+  platform?: () => Promise<PlatformFacts>;
   /** Resource use of a sandbox's cgroup right now (undefined: no processes). */
   usage?: (sandboxId: string) => Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
 }
@@ -287,13 +292,13 @@ export class SandboxController {
     return (await this.runtime.state(id)).logPath;
   }
 
-  async pause(id: string, tenant?: string): Promise<Sandbox> {
+  async pause(id: string, tenant?: string, reason = 'pause'): Promise<Sandbox> {
     return this.locks.run(id, async () => {
       const s = this.get(id, tenant);
       assertLegal('pause', s.state, id);
       if (isNoop('pause', s.state)) return s;
       await this.runtime.freeze(id);
-      this.store.transition(id, 'running', 'paused', 'pause', this.clock.now());
+      this.store.transition(id, 'running', 'paused', reason, this.clock.now());
       return this.get(id);
     });
   }
@@ -374,7 +379,13 @@ export class SandboxController {
       leaveRunning: true,
     });
     this.step(`${stepPrefix}:dumped`);
-    const meta = { arch: arch(), kernel: release(), kind: 'memory' };
+    const platform = await this.platform();
+    const meta = {
+      arch: platform.arch,
+      kernel: release(),
+      criuVersion: platform.criuVersion,
+      kind: 'memory',
+    };
     const put = await this.vault.putCheckpoint({
       tenant: s.tenant,
       sandboxId: s.id,
@@ -392,8 +403,36 @@ export class SandboxController {
       kind: 'memory',
       logicalBytes: put.logicalBytes,
       storedBytes: put.storedBytes,
-      meta,
+      meta: { ...meta, cpuFlags: platform.cpuFlags },
     };
+  }
+
+  private async platform(): Promise<PlatformFacts> {
+    return this.opts.platform ? this.opts.platform() : { arch: arch(), criuVersion: '0', cpuFlags: [] };
+  }
+
+  /** Refuses a restore this node cannot do, naming why. */
+  private async checkCompatible(sandboxId: string, ck: CheckpointRecord | undefined): Promise<void> {
+    if (!ck) return;
+    const m = ck.meta;
+    const from = {
+      ...(typeof m.arch === 'string' ? { arch: m.arch } : {}),
+      ...(typeof m.criuVersion === 'string' ? { criuVersion: m.criuVersion } : {}),
+      ...(Array.isArray(m.cpuFlags)
+        ? { cpuFlags: m.cpuFlags.filter((f): f is string => typeof f === 'string') }
+        : {}),
+    };
+    const problems = restoreProblems(from, await this.platform());
+    if (problems.length > 0) {
+      throw new DormantError(
+        'RESTORE_INCOMPATIBLE',
+        `checkpoint ${ck.id} of sandbox ${sandboxId} cannot be restored here: ${problems.join('; ')}`,
+        {
+          status: 409,
+          hint: 'resume it on a node of the same kind (dormant doctor shows this one), or archive it and start it afresh',
+        },
+      );
+    }
   }
 
   /**
@@ -524,6 +563,7 @@ export class SandboxController {
         this.store.transition(id, 'resuming', from, 'resume failed', this.clock.now(), {
           lastError: asError(e).message,
         });
+        if (isDormantError(e, 'RESTORE_INCOMPATIBLE')) throw e;
         throw new DormantError(
           'RESUME_FAILED',
           `resume of sandbox ${id} failed; it is still ${from}${from === 'hibernated' ? ' and its checkpoint is intact' : ''}: ${asError(e).message}`,
@@ -534,16 +574,42 @@ export class SandboxController {
           },
         );
       }
+      let why = reason;
+      if (s.spec.onResume && s.spec.onResume.length > 0) why = `${reason}; ${await this.runResumeHook(s)}`;
       const now = this.clock.now();
-      this.store.transition(id, 'resuming', 'running', reason, now, {
-        lastActiveAt: now,
-        lastError: undefined,
-      });
-      if (s.spec.onResume && s.spec.onResume.length > 0) {
-        await this.runtime.exec(id, s.spec.onResume, { timeoutMs: 30_000 }).catch(() => undefined);
-      }
+      this.store.transition(id, 'resuming', 'running', why, now, { lastActiveAt: now, lastError: undefined });
       return this.get(id);
     });
+  }
+
+  /**
+   * Runs the sandbox's post-resume hook (reconnect databases, refresh tokens). Its outcome goes
+   * to the sandbox's log and into the transition's reason, so the events show it too.
+   */
+  private async runResumeHook(s: Sandbox): Promise<string> {
+    let outcome: string;
+    let output = '';
+    try {
+      const r = await this.runtime.exec(s.id, s.spec.onResume ?? [], { timeoutMs: 60_000 });
+      outcome = `on-resume hook exited ${r.exitCode}`;
+      output = `${r.stdout}${r.stderr}`;
+    } catch (e) {
+      outcome = `on-resume hook failed: ${asError(e).message.split('\n')[0] ?? ''}`;
+    }
+    try {
+      const path = (await this.runtime.state(s.id)).logPath;
+      const fh = await open(path, 'a');
+      try {
+        await fh.write(
+          `${output}${output === '' || output.endsWith('\n') ? '' : '\n'}[dormant] ${outcome}\n`,
+        );
+      } finally {
+        await fh.close();
+      }
+    } catch {
+      // The log is best effort; the outcome is still in the transition.
+    }
+    return outcome;
   }
 
   private async restoreFromVault(s: Sandbox): Promise<void> {
@@ -552,6 +618,7 @@ export class SandboxController {
       throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
     const dir = this.staging(`${ckId}-restore`);
     try {
+      await this.checkCompatible(s.id, this.store.getCheckpoint(ckId));
       await mkdir(dir, { recursive: true, mode: 0o700 });
       const images = join(dir, 'images');
       await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images });
@@ -601,9 +668,8 @@ export class SandboxController {
       const s = this.get(id, tenant);
       if (s.state !== 'deleting') this.store.transition(id, s.state, 'deleting', 'rm', this.clock.now());
       await this.runtime.destroy(id);
-      for (const c of this.store.listCheckpoints({ sandboxId: id })) {
-        await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
-      }
+      // Crypto-shredding: without the sandbox's key its checkpoints cannot be read again.
+      await this.vault.destroySandboxKey({ tenant: s.tenant, sandboxId: id });
       this.store.deleteSandbox(id, 'rm', this.clock.now());
     });
   }
@@ -639,9 +705,7 @@ export class SandboxController {
     switch (s.state) {
       case 'deleting':
         await this.runtime.destroy(s.id);
-        for (const c of this.store.listCheckpoints({ sandboxId: s.id })) {
-          await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
-        }
+        await this.vault.destroySandboxKey({ tenant: s.tenant, sandboxId: s.id });
         return 'deleting';
       case 'creating':
         await this.runtime.destroy(s.id);
