@@ -314,6 +314,9 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     await rt.restore(spec.id, { imagesDir, workDir: join(tmp, 'hib-restore') });
     assert.equal((await rt.state(spec.id)).status, 'running', 'restored running, not frozen');
     assert.equal(await get(url), '2');
+    await waitFor('output through the same collector after restore', async () =>
+      (await readFile(rt.logPath(spec.id), 'utf8')).includes('request 2\n') ? true : undefined,
+    );
     assert.match(
       (await rt.exec(spec.id, ['pidof', 'sleep'])).stdout,
       /^\d+\n$/,
