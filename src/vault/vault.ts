@@ -476,6 +476,14 @@ export class Vault {
         },
       );
     if (await exists()) throw taken();
+    if (await isDestroyed(this.store, tenantTombstoneName(o.tenant))) {
+      // Checked on every put: another process may have shredded the tenant since we cached its key.
+      this.tenants.delete(o.tenant);
+      throw new DormantError(ErrorCode.TENANT_KEY_DESTROYED, `the key of tenant ${o.tenant} was destroyed`, {
+        status: 410,
+        hint: 'crypto-shredding cannot be undone; new checkpoints need a new tenant id',
+      });
+    }
     const release: Release = await this.lock.shared(this.lockOpts(o.signal));
     const t = await this.tenantState(o.tenant, true).catch(async (e: unknown) => {
       await release();
@@ -541,6 +549,20 @@ export class Vault {
     this.check();
     checkId('tenant', o.tenant);
     checkId('checkpoint id', o.checkpointId);
+    // Readers hold the shared lock too: gc may move a live chunk to a new pack.
+    return this.withShared(o.signal, () => this.restoreLocked(o));
+  }
+
+  private async withShared<T>(signal: AbortSignal | undefined, fn: () => Promise<T>): Promise<T> {
+    const release = await this.lock.shared(this.lockOpts(signal));
+    try {
+      return await fn();
+    } finally {
+      await release();
+    }
+  }
+
+  private async restoreLocked(o: RestoreCheckpointOptions): Promise<RestoreCheckpointResult> {
     const started = performance.now();
     if (await isDestroyed(this.store, tenantTombstoneName(o.tenant))) {
       throw new DormantError(
@@ -695,6 +717,10 @@ export class Vault {
    */
   async verify(o: { signal?: AbortSignal } = {}): Promise<VerifyReport> {
     this.check();
+    return this.withShared(o.signal, () => this.verifyLocked(o));
+  }
+
+  private async verifyLocked(o: { signal?: AbortSignal }): Promise<VerifyReport> {
     const report: VerifyReport = {
       ok: true,
       tenants: 0,
@@ -1064,6 +1090,10 @@ export class Vault {
   /** Logical and stored sizes, deduplication and compression ratios, per tenant and in total. */
   async stats(): Promise<VaultStats> {
     this.check();
+    return this.withShared(undefined, () => this.statsLocked());
+  }
+
+  private async statsLocked(): Promise<VaultStats> {
     const tenants: TenantStats[] = [];
     for (const tenant of await this.tenantNames()) {
       if (await isDestroyed(this.store, tenantTombstoneName(tenant))) continue;
