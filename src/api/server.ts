@@ -6,17 +6,34 @@
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
-import { z } from 'zod';
 import { DormantError, ErrorCode, asError } from '../domain/errors.js';
 import type { Sandbox, Transition } from '../domain/sandbox.js';
 import type { SandboxController } from '../control/sandboxes.js';
 import type { CheckpointRecord, StateStore } from '../state/store.js';
 import { authenticate, type Principal } from './auth.js';
-import { CreateSandboxBody, ExecBody, IdParams, KeepaliveBody, LogsQuery } from './schemas.js';
+import { registerCheckpointRoutes } from './routes-checkpoints.js';
+import type { VaultReader } from '../checkpoint/source.js';
+import {
+  CheckpointsQuery,
+  CreateSandboxBody,
+  EventsQuery,
+  ExecBody,
+  ForkBody,
+  IdParams,
+  KeepaliveBody,
+  LogsQuery,
+} from './schemas.js';
+import { parse } from './validate.js';
+import { registerTokenRoutes } from './routes-tokens.js';
+import { registerMetrics } from './metrics.js';
+import { registerOpenApi } from './openapi.js';
+import { isDashboardPath, registerDashboard } from './dashboard.js';
 
 export interface ServerOptions {
   controller: SandboxController;
   store: StateStore;
+  /** The vault, for GET /v1/checkpoints/{id}/inspect and /scan. */
+  checkpointVault?: VaultReader;
   /** Log requests (pino) to stderr. Default false. */
   logger?: boolean;
   version?: string;
@@ -72,23 +89,6 @@ export function transitionView(t: Transition) {
   };
 }
 
-function parse<T extends z.ZodType>(schema: T, value: unknown, what: string): z.output<T> {
-  const r = schema.safeParse(value);
-  if (!r.success) {
-    const issue = r.error.issues[0];
-    const path = issue && issue.path.length > 0 ? issue.path.join('.') : what;
-    throw new DormantError(
-      ErrorCode.INVALID_ARGUMENT,
-      `invalid ${what}: ${path}: ${issue?.message ?? 'invalid'}`,
-      {
-        status: 400,
-        details: { issues: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })) },
-      },
-    );
-  }
-  return r.data;
-}
-
 declare module 'fastify' {
   interface FastifyRequest {
     principal: Principal;
@@ -124,9 +124,10 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     });
   });
 
-  const unauthenticated = new Set(['/v1/health']);
+  const unauthenticated = new Set(['/v1/health', '/v1/openapi.json']);
   app.addHook('onRequest', async (req) => {
-    if (unauthenticated.has(req.url.split('?')[0] ?? '')) return;
+    const path = req.url.split('?')[0] ?? '';
+    if (unauthenticated.has(path) || isDashboardPath(path)) return;
     const p = authenticate(req.headers.authorization, store.listTokens());
     Object.defineProperty(req, 'principal', { value: p });
   });
@@ -140,6 +141,10 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     controller.get(parse(IdParams, req.params, 'path').id, scope(req)).id;
 
   app.get('/v1/health', async () => ({ ok: true, version: opts.version ?? '0.1.0' }));
+  registerMetrics(app, { store, controller });
+  registerOpenApi(app, opts.version ?? '0.1.0');
+  registerTokenRoutes(app, { store });
+  registerDashboard(app);
 
   const view = async (s: Sandbox) => sandboxView(await controller.withUsage(s));
 
@@ -190,11 +195,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
 
   app.post('/v1/sandboxes/:id/fork', async (req, reply) => {
     const id = sandboxId(req);
-    const b = parse(
-      z.strictObject({ name: z.string().min(1).max(63).optional() }).optional(),
-      req.body ?? undefined,
-      'request body',
-    );
+    const b = parse(ForkBody, req.body ?? undefined, 'request body');
     const s = await controller.fork(id, scope(req), b?.name !== undefined ? { name: b.name } : {});
     return reply.status(201).send(await view(s));
   });
@@ -238,7 +239,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   app.get('/v1/checkpoints', async (req) => {
-    const q = parse(z.object({ sandbox: z.string().max(128).optional() }), req.query, 'query');
+    const q = parse(CheckpointsQuery, req.query, 'query');
     const t = scope(req);
     if (q.sandbox !== undefined) controller.get(q.sandbox, t);
     return {
@@ -250,6 +251,8 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
         .map(checkpointView),
     };
   });
+
+  registerCheckpointRoutes(app, { store, vault: opts.checkpointVault });
 
   app.get('/v1/checkpoints/:id', async (req) => {
     const { id } = parse(IdParams, req.params, 'path');
@@ -263,7 +266,8 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
 
   app.get('/v1/events', async (req, reply) => {
     const t = scope(req);
-    const last = Number(req.headers['last-event-id'] ?? (req.query as { since?: string }).since ?? NaN);
+    const { since } = parse(EventsQuery, req.query, 'query');
+    const last = Number(req.headers['last-event-id'] ?? since ?? NaN);
     let cursor = Number.isFinite(last) ? last : (store.transitions({ limit: 1_000_000 }).at(-1)?.id ?? 0);
     reply.hijack();
     reply.raw.writeHead(200, {

@@ -19,7 +19,7 @@ const ALNUM = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
 function rnd(n: number, alphabet = ALNUM): string {
   const b = randomBytes(n);
   let s = '';
-  for (let i = 0; i < n; i++) s += alphabet[b[i]! % alphabet.length];
+  for (let i = 0; i < n; i++) s += alphabet.charAt(b[i]! % alphabet.length);
   return s;
 }
 const UPPER = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';

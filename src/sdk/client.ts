@@ -242,4 +242,73 @@ export class DormantClient {
       await this.request<{ checkpoints: CheckpointInfo[] }>('GET', `/v1/checkpoints${q}`, undefined, opts)
     ).checkpoints;
   }
+  /**
+   * What a checkpoint holds: process tree, files, sockets, memory, mounts and metadata
+   * (`dormant checkpoint inspect ID`). The daemon reads it in memory and wipes it after.
+   */
+  inspectCheckpoint(id: string, opts?: CallOptions): Promise<CheckpointInspection> {
+    return this.request<CheckpointInspection>(
+      'GET',
+      `/v1/checkpoints/${encodeURIComponent(id)}/inspect`,
+      undefined,
+      opts,
+    );
+  }
+  /**
+   * Secrets found in a checkpoint's memory, images and metadata (`dormant checkpoint scan ID`).
+   * Findings carry a redacted preview and a fingerprint, never the secret.
+   */
+  scanCheckpoint(id: string, opts?: CallOptions): Promise<CheckpointScan> {
+    return this.request<CheckpointScan>(
+      'GET',
+      `/v1/checkpoints/${encodeURIComponent(id)}/scan`,
+      undefined,
+      opts,
+    );
+  }
+}
+
+/** `GET /v1/checkpoints/{id}/inspect` (see src/checkpoint/inspect.ts for every field). */
+export interface CheckpointInspection {
+  ref: string;
+  metadata: Record<string, string | number | undefined>;
+  processes: {
+    pid: number;
+    ppid: number;
+    comm: string;
+    cmdline?: string[];
+    files: { fd: string; type: string; path: string }[];
+    sockets: {
+      fd: number;
+      protocol: string;
+      state: string;
+      local: string;
+      remote: string;
+      listening: boolean;
+      needsReconnect: boolean;
+    }[];
+    memory: { mappedBytes: number; storedBytes: number };
+  }[];
+  mounts: { mountpoint: string; fstype: string; source: string }[];
+  sizes: { imagesBytes: number; memoryPagesBytes: number };
+}
+
+/** `GET /v1/checkpoints/{id}/scan`. */
+export interface CheckpointScan {
+  ref: string;
+  findings: {
+    kind: string;
+    where: 'memory' | 'image' | 'filesystem' | 'metadata';
+    process?: { pid: number; comm: string };
+    mapping?: string;
+    address?: string;
+    path?: string;
+    offset: number;
+    name?: string;
+    preview: string;
+    fingerprint: string;
+    occurrences: number;
+  }[];
+  scanned: Record<string, number>;
+  durationMs: number;
 }

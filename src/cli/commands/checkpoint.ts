@@ -5,6 +5,108 @@ import pc from 'picocolors';
 import { formatBytes } from '../../domain/units.js';
 import { clientFromEnv } from '../client.js';
 import { printJson } from '../output.js';
+import { stat } from 'node:fs/promises';
+import { DormantError, ErrorCode } from '../../domain/errors.js';
+import { inspectCheckpoint, type InspectReport, type InspectTreeNode } from '../../checkpoint/inspect.js';
+import { scanCheckpoint, type ScanReport } from '../../checkpoint/scan.js';
+import { exportCheckpoint } from '../../checkpoint/export.js';
+import { openCheckpointPath } from '../../checkpoint/source.js';
+
+/** Exit status of `scan` when it finds anything (INTERFACE.md). */
+export const EXIT_SECRETS_FOUND = 3;
+
+/** A REF that names a file or folder on this machine is read here; anything else is a checkpoint id. */
+async function isLocalRef(ref: string): Promise<boolean> {
+  try {
+    await stat(ref);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function withLocal<T>(
+  ref: string,
+  fn: (ck: Awaited<ReturnType<typeof openCheckpointPath>>) => Promise<T>,
+): Promise<T> {
+  const ck = await openCheckpointPath(ref);
+  try {
+    return await fn(ck);
+  } finally {
+    await ck.close();
+  }
+}
+
+function printInspect(r: InspectReport): void {
+  const m = r.metadata;
+  const out: string[] = [];
+  out.push(`${pc.bold(m.name ?? r.ref)}  ${pc.dim(`(${r.kind}, engine ${m.engine})`)}`);
+  const kv: [string, string | number | undefined][] = [
+    ['image', m.image],
+    ['runtime', m.runtime],
+    ['arch', m.arch],
+    ['kernel', m.kernel],
+    ['criu', m.criuVersion],
+    ['created', m.createdAt],
+    ['checkpointed', m.checkpointedAt],
+    ['memory pages', formatBytes(r.sizes.memoryPagesBytes)],
+    ['images', formatBytes(r.sizes.imagesBytes)],
+  ];
+  for (const [k, v] of kv) if (v !== undefined) out.push(`  ${pc.dim(k.padEnd(13))}${v}`);
+  const byPid = new Map(r.processes.map((p) => [p.pid, p]));
+  const walk = (n: InspectTreeNode, indent: string): void => {
+    const p = byPid.get(n.pid)!;
+    const cmd = p.cmdline ? p.cmdline.join(' ') : p.comm;
+    out.push(
+      `${indent}${pc.bold(String(p.pid))} ${cmd}  ${pc.dim(`${p.state}, ${formatBytes(p.memory.storedBytes)} stored of ${formatBytes(p.memory.mappedBytes)} mapped`)}`,
+    );
+    for (const f of p.files)
+      if (f.type !== 'INETSK' && f.type !== 'UNIXSK')
+        out.push(`${indent}    ${pc.dim(`[${f.type} ${f.fd}]`)} ${f.path}`);
+    for (const s of p.sockets) {
+      const flag = s.listening
+        ? pc.green(' listening')
+        : s.needsReconnect
+          ? pc.yellow(' needs reconnect')
+          : '';
+      out.push(
+        `${indent}    ${pc.dim(`[${s.protocol} ${s.fd}]`)} ${s.state} ${s.local}${s.remote ? ` -> ${s.remote}` : ''}${flag}`,
+      );
+    }
+    for (const c of n.children) walk(c, `${indent}  `);
+  };
+  out.push(pc.bold('processes'));
+  for (const n of r.processTree) walk(n, '  ');
+  if (r.mounts.length > 0) {
+    out.push(pc.bold('mounts'));
+    for (const mt of r.mounts) out.push(`  ${mt.mountpoint} ${pc.dim(`${mt.fstype} ${mt.source}`)}`);
+  }
+  process.stdout.write(`${out.join('\n')}\n`);
+}
+
+function printScan(r: ScanReport): void {
+  if (r.findings.length === 0) {
+    process.stdout.write(
+      `no secrets found (${formatBytes(r.scanned.memoryBytes)} of memory, ${r.scanned.files} files, ${r.durationMs} ms)\n`,
+    );
+    return;
+  }
+  const t = new Table({
+    head: ['kind', 'where', 'process', 'mapping / path', 'offset', 'preview', 'seen'].map((h) => pc.bold(h)),
+    style: { head: [], border: [] },
+  });
+  for (const f of r.findings)
+    t.push([
+      f.kind,
+      f.where,
+      f.process ? `${f.process.pid} ${f.process.comm}` : '',
+      f.where === 'memory' ? `${f.mapping ?? ''} ${f.address ?? ''}` : (f.path ?? ''),
+      String(f.offset),
+      f.preview,
+      String(f.occurrences),
+    ]);
+  process.stdout.write(`${t.toString()}\n${pc.red(`${r.findings.length} secret(s) found`)}\n`);
+}
 
 export function registerCheckpoint(program: Command): void {
   const ck = program.command('checkpoint').description('checkpoints: list, inspect, scan, export, import');
@@ -36,5 +138,70 @@ export function registerCheckpoint(program: Command): void {
           formatBytes(c.storedBytes),
         ]);
       process.stdout.write(`${t.toString()}\n`);
+    });
+
+  ck.command('inspect')
+    .description('process tree, files, sockets, memory, mounts and metadata of a checkpoint')
+    .argument('<ref>', 'a checkpoint id, an archive (.tar, .tar.gz, .tar.zst) or a folder of CRIU images')
+    .option('--json', 'print JSON')
+    .action(async (ref, o) => {
+      const r = (await isLocalRef(ref))
+        ? await withLocal(ref, (c) => inspectCheckpoint(c))
+        : ((await clientFromEnv().inspectCheckpoint(ref)) as unknown as InspectReport);
+      if (o.json) printJson(r);
+      else printInspect(r);
+    });
+  ck.command('scan')
+    .description("secrets in a checkpoint's memory, files and metadata; exit 3 when any is found")
+    .argument('<ref>', 'a checkpoint id, an archive or a folder of CRIU images')
+    .option('--json', 'print JSON')
+    .action(async (ref, o) => {
+      const r = (await isLocalRef(ref))
+        ? await withLocal(ref, (c) => scanCheckpoint(c))
+        : ((await clientFromEnv().scanCheckpoint(ref)) as unknown as ScanReport);
+      if (o.json) printJson(r);
+      else printScan(r);
+      if (r.findings.length > 0) process.exitCode = EXIT_SECRETS_FOUND;
+    });
+  ck.command('export')
+    .description('write a checkpoint as a podman / CRI-O archive (refused when it holds secrets)')
+    .argument('<ckpt>', 'an archive or a folder of CRIU images')
+    .requiredOption('--out <file>', 'the archive to write (.tar.zst, .tar.gz or .tar)')
+    .option('--format <format>', 'podman', 'podman')
+    .option('--name <name>', 'container name recorded in config.dump')
+    .option('--allow-plaintext', 'export even when the scan finds secrets')
+    .option('--json', 'print JSON')
+    .action(async (ref, o) => {
+      if (o.format !== 'podman')
+        throw new DormantError(
+          ErrorCode.INVALID_ARGUMENT,
+          `--format ${o.format}: only podman is supported so far`,
+        );
+      if (!(await isLocalRef(ref)))
+        throw new DormantError(
+          ErrorCode.INVALID_ARGUMENT,
+          `export of vault checkpoint ids is not wired yet; pass an archive or folder`,
+          {
+            hint: 'the daemon needs an export route (see issue 6)',
+          },
+        );
+      const compression = o.out.endsWith('.tar') ? 'none' : o.out.endsWith('.gz') ? 'gzip' : 'zstd';
+      const r = await withLocal(ref, (c) =>
+        exportCheckpoint(c, {
+          out: o.out,
+          format: 'podman',
+          compression,
+          allowPlaintext: o.allowPlaintext === true,
+          meta: {
+            id: Buffer.from(ref).toString('hex').padEnd(64, '0').slice(0, 64),
+            name: o.name ?? 'dormant-export',
+          },
+        }),
+      );
+      if (o.json) printJson({ out: r.out, sizeBytes: r.sizeBytes, findings: r.scan.findings.length });
+      else
+        process.stdout.write(
+          `${r.out} (${formatBytes(r.sizeBytes)})${r.scan.findings.length > 0 ? pc.yellow(` with ${r.scan.findings.length} secret(s) in plaintext`) : ''}\n`,
+        );
     });
 }
