@@ -47,6 +47,7 @@ export interface Daemon {
   controller: SandboxController;
   store: SqliteStateStore;
   vault: Vault;
+  runtime: RuncRuntime;
   app: FastifyInstance;
   /** The wake proxy and the policy loop, when running. */
   wake: WakeServices;
@@ -135,6 +136,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     controller,
     store,
     vault,
+    runtime,
     app,
     wake,
     reconciled,

@@ -66,16 +66,44 @@ export function renderSection(s: BenchSection): string {
   return lines.join('\n');
 }
 
-export function renderReport(sections: BenchSection[], command: string, at: Date): string {
+const HEADER = [
+  '# Benchmarks',
+  '',
+  "Written by `npm run bench` (or `npm run bench -- --only SUITE`, which replaces that suite's",
+  'section and keeps the others). Every figure is measured against a peer in the same run, on',
+  'the machine named in its section; absolute numbers on these VMs move by about 30% between',
+  'runs, ratios much less.',
+  '',
+].join('\n');
+
+/** A suite's section with the command, machine and date that produced it. */
+export function renderSuite(suite: string, s: BenchSection, command: string, at: Date): string {
+  const body = renderSection(s);
+  const [title, ...rest] = body.split('\n');
   return [
-    '# Benchmarks',
+    title,
+    `<!-- suite: ${suite} -->`,
     '',
-    'Written by `npm run bench`; every figure is measured against a peer in the same run.',
-    '',
-    `- command: \`${command}\``,
-    `- machine: ${machineLine()}`,
-    `- date: ${at.toISOString()}`,
-    '',
-    ...sections.map(renderSection),
+    `Command: \`${command}\` · ${machineLine()} · ${at.toISOString()}`,
+    ...rest,
   ].join('\n');
+}
+
+/**
+ * Merges freshly rendered suite sections into an existing report: a suite's old section is
+ * replaced, sections of suites not run this time are kept, new ones are appended.
+ */
+export function mergeReport(existing: string, fresh: Map<string, string>, order: readonly string[]): string {
+  const old = new Map<string, string>();
+  const parts = existing.split(/^(?=## )/m).slice(1);
+  for (const part of parts) {
+    const m = /<!-- suite: ([\w-]+) -->/.exec(part);
+    if (m) old.set(m[1]!, part.trimEnd() + '\n');
+  }
+  const sections: string[] = [];
+  for (const name of order) {
+    const text = fresh.get(name) ?? old.get(name);
+    if (text !== undefined) sections.push(text.trimEnd() + '\n');
+  }
+  return `${HEADER}\n${sections.join('\n')}`;
 }

@@ -2,31 +2,46 @@
  * `npm run bench [-- --quick] [-- --only NAME]`: runs every suite and writes docs/BENCHMARKS.md.
  * Suites register in SUITES below.
  */
-import { writeFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
-import { renderReport, type BenchSection, type BenchSuite } from './harness.js';
+import { mergeReport, renderSuite, type BenchSuite } from './harness.js';
 import { criuSuite } from './criu.js';
+import { sandboxSuite } from './sandbox.js';
 import { vaultSuite } from './vault.js';
+import { proxySuite } from './proxy.js';
 
-const SUITES: BenchSuite[] = [criuSuite, vaultSuite];
+const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite, proxySuite];
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
   const quick = args.includes('--quick');
   const onlyIdx = args.indexOf('--only');
   const only = onlyIdx >= 0 ? args[onlyIdx + 1] : undefined;
-  const sections: BenchSection[] = [];
+  if (only !== undefined && !SUITES.some((s) => s.name === only)) {
+    process.stderr.write(`bench: no suite "${only}" (suites: ${SUITES.map((s) => s.name).join(', ')})\n`);
+    process.exit(2);
+  }
+  const command = `npm run bench${args.length ? ` -- ${args.join(' ')}` : ''}`;
+  const fresh = new Map<string, string>();
   for (const suite of SUITES) {
     if (only !== undefined && suite.name !== only) continue;
     process.stderr.write(`bench: ${suite.name}...\n`);
-    sections.push(await suite.run({ quick }));
+    const section = await suite.run({ quick });
+    const text = renderSuite(suite.name, section, command, new Date());
+    fresh.set(suite.name, text);
+    process.stdout.write(`${text}\n`);
   }
-  const command = `npm run bench${args.length ? ` -- ${args.join(' ')}` : ''}`;
-  const report = renderReport(sections, command, new Date());
   const out = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'docs', 'BENCHMARKS.md');
-  await writeFile(out, report);
-  process.stdout.write(report);
+  const existing = await readFile(out, 'utf8').catch(() => '');
+  await writeFile(
+    out,
+    mergeReport(
+      existing,
+      fresh,
+      SUITES.map((s) => s.name),
+    ),
+  );
 }
 
 await main();

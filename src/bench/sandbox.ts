@@ -1,0 +1,139 @@
+/**
+ * Hibernate and resume of one sandbox against the same runc checkpoint / restore without the
+ * vault (images on tmpfs), at several sizes of resident memory. The difference is what
+ * dormant's vault (chunking, compression, encryption, fsync) and bookkeeping cost.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { request } from 'node:http';
+import { join } from 'node:path';
+import { startDaemon } from '../api/daemon.js';
+import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import type { BenchRow, BenchSuite } from './harness.js';
+
+const HOLDER = `
+import http.server, os, sys
+mib = int(sys.argv[1])
+# Half random, half a repeated pattern per MiB: partly compressible, like a real heap.
+blob = bytearray()
+for i in range(mib):
+    blob += os.urandom(1 << 19) + bytes([i & 255]) * (1 << 19)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = str(len(blob)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+`;
+
+function ping(host: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host, port: 8080, path: '/', agent: false, timeout: 5000 }, (res) => {
+      let b = '';
+      res.on('data', (c: Buffer) => (b += c.toString()));
+      res.on('end', () => resolve(b));
+    });
+    req.on('error', reject);
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.end();
+  });
+}
+
+async function until(fn: () => Promise<unknown>, timeoutMs = 120_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      await fn();
+      return;
+    } catch (e) {
+      if (Date.now() > deadline) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+export const sandboxSuite: BenchSuite = {
+  name: 'sandbox',
+  async run({ quick }) {
+    const sizes = quick ? [64] : [64, 256, 1024];
+    const dir = await mkdtemp('/tmp/dormant-bench-sandbox-');
+    const rows: BenchRow[] = [];
+    const notes: string[] = [];
+    const d = await startDaemon({
+      dataDir: join(dir, 'data'),
+      listen: '127.0.0.1:0',
+      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+      warn: () => undefined,
+    });
+    try {
+      await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/holder.py': HOLDER });
+      for (const mib of sizes) {
+        const sb = await d.controller.create({
+          tenant: 'bench',
+          rootfs: join(dir, 'rootfs'),
+          command: ['/usr/bin/python3', '/srv/holder.py', String(mib)],
+          ports: [{ port: 8080, public: false }],
+          memoryBytes: (mib + 512) * 1024 * 1024,
+        });
+        await until(() => ping(sb.address!));
+        const resident = (await d.controller.usage(sb.id))?.memoryBytes ?? 0;
+
+        // Peer: runc checkpoint / restore of the same sandbox, images on tmpfs, no vault.
+        const images = join('/dev/shm', `dormant-bench-${sb.id}`);
+        let t0 = performance.now();
+        await d.runtime.checkpoint(sb.id, { imagesDir: join(images, 'img'), workDir: join(images, 'work') });
+        const rawCk = performance.now() - t0;
+        t0 = performance.now();
+        await d.runtime.restore(sb.id, { imagesDir: join(images, 'img'), workDir: join(images, 'work2') });
+        const rawRs = performance.now() - t0;
+        await rm(images, { recursive: true, force: true });
+        await until(() => ping(sb.address!));
+
+        t0 = performance.now();
+        await d.controller.hibernate(sb.id);
+        const hib = performance.now() - t0;
+        t0 = performance.now();
+        await d.controller.resume(sb.id);
+        const res = performance.now() - t0;
+        await until(() => ping(sb.address!));
+        const ck = d.store.listCheckpoints({ sandboxId: sb.id })[0];
+        rows.push(
+          {
+            name: `hibernate, ${mib} MiB resident`,
+            dormant: Math.round(hib),
+            peer: Math.round(rawCk),
+            peerName: 'runc checkpoint',
+            unit: 'ms',
+            better: 'lower',
+          },
+          {
+            name: `resume, ${mib} MiB resident`,
+            dormant: Math.round(res),
+            peer: Math.round(rawRs),
+            peerName: 'runc restore',
+            unit: 'ms',
+            better: 'lower',
+          },
+        );
+        notes.push(
+          `${mib} MiB: cgroup held ${(resident / 1024 ** 2).toFixed(0)} MiB; checkpoint ${((ck?.logicalBytes ?? 0) / 1024 ** 2).toFixed(0)} MiB logical, ${((ck?.storedBytes ?? 0) / 1024 ** 2).toFixed(0)} MiB stored in the vault.`,
+        );
+        await d.controller.remove(sb.id);
+      }
+    } finally {
+      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+      await d.close();
+      await rm(dir, { recursive: true, force: true });
+    }
+    return {
+      title: 'sandbox hibernate and resume',
+      description:
+        'One sandbox running a python server that holds N MiB (half random, half a repeated byte per MiB). Peer: `runc checkpoint` then `runc restore -d` of the same sandbox with images on tmpfs (through the runtime adapter, no vault). dormant: `hibernate` (freeze, CRIU dump to tmpfs, chunk + zstd + AES-GCM into the vault with fsync, commit, end processes) and `resume` (vault to tmpfs, runc restore). Eager restore (no lazy pages).',
+      rows,
+      notes,
+    };
+  },
+};
