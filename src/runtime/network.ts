@@ -15,13 +15,15 @@
  * ports and keeps the sandbox from opening connections to the host.
  */
 import { createHash } from 'node:crypto';
-import { mkdir, readFile, readdir, unlink, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rm, stat, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
 import type { SandboxNetwork } from './runtime.js';
 
 const IP_TIMEOUT_MS = 10_000;
+/** Where `ip netns add` pins namespaces. */
+const NETNS_DIR = '/run/netns';
 
 export interface Subnet {
   /** The network's first address as a 32-bit number. */
@@ -131,8 +133,7 @@ async function ip(args: string[], signal?: AbortSignal): Promise<void> {
 }
 
 async function netnsExists(name: string): Promise<boolean> {
-  const r = await run('ip', ['netns', 'list'], { timeoutMs: IP_TIMEOUT_MS });
-  return r.stdout.split('\n').some((l) => l.split(' ')[0] === name);
+  return (await netnsIdentity(name)) !== undefined;
 }
 
 async function linkExists(name: string, netns?: string): Promise<boolean> {
@@ -162,14 +163,45 @@ export function firewallRules(net: SandboxNetwork, ports: readonly number[]): st
   ].join('\n');
 }
 
-/** Creates (or completes, after a crash) the namespace, the veth pair and the firewall. */
+/** The identity of a live network namespace (its nsfs inode), or undefined when absent. */
+async function netnsIdentity(name: string): Promise<string | undefined> {
+  try {
+    const st = await stat(join(NETNS_DIR, name));
+    // nsfs inode numbers are reused once a namespace is freed, and deterministically so after
+    // a reboot: the boot id tells a namespace of this boot from one of an earlier boot.
+    const boot = (await readFile('/proc/sys/kernel/random/boot_id', 'utf8')).trim();
+    return `${boot}:${st.dev}:${st.ino}`;
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return undefined;
+    throw e;
+  }
+}
+
+/**
+ * Creates (or completes, after a crash) the namespace, the veth pair and the firewall.
+ * `markerPath` records which namespace (by inode) was fully set up with which rules, so the
+ * common case (restore right after a stop, nothing changed) costs one stat, not a handful of
+ * `ip` and `iptables` processes; a namespace made again after a reboot has another inode.
+ */
 export async function setUpNetwork(
   net: SandboxNetwork,
   ports: readonly number[],
-  signal?: AbortSignal,
+  opts: { markerPath: string; signal?: AbortSignal },
 ): Promise<void> {
+  const { signal } = opts;
+  const rules = firewallRules(net, ports);
+  const want = (identity: string): string =>
+    JSON.stringify({ netns: identity, rules: createHash('sha256').update(rules).digest('hex') });
+  const before = await netnsIdentity(net.netns);
+  if (before !== undefined) {
+    try {
+      if ((await readFile(opts.markerPath, 'utf8')) === want(before)) return;
+    } catch (e) {
+      if (errnoCode(e) !== 'ENOENT') throw e;
+    }
+  }
   try {
-    if (!(await netnsExists(net.netns))) await ip(['netns', 'add', net.netns], signal);
+    if (before === undefined) await ip(['netns', 'add', net.netns], signal);
     await ip(['-n', net.netns, 'link', 'set', 'lo', 'up'], signal);
     if (!(await linkExists('eth0', net.netns))) {
       if (await linkExists(net.hostInterface)) await ip(['link', 'del', net.hostInterface], signal);
@@ -186,7 +218,7 @@ export async function setUpNetwork(
     await run('ip', ['netns', 'exec', net.netns, 'iptables-restore'], {
       timeoutMs: IP_TIMEOUT_MS,
       signal,
-      input: firewallRules(net, ports),
+      input: rules,
     });
   } catch (e) {
     throw new DormantError(
@@ -195,6 +227,8 @@ export async function setUpNetwork(
       { cause: e, hint: 'dormant needs root, iproute2 and iptables (scripts/setup.sh)' },
     );
   }
+  const identity = await netnsIdentity(net.netns);
+  if (identity !== undefined) await writeFile(opts.markerPath, want(identity), { mode: 0o600 });
 }
 
 /**
@@ -230,7 +264,12 @@ export async function clearCriuNetworkLock(net: SandboxNetwork): Promise<void> {
 }
 
 /** Deletes the namespace (which takes the veth pair with it) and a stray host end. */
-export async function tearDownNetwork(net: SandboxNetwork, signal?: AbortSignal): Promise<void> {
+export async function tearDownNetwork(
+  net: SandboxNetwork,
+  opts: { markerPath?: string; signal?: AbortSignal } = {},
+): Promise<void> {
+  const { signal } = opts;
+  if (opts.markerPath !== undefined) await rm(opts.markerPath, { force: true });
   if (await netnsExists(net.netns)) await ip(['netns', 'del', net.netns], signal);
   if (await linkExists(net.hostInterface)) await ip(['link', 'del', net.hostInterface], signal);
 }

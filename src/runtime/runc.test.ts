@@ -259,7 +259,7 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     // So may its network namespace (it lives on /run): restore makes both again, with the
     // same address, as after a reboot of the node.
     await stopCollector(join(tmp, 'state', 'sandboxes', id, 'log'));
-    await tearDownNetwork(network);
+    await tearDownNetwork(network, { markerPath: join(tmp, 'state', 'sandboxes', id, 'network.done') });
     const restored = await rt.restore(id, { imagesDir, workDir: join(tmp, 'work-restore') });
     assert.ok(restored.pid > 0);
     assert.equal((await rt.state(id)).status, 'running');

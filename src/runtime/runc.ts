@@ -98,6 +98,12 @@ async function tailOf(path: string, pattern: RegExp, lines = 12): Promise<string
 }
 
 async function writeFileAtomic(path: string, data: string): Promise<void> {
+  try {
+    // prepare() runs before every restore: an unchanged file costs a read, not an fsync.
+    if ((await readFile(path, 'utf8')) === data) return;
+  } catch (e) {
+    if (errnoCode(e) !== 'ENOENT') throw e;
+  }
   const tmp = `${path}.tmp`;
   const fh = await open(tmp, 'w', 0o600);
   try {
@@ -306,7 +312,10 @@ export class RuncRuntime implements Runtime {
   /** Everything a container needs on the host: network, log collector, mounted rootfs. */
   private async ensureHostSide(rec: SandboxRecord, signal?: AbortSignal): Promise<void> {
     const id = rec.spec.id;
-    await setUpNetwork(rec.network, rec.spec.ports ?? [], signal);
+    await setUpNetwork(rec.network, rec.spec.ports ?? [], {
+      markerPath: join(this.dir(id), 'network.done'),
+      signal,
+    });
     await ensureCollector(join(this.dir(id), 'log'), signal);
     await mountOverlay(
       {
@@ -583,7 +592,8 @@ export class RuncRuntime implements Runtime {
     // into a pipe nobody reads.
     await stopCollector(join(dir, 'log'));
     const slot = rec?.slot ?? (await findSlot(this.netDir(), id));
-    if (rec) await tearDownNetwork(rec.network, opts.signal);
+    if (rec)
+      await tearDownNetwork(rec.network, { markerPath: join(dir, 'network.done'), signal: opts.signal });
     if (slot !== undefined) await releaseSlot(this.netDir(), slot);
     await rm(dir, { recursive: true, force: true });
   }
