@@ -9,9 +9,8 @@ import { mergeReport, renderSuite, type BenchSuite } from './harness.js';
 import { criuSuite } from './criu.js';
 import { sandboxSuite } from './sandbox.js';
 import { vaultSuite } from './vault.js';
-import { proxySuite } from './proxy.js';
 
-const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite, proxySuite];
+const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite];
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
