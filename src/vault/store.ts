@@ -80,6 +80,7 @@ function checkName(name: string): void {
 }
 
 function ioError(what: string, e: unknown): DormantError {
+  if (e instanceof DormantError) return e;
   return new DormantError(ErrorCode.VAULT_IO, `${what}: ${e instanceof Error ? e.message : String(e)}`, {
     cause: e,
     hint: 'check that the vault directory exists, is writable and its disk is not full',
