@@ -308,6 +308,11 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     assert.equal((await rt.state(spec.id)).status, 'paused', 'left in place, still frozen');
     await rt.stop(spec.id);
     assert.equal((await rt.state(spec.id)).status, 'absent');
+    const cg = rt.cgroupPath(spec.id);
+    assert.ok(
+      !existsSync(`/sys/fs/cgroup/memory${cg}`) && !existsSync(`/sys/fs/cgroup${cg}`),
+      'while hibernated no cgroup (and so no memory) is held',
+    );
     assert.equal(await rt.rootfsMounted(spec.id), false);
 
     await rt.prepare(spec);
