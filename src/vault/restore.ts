@@ -305,7 +305,14 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
               `${what}: chunk ${key.slice(0, 16)} has the wrong length in its index`,
             );
           }
-          if (fill + len > OUT_BYTES) await flush();
+          if (fill + len > OUT_BYTES) {
+            await flush();
+            if (ctx.signal?.aborted) {
+              throw new DormantError(ErrorCode.COMMAND_ABORTED, `restore of ${what} aborted`, {
+                cause: ctx.signal.reason,
+              });
+            }
+          }
           const rec = await readers.record(loc);
           decoder.decode(id, loc, rec, out, fill, what);
           fill += len;

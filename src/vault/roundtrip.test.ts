@@ -172,3 +172,32 @@ describe('tenants', () => {
     assert.ok((await vault.verify()).ok);
   });
 });
+
+describe('cancellation', () => {
+  test('an aborted put stores nothing and an aborted restore leaves nothing behind', async () => {
+    const src = join(root, 'abort-src');
+    await mkdir(src);
+    await writeFile(join(src, 'pages-1.img'), randomBytes(12 * MiB));
+    const ac = new AbortController();
+    ac.abort(new Error('sandbox woke up'));
+    await assert.rejects(
+      vault.putCheckpoint({
+        tenant: 'acme',
+        sandboxId: 'sb',
+        checkpointId: 'aborted',
+        srcDir: src,
+        signal: ac.signal,
+      }),
+      (e) => isDormantError(e, 'COMMAND_ABORTED'),
+    );
+    assert.ok(!(await vault.listCheckpoints({ tenant: 'acme' })).some((c) => c.checkpointId === 'aborted'));
+    assert.deepEqual((await vault.verify()).problems, []);
+    await vault.putCheckpoint({ tenant: 'acme', sandboxId: 'sb', checkpointId: 'kept', srcDir: src });
+    const out = join(root, 'abort-out');
+    await assert.rejects(
+      vault.restoreCheckpoint({ tenant: 'acme', checkpointId: 'kept', destDir: out, signal: ac.signal }),
+      (e) => isDormantError(e, 'COMMAND_ABORTED'),
+    );
+    await assert.rejects(stat(out), 'the partial restore was removed');
+  });
+});
