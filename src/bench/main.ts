@@ -9,8 +9,9 @@ import { mergeReport, renderSuite, type BenchSuite } from './harness.js';
 import { criuSuite } from './criu.js';
 import { sandboxSuite } from './sandbox.js';
 import { vaultSuite } from './vault.js';
+import { proxySuite } from './proxy.js';
 
-const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite];
+const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite, proxySuite];
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);

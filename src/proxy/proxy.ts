@@ -126,6 +126,10 @@ export class WakeProxy {
   private readonly target: WakeTarget;
   private readonly server: Server;
   private readonly agent = new Agent({ keepAlive: true, maxSockets: 512, keepAliveMsecs: 1000 });
+  private readonly noDelay = (s: Socket): void => {
+    // Small requests and responses must not wait out Nagle and a delayed ACK on each hop.
+    s.setNoDelay(true);
+  };
   private readonly wakes = new Map<string, Promise<string>>();
   private readonly open = new Map<string, number>();
   private readonly touched = new Map<string, number>();
@@ -217,6 +221,7 @@ export class WakeProxy {
   }
 
   private track(s: Socket): void {
+    this.noDelay(s);
     this.sockets.add(s);
     s.once('close', () => this.sockets.delete(s));
   }
@@ -431,6 +436,7 @@ export class WakeProxy {
             ur.once('error', () => res.destroy());
           },
         );
+        up.once('socket', this.noDelay);
         up.once('error', (e) => {
           // A pooled connection the sandbox closed while idle (it slept since): retry once,
           // when nothing of the request has been sent on.
