@@ -209,6 +209,17 @@ export async function setUpNetwork(
       await ip(['link', 'add', net.hostInterface, 'type', 'veth', 'peer', 'name', peer], signal);
       await ip(['link', 'set', peer, 'netns', net.netns], signal);
       await ip(['-n', net.netns, 'link', 'set', peer, 'name', 'eth0'], signal);
+      // No IPv6 on the link: the firewall is IPv4 only, and link-local addresses would
+      // otherwise let the sandbox reach host services listening on [::].
+      await run(
+        'ip',
+        ['netns', 'exec', net.netns, 'sh', '-c', 'echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6'],
+        {
+          timeoutMs: IP_TIMEOUT_MS,
+          signal,
+        },
+      );
+      await writeFile(`/proc/sys/net/ipv6/conf/${net.hostInterface}/disable_ipv6`, '1');
       await ip(['-n', net.netns, 'addr', 'add', `${net.address}/${net.prefixLength}`, 'dev', 'eth0'], signal);
       await ip(['-n', net.netns, 'link', 'set', 'eth0', 'up'], signal);
       await ip(['-n', net.netns, 'route', 'add', 'default', 'via', net.hostAddress], signal);

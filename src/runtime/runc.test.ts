@@ -145,6 +145,9 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
       hostServer.close();
     }
 
+    const v6 = await rt.exec(id, ['cat', '/proc/sys/net/ipv6/conf/eth0/disable_ipv6']);
+    assert.equal(v6.stdout.trim(), '1', 'no IPv6 on the link (the firewall is IPv4)');
+
     // Writes land in the writable layer only.
     await rt.exec(id, ['sh', '-c', 'echo hello > /note.txt']);
     assert.equal(await readFile(join(rt.upperDir(id), 'note.txt'), 'utf8'), 'hello\n');
