@@ -10,8 +10,9 @@ import { criuSuite } from './criu.js';
 import { sandboxSuite } from './sandbox.js';
 import { vaultSuite } from './vault.js';
 import { proxySuite } from './proxy.js';
+import { scanSuite } from './scan.js';
 
-const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite, proxySuite];
+const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite, proxySuite, scanSuite];
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
