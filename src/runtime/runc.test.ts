@@ -318,8 +318,25 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     );
     assert.equal(await rt.rootfsMounted(spec.id), false);
 
+    // What a hibernated sandbox refuses, by code.
+    await assert.rejects(rt.exec(spec.id, ['true']), (e) =>
+      isDormantError(e, ErrorCode.RUNTIME_INVALID_STATE),
+    );
+    await assert.rejects(rt.prepare({ ...spec, ports: [9999] }), (e) =>
+      isDormantError(e, ErrorCode.RUNTIME_SANDBOX_EXISTS),
+    );
+    // A failed restore (here: images that are not there) says so and leaves nothing half-made.
+    await assert.rejects(
+      rt.restore(spec.id, { imagesDir: join(shm, 'missing'), workDir: join(tmp, 'hib-missing') }),
+      (e) => isDormantError(e, ErrorCode.RUNTIME_RESTORE_FAILED),
+    );
+    assert.equal((await rt.state(spec.id)).status, 'absent');
+
     await rt.prepare(spec);
     await rt.restore(spec.id, { imagesDir, workDir: join(tmp, 'hib-restore') });
+    await assert.rejects(rt.restore(spec.id, { imagesDir, workDir: join(tmp, 'hib-again') }), (e) =>
+      isDormantError(e, ErrorCode.RUNTIME_INVALID_STATE),
+    );
     assert.equal((await rt.state(spec.id)).status, 'running', 'restored running, not frozen');
     assert.equal(await get(url), '2');
     await waitFor('output through the same collector after restore', async () =>
