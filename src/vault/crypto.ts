@@ -4,7 +4,15 @@
  * per message and the caller's associated data). Every sealed object is `nonce | ciphertext |
  * tag`; opening fails closed, it never returns unauthenticated bytes.
  */
-import { createCipheriv, createDecipheriv, createHmac, hkdfSync, randomFillSync } from 'node:crypto';
+import {
+  createCipheriv,
+  createDecipheriv,
+  createHmac,
+  createSecretKey,
+  hkdfSync,
+  randomFillSync,
+  type KeyObject,
+} from 'node:crypto';
 
 export const KEY_BYTES = 32;
 export const NONCE_BYTES = 12;
@@ -21,6 +29,8 @@ export const CHUNK_ID_BYTES = 16;
 export interface TenantKeys {
   /** HMAC key for chunk ids: equal content gives equal ids within the tenant only. */
   readonly idKey: Buffer;
+  /** The same key imported once (HMAC per chunk is measurably faster with a KeyObject). */
+  readonly idKeyObject: KeyObject;
   /** AES-256-GCM key for chunk records in packs. */
   readonly dataKey: Buffer;
   /** AES-256-GCM key for pack indexes. */
@@ -39,8 +49,10 @@ export function deriveTenantKeys(tenantKey: Uint8Array): TenantKeys {
   const gearBytes = deriveKey(tenantKey, 'gear', 1024);
   const gear = new Int32Array(256);
   for (let i = 0; i < 256; i++) gear[i] = gearBytes.readInt32LE(i * 4);
+  const idKey = deriveKey(tenantKey, 'chunk-id');
   return Object.freeze({
-    idKey: deriveKey(tenantKey, 'chunk-id'),
+    idKey,
+    idKeyObject: createSecretKey(idKey),
     dataKey: deriveKey(tenantKey, 'chunk-data'),
     indexKey: deriveKey(tenantKey, 'pack-index'),
     wrapKey: deriveKey(tenantKey, 'sandbox-key-wrap'),
@@ -57,7 +69,7 @@ export function wipeTenantKeys(k: TenantKeys): void {
   k.gear.fill(0);
 }
 
-export function chunkId(idKey: Buffer, data: Uint8Array): Buffer {
+export function chunkId(idKey: Buffer | KeyObject, data: Uint8Array): Buffer {
   return createHmac('sha256', idKey).update(data).digest().subarray(0, CHUNK_ID_BYTES);
 }
 

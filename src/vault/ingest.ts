@@ -364,7 +364,7 @@ export async function ingestFolder(
         continue;
       }
       const chunk = work.subarray(start, end);
-      const id = chunkId(ctx.keys.idKey, chunk);
+      const id = chunkId(ctx.keys.idKeyObject, chunk);
       const key = id.toString('hex');
       counters.chunks++;
       refs.data(id, end - start);

@@ -854,7 +854,7 @@ export class Vault {
             const what =
               us.length === 0 ? 'unreferenced' : `checkpoint${us.length > 1 ? 's' : ''} ${us.join(', ')}`;
             decoder.decode(x.id, loc, rec, out, 0, what);
-            if (!chunkId(t.keys.idKey, out.subarray(0, x.rawBytes)).equals(x.id)) {
+            if (!chunkId(t.keys.idKeyObject, out.subarray(0, x.rawBytes)).equals(x.id)) {
               throw new DormantError(
                 ErrorCode.VAULT_CORRUPT,
                 `chunk ${k.slice(0, 16)} in pack ${pack} does not match its id`,
