@@ -182,7 +182,8 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     const t0 = performance.now();
     await rt.thaw(id);
     const thawMs = performance.now() - t0;
-    assert.ok(thawMs < 1000, `thaw took ${thawMs} ms`);
+    // runc resume is a process start plus a cgroup write; generous for a loaded CI machine.
+    assert.ok(thawMs < 2000, `thaw took ${thawMs} ms`);
     await waitFor('the counter to move', async () => ((await counter()) > frozenAt ? true : undefined));
 
     // destroy leaves nothing behind.
@@ -221,7 +222,7 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     await rt.start(id);
     const { network } = await rt.state(id);
     const url = `http://${network.address}:8080/`;
-    await waitFor('the server', () => get(url, 500));
+    await waitFor('the server', () => get(url, 500), 20_000);
     assert.equal(await get(url), '2');
     assert.equal(await get(url), '3');
 
@@ -298,7 +299,7 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     await rt.create(spec);
     await rt.start(spec.id);
     const url = `http://${(await rt.state(spec.id)).network.address}:8080/`;
-    await waitFor('the server', () => get(url, 500));
+    await waitFor('the server', () => get(url, 500), 20_000);
     // A background process started by exec, with its output redirected, returns at once.
     const bg = await rt.exec(spec.id, ['sh', '-c', 'echo kept > /data.txt; sleep 600 >/dev/null 2>&1 &'], {
       timeoutMs: 5000,
