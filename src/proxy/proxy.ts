@@ -133,6 +133,7 @@ export class WakeProxy {
   private readonly wakes = new Map<string, Promise<string>>();
   private readonly open = new Map<string, number>();
   private readonly touched = new Map<string, number>();
+  private readonly trailing = new Map<string, NodeJS.Timeout>();
   private readonly auth = new Map<string, { p: ProxyPrincipal | undefined; at: number }>();
   private readonly tcp = new Map<string, { server: TcpServer; port: number }>();
   private readonly sockets = new Set<Socket>();
@@ -210,6 +211,8 @@ export class WakeProxy {
   async close(): Promise<void> {
     this.closed = true;
     if (this.syncTimer) clearInterval(this.syncTimer);
+    for (const t of this.trailing.values()) clearTimeout(t);
+    this.trailing.clear();
     await this.syncing?.catch(() => undefined);
     const closing = [new Promise<void>((r) => this.server.close(() => r()))];
     for (const { server } of this.tcp.values())
@@ -228,7 +231,7 @@ export class WakeProxy {
 
   private begin(id: string): () => void {
     this.open.set(id, (this.open.get(id) ?? 0) + 1);
-    this.touch(id, true);
+    this.touch(id);
     let ended = false;
     return () => {
       if (ended) return;
@@ -237,16 +240,38 @@ export class WakeProxy {
       if (n > 0) this.open.set(id, n);
       else this.open.delete(id);
       // The idle countdown starts when the last connection ends, not when it began.
-      this.touch(id, true);
+      this.touch(id);
     };
   }
 
-  private touch(id: string, force = false): void {
+  /**
+   * Records activity, at most once per `touchEveryMs` per sandbox (each is a database write,
+   * and the database is synchronous); activity inside the window is written once it closes,
+   * so the last request's time is never lost.
+   */
+  private touch(id: string): void {
+    const every = this.opts.touchEveryMs ?? 1000;
     const now = Date.now();
     const last = this.touched.get(id) ?? 0;
-    if (!force && now - last < (this.opts.touchEveryMs ?? 1000)) return;
-    if (force && now - last < 50) return;
-    this.touched.set(id, now);
+    if (now - last >= every) {
+      this.touched.set(id, now);
+      this.writeTouch(id);
+      return;
+    }
+    if (this.trailing.has(id) || this.closed) return;
+    const t = setTimeout(
+      () => {
+        this.trailing.delete(id);
+        this.touched.set(id, Date.now());
+        this.writeTouch(id);
+      },
+      every - (now - last),
+    );
+    t.unref();
+    this.trailing.set(id, t);
+  }
+
+  private writeTouch(id: string): void {
     try {
       this.target.touch(id);
     } catch {
