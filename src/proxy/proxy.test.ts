@@ -239,6 +239,39 @@ describe('wake proxy', () => {
     }
   });
 
+  test('a request that meets a sandbox going to sleep wakes it again and is served', async () => {
+    // A port that nothing listens on yet: the "sandbox" has just been hibernated under us.
+    const probe = createServer();
+    await new Promise<void>((r) => probe.listen(0, '127.0.0.1', r));
+    const port = (probe.address() as { port: number }).port;
+    await new Promise((r) => probe.close(r));
+    const racy = box('sb-race', { ports: [{ port, public: true }] });
+    target.boxes.set('sb-race', racy);
+    let finds = 0;
+    const realFind = target.find.bind(target);
+    target.find = (ref: string) => {
+      if (ref === 'sb-race' && ++finds === 2) racy.state = 'hibernated';
+      return realFind(ref);
+    };
+    const revived = createServer((_q, r) => r.end('awake again'));
+    const realWake = target.wake.bind(target);
+    target.wake = async (id: string) => {
+      if (id === 'sb-race') await new Promise<void>((r) => revived.listen(port, '127.0.0.1', r));
+      return realWake(id);
+    };
+    target.wakes = 0;
+    try {
+      const r = await get(proxy.port, host('sb-race', port));
+      assert.deepEqual([r.status, r.body], [200, 'awake again']);
+      assert.equal(target.wakes, 1);
+    } finally {
+      target.find = realFind;
+      target.wake = realWake;
+      revived.closeAllConnections();
+      await new Promise((r) => revived.close(r));
+    }
+  });
+
   test('an open request counts as a connection until it ends', async () => {
     target.touches = 0;
     const pending = get(proxy.port, host('sb-run'), '/slow', { authorization: `Bearer ${TOKEN_A}` });

@@ -445,9 +445,10 @@ export class WakeProxy {
         creds.from === 'query' && creds.token !== undefined
           ? `${TOKEN_COOKIE}=${encodeURIComponent(creds.token)}; Path=/; HttpOnly; SameSite=Lax`
           : undefined;
-      const send = (attempt: number): void => {
+      const bodyless = req.method === 'GET' || req.method === 'HEAD' || req.method === 'OPTIONS';
+      const send = (attempt: number, to: string): void => {
         const up = request(
-          { host: address, port, method: req.method, path: creds.path, headers, agent: this.agent },
+          { host: to, port, method: req.method, path: creds.path, headers, agent: this.agent },
           (ur) => {
             const out: OutgoingHttpHeaders = {};
             for (const [k, v] of Object.entries(ur.headers))
@@ -463,12 +464,27 @@ export class WakeProxy {
         );
         up.once('socket', this.noDelay);
         up.once('error', (e) => {
-          // A pooled connection the sandbox closed while idle (it slept since): retry once,
-          // when nothing of the request has been sent on.
-          const bodyless = req.method === 'GET' || req.method === 'HEAD' || req.method === 'OPTIONS';
-          if (attempt === 0 && up.reusedSocket && bodyless && errnoCode(e) === 'ECONNRESET') {
-            send(1);
+          const code = errnoCode(e);
+          if (attempt > 0 || !bodyless || res.headersSent) {
+            this.sendError(res, e);
             return;
+          }
+          // A pooled connection the sandbox closed while idle: retry at once.
+          if (up.reusedSocket && code === 'ECONNRESET') {
+            send(1, to);
+            return;
+          }
+          // The policy put the sandbox to sleep just as this request went in: wake it again
+          // and retry, as if the request had arrived a moment later.
+          if (code === 'ECONNRESET' || code === 'ECONNREFUSED' || code === 'EHOSTUNREACH') {
+            const now = this.target.find(s.id)[0];
+            if (now && now.state !== 'running') {
+              this.ready(now, port, `${req.method ?? 'GET'} request`).then(
+                (again) => send(1, again),
+                (err: unknown) => this.sendError(res, err),
+              );
+              return;
+            }
           }
           this.sendError(res, e);
         });
@@ -478,7 +494,7 @@ export class WakeProxy {
         if (attempt === 0) req.pipe(up);
         else up.end();
       };
-      send(0);
+      send(0, address);
     } catch (e) {
       this.sendError(res, e);
       end?.();
