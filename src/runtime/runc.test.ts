@@ -355,11 +355,17 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     await rt.prepare(fork);
     await rt.stop(fork.id);
     await cp(rt.upperDir(spec.id), rt.upperDir(fork.id), { recursive: true });
-    await rt.restore(fork.id, { imagesDir, workDir: join(tmp, 'fork-restore') });
+    // Restored lazily: the pages come in behind the running process (userfaultfd).
+    const lazy = await rt.restore(fork.id, {
+      imagesDir,
+      workDir: join(tmp, 'fork-restore'),
+      lazyPages: true,
+    });
     const forkNet = (await rt.state(fork.id)).network;
     assert.notEqual(forkNet.address, (await rt.state(spec.id)).network.address);
     const forkUrl = `http://${forkNet.address}:8080/`;
     assert.equal(await get(forkUrl), '2', 'the fork starts from the checkpoint');
+    await lazy.pagesLoaded;
     assert.equal(await get(url), '3', 'the original carries on independently');
     assert.equal((await rt.exec(fork.id, ['hostname'])).stdout.trim(), fork.id);
     assert.equal((await rt.exec(fork.id, ['cat', '/data.txt'])).stdout, 'kept\n');

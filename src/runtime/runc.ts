@@ -514,6 +514,7 @@ export class RuncRuntime implements Runtime {
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
     const logPath = join(opts.workDir, 'restore.log');
     const offset = await this.runcLogSize(id);
+    const lazy = opts.lazyPages === true ? await this.startLazyPages(opts) : undefined;
     let r: RunResult;
     try {
       r = await this.runcWithLogPipe(
@@ -521,6 +522,7 @@ export class RuncRuntime implements Runtime {
         [
           'restore',
           '--detach',
+          ...(lazy ? ['--lazy-pages'] : []),
           '--image-path',
           opts.imagesDir,
           '--work-path',
@@ -533,6 +535,8 @@ export class RuncRuntime implements Runtime {
         DEFAULTS.restoreMs,
       );
     } catch (e) {
+      lazy?.abort.abort();
+      await lazy?.done.catch(() => undefined);
       await clearCriuNetworkLock(rec.network);
       if ((await this.runcState(id).catch(() => undefined)) !== undefined)
         await this.runc(id, ['delete', '--force', id], {}, DEFAULTS.destroyMs).catch(() => undefined);
@@ -560,7 +564,72 @@ export class RuncRuntime implements Runtime {
       timeoutMs: DEFAULTS.stateMs,
       signal: opts.signal,
     });
-    return { durationMs: r.durationMs, pid: s.pid, logPath };
+    return {
+      durationMs: r.durationMs,
+      pid: s.pid,
+      logPath,
+      pagesLoaded: lazy ? lazy.done : Promise.resolve(),
+    };
+  }
+
+  /**
+   * Starts `criu lazy-pages` for a lazy restore and waits until it listens: it and the
+   * restoring criu meet on `lazy-pages.socket` in the shared work dir.
+   */
+  private async startLazyPages(
+    opts: RestoreOptions,
+  ): Promise<{ abort: AbortController; done: Promise<void> }> {
+    const abort = new AbortController();
+    opts.signal?.addEventListener('abort', () => abort.abort(), { once: true });
+    let exited: unknown = undefined;
+    let finished = false;
+    const done = run(
+      this.criuPath,
+      [
+        'lazy-pages',
+        '--images-dir',
+        opts.imagesDir,
+        '--work-dir',
+        opts.workDir,
+        '-o',
+        'lazy-pages.log',
+        '-v2',
+      ],
+      { timeoutMs: opts.pagesTimeoutMs ?? 120_000, signal: abort.signal, env: this.env },
+    ).then(
+      () => {
+        finished = true;
+      },
+      (e: unknown) => {
+        finished = true;
+        exited = e;
+        throw new DormantError(
+          ErrorCode.RUNTIME_RESTORE_FAILED,
+          `criu lazy-pages for ${opts.imagesDir} failed: ${(e as Error).message}`,
+          { cause: e, details: { criuLog: join(opts.workDir, 'lazy-pages.log') } },
+        );
+      },
+    );
+    // Nobody may be listening yet; keep an early failure from becoming an unhandled rejection.
+    done.catch(() => undefined);
+    const socket = join(opts.workDir, 'lazy-pages.socket');
+    const deadline = Date.now() + 10_000;
+    while (!(await exists(socket))) {
+      if (finished || Date.now() > deadline) {
+        abort.abort();
+        await done.catch(() => undefined);
+        throw new DormantError(
+          ErrorCode.RUNTIME_RESTORE_FAILED,
+          `criu lazy-pages did not start for ${opts.imagesDir}`,
+          {
+            cause: exited,
+            details: { criuLog: join(opts.workDir, 'lazy-pages.log') },
+          },
+        );
+      }
+      await new Promise((res) => setTimeout(res, 10));
+    }
+    return { abort, done };
   }
 
   async stop(id: string, opts: CallOptions = {}): Promise<void> {

@@ -111,12 +111,25 @@ export interface CheckpointResult {
 export interface RestoreOptions extends CallOptions {
   imagesDir: string;
   workDir: string;
+  /**
+   * Restore memory lazily (CRIU lazy-pages over userfaultfd): the sandbox runs as soon as its
+   * process tree is back, and a `criu lazy-pages` daemon copies the pages in behind it. The
+   * images must stay in place until `pagesLoaded` settles.
+   */
+  lazyPages?: boolean;
+  /** Limit for the lazy-pages daemon to finish copying. Default 120 s. */
+  pagesTimeoutMs?: number;
 }
 
 export interface RestoreResult {
   durationMs: number;
   pid: number;
   logPath: string;
+  /**
+   * Settles when every page is in memory: at once for an eager restore; for a lazy one when
+   * the lazy-pages daemon exits (rejects if it fails: the sandbox is then not usable).
+   */
+  pagesLoaded: Promise<void>;
 }
 
 /**
