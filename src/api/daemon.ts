@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { getCriu } from '../criu/criu.js';
 import { cgroupUsage } from '../sys/cgroup.js';
-import { cpuFacts } from '../sys/node-facts.js';
+import { cpuFacts, diskFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { openVault, type Vault } from '../vault/index.js';
 import { RuncRuntime } from '../runtime/runc.js';
@@ -19,6 +19,9 @@ import { TrackingController } from '../control/activity.js';
 import { startWakeServices, type PolicyConfig, type ProxyConfig, type WakeServices } from './wake.js';
 import { ADMIN_TENANT, ensureAdminToken, hashToken } from './auth.js';
 import { buildServer } from './server.js';
+import { registerCostRoutes } from './routes-cost.js';
+import { Meter, priceSheet } from '../control/meter.js';
+import type { PriceSheet } from '../domain/cost.js';
 
 export interface DaemonOptions {
   dataDir: string;
@@ -33,6 +36,10 @@ export interface DaemonOptions {
   logger?: boolean;
   /** Printed warnings (master key generated, ...). Default: stderr. */
   warn?: (message: string) => void;
+  /** The price sheet (defaults derived from this node's size; docs/COST.md). */
+  prices?: Partial<PriceSheet>;
+  /** How often the meter samples each sandbox's cgroup. Default 15 s. */
+  meterIntervalMs?: number;
   /** Fault injection for crash tests. */
   failAt?: (step: string) => void;
   /** The wake proxy (default: on, API port + 1); false: none. */
@@ -52,6 +59,7 @@ export interface Daemon {
   /** The wake proxy and the policy loop, when running. */
   wake: WakeServices;
   reconciled: { id: string; from: string; to: string }[];
+  meter: Meter;
   close(): Promise<void>;
 }
 
@@ -112,7 +120,17 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
   });
   const reconciled = await controller.reconcile();
-  const app = buildServer({ controller, store, logger: opts.logger ?? false });
+  const app = buildServer({ controller, store, checkpointVault: vault, logger: opts.logger ?? false });
+  const meter = new Meter({
+    source: controller,
+    store,
+    clock: opts.clock ?? systemClock,
+    prices: priceSheet(opts.prices),
+    intervalMs: opts.meterIntervalMs ?? 15_000,
+    freeDiskBytes: async () => (await diskFacts(opts.dataDir)).freeBytes,
+  });
+  registerCostRoutes(app, meter);
+  meter.start();
   const wake = await startWakeServices({
     controller,
     store,
@@ -139,8 +157,10 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     runtime,
     app,
     wake,
+    meter,
     reconciled,
     async close() {
+      await meter.close();
       await wake.close();
       await app.close();
       await vault.close();

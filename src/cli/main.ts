@@ -8,6 +8,7 @@ import { registerVault } from './commands/vault.js';
 import { registerSandboxes } from './commands/sandboxes.js';
 import { registerServe } from './commands/serve.js';
 import { registerCheckpoint } from './commands/checkpoint.js';
+import { registerCost } from './commands/cost.js';
 import { registerUrl } from './commands/url.js';
 import { EXIT_USAGE, reportError } from './output.js';
 
@@ -21,6 +22,7 @@ export function buildProgram(): Command {
   registerServe(program);
   registerSandboxes(program);
   registerCheckpoint(program);
+  registerCost(program);
   registerUrl(program);
   registerDoctor(program);
   registerVault(program);

@@ -538,7 +538,7 @@ export class SandboxController {
     const all = this.store.listCheckpoints({ sandboxId: id }).filter((c) => c.kind === 'memory');
     for (const old of all.slice(keep)) {
       await this.vault.deleteCheckpoint({ tenant, checkpointId: old.id });
-      this.store.deleteCheckpoint(old.id);
+      this.store.deleteCheckpoint(old.id, this.clock.now());
     }
   }
 
@@ -646,7 +646,7 @@ export class SandboxController {
       await this.endProcesses(id);
       for (const c of this.store.listCheckpoints({ sandboxId: id })) {
         await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
-        this.store.deleteCheckpoint(c.id);
+        this.store.deleteCheckpoint(c.id, this.clock.now());
       }
       this.store.transition(id, s.state, 'archived', reason, this.clock.now(), {
         memoryBytes: 0,

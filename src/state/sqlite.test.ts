@@ -115,3 +115,70 @@ describe('SqliteStateStore', () => {
     db.close();
   });
 });
+
+describe('metering facts in SQLite', () => {
+  test('samples and deleted checkpoints persist, so a restart reports the same cost', async () => {
+    const { computeCost } = await import('../domain/cost.js');
+    const dir = await mkdtemp(join(tmpdir(), 'dormant-state-meter-'));
+    try {
+      const file = join(dir, 'state.db');
+      let db = new SqliteStateStore(file);
+      db.insertSandbox({ ...sandbox('sb-m'), createdAt: 0, stateSince: 0 }, 'created');
+      db.transition('sb-m', 'creating', 'running', 'started', 1000);
+      db.insertSamples([
+        { sandboxId: 'sb-m', at: 1000, memoryBytes: 1024 ** 3, cpuUsageUsec: 0 },
+        { sandboxId: 'sb-m', at: 61_000, memoryBytes: 1024 ** 3, cpuUsageUsec: 2_000_000 },
+      ]);
+      db.insertCheckpoint({
+        id: 'ck-m',
+        sandboxId: 'sb-m',
+        tenant: 't1',
+        createdAt: 61_000,
+        kind: 'memory',
+        logicalBytes: 10,
+        storedBytes: 1024 ** 3,
+        meta: {},
+      });
+      db.transition('sb-m', 'running', 'hibernated', 'policy', 62_000);
+      db.deleteCheckpoint('ck-m', 100_000);
+      assert.equal(db.getCheckpoint('ck-m'), undefined, 'a deleted checkpoint is not listed');
+      const prices = {
+        currency: 'USD',
+        nodeCostPerHour: 1,
+        nodeVcpus: 1,
+        nodeMemoryBytes: 1024 ** 3,
+        cpuShare: 0.5,
+        storagePerGiBMonth: 1,
+      };
+      const report = () =>
+        computeCost({
+          transitions: db.transitions(),
+          samples: db.samples(),
+          checkpoints: db.checkpointHistory().map((c) => ({
+            sandboxId: c.sandboxId,
+            createdAt: c.createdAt,
+            storedBytes: c.storedBytes,
+            ...(c.deletedAt !== undefined ? { deletedAt: c.deletedAt } : {}),
+          })),
+          prices,
+          since: 0,
+          until: 200_000,
+        });
+      const before = report();
+      db.close();
+      db = new SqliteStateStore(file);
+      const after = report();
+      assert.deepEqual(after, before);
+      const s = after.sandboxes[0]!;
+      assert.equal(s.cpuSeconds, 2);
+      assert.equal(s.memoryGiBSeconds, 62, '1 s creating (backfilled) + 61 s running at 1 GiB');
+      assert.ok(
+        Math.abs(s.storageGiBMonths - 39 / (30 * 86400)) < 1e-12,
+        'storage only while the checkpoint existed',
+      );
+      db.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -6,6 +6,7 @@ import Database from 'better-sqlite3';
 import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
+import type { MeterSample } from '../domain/cost.js';
 import type { CheckpointRecord, StateStore, TokenRow } from './store.js';
 
 const MIGRATIONS: string[] = [
@@ -52,6 +53,14 @@ const MIGRATIONS: string[] = [
      created_at INTEGER NOT NULL,
      revoked_at INTEGER
    );`,
+  `CREATE TABLE samples (
+     sandbox_id TEXT NOT NULL,
+     at INTEGER NOT NULL,
+     memory_bytes INTEGER NOT NULL,
+     cpu_usage_usec INTEGER NOT NULL
+   );
+   CREATE INDEX samples_at ON samples (at);
+   ALTER TABLE checkpoints ADD COLUMN deleted_at INTEGER;`,
 ];
 
 interface SandboxRow {
@@ -256,7 +265,9 @@ export class SqliteStateStore implements StateStore {
         { tenant: string; state: SandboxState } | undefined;
       if (!cur) return;
       this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
-      this.db.prepare('DELETE FROM checkpoints WHERE sandbox_id = ?').run(id);
+      this.db
+        .prepare('UPDATE checkpoints SET deleted_at = ? WHERE sandbox_id = ? AND deleted_at IS NULL')
+        .run(at, id);
       // 'deleted' is not a state a sandbox rests in; the transition records the end.
       this.recordTransition(id, cur.tenant, cur.state, 'deleting', reason, at);
     })();
@@ -301,12 +312,13 @@ export class SqliteStateStore implements StateStore {
   }
 
   getCheckpoint(id: string): CheckpointRecord | undefined {
-    const r = this.db.prepare('SELECT * FROM checkpoints WHERE id = ?').get(id) as CheckpointRow | undefined;
+    const r = this.db.prepare('SELECT * FROM checkpoints WHERE id = ? AND deleted_at IS NULL').get(id) as
+      CheckpointRow | undefined;
     return r && toCheckpoint(r);
   }
 
   listCheckpoints(opts: { sandboxId?: string; tenant?: string } = {}): CheckpointRecord[] {
-    const where: string[] = [];
+    const where: string[] = ['deleted_at IS NULL'];
     const args: unknown[] = [];
     if (opts.sandboxId !== undefined) {
       where.push('sandbox_id = ?');
@@ -324,8 +336,46 @@ export class SqliteStateStore implements StateStore {
     return rows.map(toCheckpoint);
   }
 
-  deleteCheckpoint(id: string): void {
-    this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);
+  deleteCheckpoint(id: string, at: number = Date.now()): void {
+    // Kept with its deletion time: metering charges storage for as long as it existed.
+    this.db.prepare('UPDATE checkpoints SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL').run(at, id);
+  }
+
+  checkpointHistory(): (CheckpointRecord & { deletedAt?: number })[] {
+    const rows = this.db.prepare('SELECT * FROM checkpoints ORDER BY created_at').all() as (CheckpointRow & {
+      deleted_at: number | null;
+    })[];
+    return rows.map((r) => ({
+      ...toCheckpoint(r),
+      ...(r.deleted_at !== null ? { deletedAt: r.deleted_at } : {}),
+    }));
+  }
+
+  insertSamples(samples: readonly MeterSample[]): void {
+    const stmt = this.db.prepare(
+      'INSERT INTO samples (sandbox_id, at, memory_bytes, cpu_usage_usec) VALUES (?, ?, ?, ?)',
+    );
+    this.db.transaction(() => {
+      for (const x of samples)
+        stmt.run(x.sandboxId, x.at, Math.round(x.memoryBytes), Math.round(x.cpuUsageUsec));
+    })();
+  }
+
+  samples(opts: { since?: number; until?: number } = {}): MeterSample[] {
+    const rows = this.db
+      .prepare('SELECT * FROM samples WHERE at >= ? AND at <= ? ORDER BY at, sandbox_id')
+      .all(opts.since ?? 0, opts.until ?? Number.MAX_SAFE_INTEGER) as {
+      sandbox_id: string;
+      at: number;
+      memory_bytes: number;
+      cpu_usage_usec: number;
+    }[];
+    return rows.map((r) => ({
+      sandboxId: r.sandbox_id,
+      at: r.at,
+      memoryBytes: r.memory_bytes,
+      cpuUsageUsec: r.cpu_usage_usec,
+    }));
   }
 
   insertToken(t: TokenRow): void {

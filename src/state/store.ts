@@ -2,6 +2,7 @@
  * The database of record: sandboxes, their transitions, and their checkpoints. One port,
  * with SQLite as the embedded implementation (PostgreSQL for a fleet can follow).
  */
+import type { MeterSample } from '../domain/cost.js';
 import type { Sandbox, SandboxState, Transition } from '../domain/sandbox.js';
 
 export interface CheckpointRecord {
@@ -50,6 +51,11 @@ export interface StateStore {
   insertCheckpoint(c: CheckpointRecord): void;
   getCheckpoint(id: string): CheckpointRecord | undefined;
   listCheckpoints(opts?: { sandboxId?: string; tenant?: string }): CheckpointRecord[];
-  deleteCheckpoint(id: string): void;
+  /** Marks the checkpoint deleted at `at` (kept for metering; no longer listed). */
+  deleteCheckpoint(id: string, at?: number): void;
+  /** Every checkpoint ever recorded, with its deletion time if deleted. */
+  checkpointHistory(): (CheckpointRecord & { deletedAt?: number })[];
+  insertSamples(samples: readonly MeterSample[]): void;
+  samples(opts?: { since?: number; until?: number }): MeterSample[];
   close(): void;
 }

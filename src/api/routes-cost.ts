@@ -1,0 +1,42 @@
+/** GET /v1/cost: what was spent, what staying warm would have cost, what sleeping saved. */
+import type { FastifyInstance } from 'fastify';
+import { DormantError, ErrorCode } from '../domain/errors.js';
+import { parseDurationMs } from '../domain/units.js';
+import type { Meter } from '../control/meter.js';
+
+export function registerCostRoutes(app: FastifyInstance, meter: Meter): void {
+  app.get('/v1/cost', async (req) => {
+    const q = req.query as { since?: unknown; by?: unknown };
+    let sinceMs: number | undefined;
+    if (q.since !== undefined) {
+      try {
+        if (typeof q.since !== 'string') throw new RangeError('expected a duration such as 24h');
+        sinceMs = parseDurationMs(q.since);
+      } catch (e) {
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, `invalid since: ${(e as Error).message}`, {
+          status: 400,
+        });
+      }
+    }
+    if (q.by !== undefined && q.by !== 'sandbox' && q.by !== 'tenant') {
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid by: expected sandbox or tenant', {
+        status: 400,
+      });
+    }
+    const tenant = req.principal.admin ? undefined : req.principal.tenant;
+    const r = await meter.report({
+      ...(sinceMs !== undefined ? { sinceMs } : {}),
+      ...(tenant !== undefined ? { tenant } : {}),
+    });
+    return {
+      currency: r.currency,
+      since: new Date(r.since).toISOString(),
+      until: new Date(r.until).toISOString(),
+      prices: r.prices,
+      totals: r.totals,
+      ...(q.by === 'tenant' ? { tenants: r.tenants } : { sandboxes: r.sandboxes, tenants: r.tenants }),
+      neverSlept: r.neverSlept,
+      capacity: r.capacity,
+    };
+  });
+}

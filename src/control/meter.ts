@@ -1,0 +1,147 @@
+/**
+ * The meter: samples what every sandbox with processes holds (memory, cumulative CPU time)
+ * from its cgroup at a fixed interval and persists it, and turns the persisted transitions,
+ * samples and checkpoint lifetimes into the cost report. Nothing is kept only in memory, so a
+ * restart of the daemon neither loses nor double-counts anything.
+ */
+import { cpus, totalmem } from 'node:os';
+import {
+  capacity,
+  computeCost,
+  type Capacity,
+  type CostReport,
+  type MeterSample,
+  type PriceSheet,
+} from '../domain/cost.js';
+import type { StateStore } from '../state/store.js';
+import type { Clock } from './sandboxes.js';
+
+export interface MeterSource {
+  list(): { id: string; state: string }[];
+  usage(id: string): Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
+}
+
+const GIB = 1024 ** 3;
+/** What owned hardware costs per vCPU-hour and per GiB-hour of memory by default (docs/COST.md). */
+export const DEFAULT_VCPU_HOUR = 0.0046;
+export const DEFAULT_GIB_HOUR = 0.00086;
+export const DEFAULT_STORAGE_GIB_MONTH = 0.02;
+
+/** The price sheet for this node: configured values over defaults derived from its size. */
+export function priceSheet(overrides: Partial<PriceSheet> = {}): PriceSheet {
+  const nodeVcpus = overrides.nodeVcpus ?? cpus().length;
+  const nodeMemoryBytes = overrides.nodeMemoryBytes ?? totalmem();
+  const cpuCost = nodeVcpus * DEFAULT_VCPU_HOUR;
+  const memCost = (nodeMemoryBytes / GIB) * DEFAULT_GIB_HOUR;
+  return {
+    currency: overrides.currency ?? 'USD',
+    nodeCostPerHour: overrides.nodeCostPerHour ?? cpuCost + memCost,
+    nodeVcpus,
+    nodeMemoryBytes,
+    cpuShare: overrides.cpuShare ?? cpuCost / (cpuCost + memCost),
+    storagePerGiBMonth: overrides.storagePerGiBMonth ?? DEFAULT_STORAGE_GIB_MONTH,
+  };
+}
+
+export class Meter {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<number> | undefined;
+
+  constructor(
+    private readonly opts: {
+      source: MeterSource;
+      store: StateStore;
+      clock: Clock;
+      prices: PriceSheet;
+      intervalMs?: number;
+      freeDiskBytes?: () => Promise<number>;
+    },
+  ) {}
+
+  /** Takes one sample of every sandbox whose processes exist. Returns how many were sampled. */
+  sample(): Promise<number> {
+    // One sampling pass at a time; a call during a pass shares it.
+    if (this.running) return this.running;
+    const pass = this.samplePass().finally(() => {
+      if (this.running === pass) this.running = undefined;
+    });
+    this.running = pass;
+    return pass;
+  }
+
+  private async samplePass(): Promise<number> {
+    // Yield first so that `running` is set before the pass can finish.
+    await Promise.resolve();
+    const at = this.opts.clock.now();
+    const out: MeterSample[] = [];
+    for (const s of this.opts.source.list()) {
+      if (s.state !== 'running' && s.state !== 'paused') continue;
+      const u = await this.opts.source.usage(s.id);
+      if (u) out.push({ sandboxId: s.id, at, memoryBytes: u.memoryBytes, cpuUsageUsec: u.cpuUsageUsec });
+    }
+    this.opts.store.insertSamples(out);
+    return out.length;
+  }
+
+  start(): void {
+    if (this.timer) return;
+    const every = this.opts.intervalMs ?? 15_000;
+    this.timer = setInterval(() => {
+      this.sample().catch(() => undefined);
+    }, every);
+    this.timer.unref();
+    void this.sample().catch(() => undefined);
+  }
+
+  async close(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+    await this.running?.catch(() => undefined);
+  }
+
+  /** The cost report over [since, now], for one tenant or (undefined) all. */
+  async report(
+    opts: { sinceMs?: number; tenant?: string } = {},
+  ): Promise<CostReport & { capacity: Capacity }> {
+    const until = this.opts.clock.now();
+    const since = opts.sinceMs !== undefined ? until - opts.sinceMs : 0;
+    const transitions = this.opts.store
+      .transitions({ limit: Number.MAX_SAFE_INTEGER })
+      .filter((t) => opts.tenant === undefined || t.tenant === opts.tenant);
+    const ids = new Set(transitions.map((t) => t.sandboxId));
+    // Samples just before the window tell what was held at its start.
+    const samples = this.opts.store
+      .samples({ since: Math.max(0, since - 3_600_000), until })
+      .filter((x) => ids.has(x.sandboxId));
+    const checkpoints = this.opts.store
+      .checkpointHistory()
+      .filter((c) => ids.has(c.sandboxId))
+      .map((c) => ({
+        sandboxId: c.sandboxId,
+        createdAt: c.createdAt,
+        storedBytes: c.storedBytes,
+        ...(c.deletedAt !== undefined ? { deletedAt: c.deletedAt } : {}),
+      }));
+    const report = computeCost({ transitions, samples, checkpoints, prices: this.opts.prices, since, until });
+    const live = this.opts.source.list().filter((s) => ids.has(s.id));
+    const resident: number[] = [];
+    for (const s of live) {
+      if (s.state !== 'running' && s.state !== 'paused') continue;
+      const u = await this.opts.source.usage(s.id);
+      if (u && u.memoryBytes > 0) resident.push(u.memoryBytes);
+    }
+    const stored = this.opts.store
+      .checkpointHistory()
+      .filter((c) => c.deletedAt === undefined && ids.has(c.sandboxId))
+      .map((c) => c.storedBytes);
+    return {
+      ...report,
+      capacity: capacity({
+        nodeMemoryBytes: this.opts.prices.nodeMemoryBytes,
+        freeDiskBytes: this.opts.freeDiskBytes ? await this.opts.freeDiskBytes() : 0,
+        residentBytes: resident,
+        storedBytes: stored,
+      }),
+    };
+  }
+}
