@@ -11,9 +11,13 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { request } from 'node:http';
 import { connect } from 'node:net';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { startDaemon, type Daemon } from './daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { run } from '../sys/exec.js';
+
+const BIN = fileURLToPath(new URL('../../bin/dormant', import.meta.url));
 
 const SERVER = `
 import http.server, os
@@ -190,6 +194,11 @@ describe('idle policy and wake proxy through the daemon', () => {
     assert.equal(u.auth, 'token');
     assert.match(u.tcp ?? '', /^127\.0\.0\.1:\d+$/);
     await assert.rejects(client.sandboxUrl(sb.id, 9999), { code: 'INVALID_ARGUMENT' });
+    const env = { DORMANT_URL: daemon.url, DORMANT_TOKEN: token };
+    const cli = await run(process.execPath, [BIN, 'url', 'sleepy', '8080', '--json'], { env });
+    assert.deepEqual(JSON.parse(cli.stdout), u);
+    const plain = await run(process.execPath, [BIN, 'url', 'sleepy', '8080'], { env });
+    assert.equal(plain.stdout, `${u.url}\n`);
   });
 
   test('100 concurrent requests to a hibernated sandbox all succeed and cause one resume', async () => {
