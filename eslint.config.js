@@ -4,7 +4,7 @@ import tseslint from 'typescript-eslint';
 import globals from 'globals';
 
 export default tseslint.config(
-  { ignores: ['dist/', 'node_modules/', '**/*.gen.ts', 'docs/', 'coverage/'] },
+  { ignores: ['dist/', '**/dist/', 'node_modules/', '**/*.gen.ts', 'docs/', 'coverage/'] },
   js.configs.recommended,
   ...tseslint.configs.strictTypeChecked,
   {
@@ -28,6 +28,11 @@ export default tseslint.config(
     files: ['**/*.js', '**/*.mjs'],
     ...tseslint.configs.disableTypeChecked,
     languageOptions: { ...tseslint.configs.disableTypeChecked.languageOptions, globals: globals.node },
+  },
+  {
+    // The dashboard's browser module (served as-is, no bundler).
+    files: ['src/dashboard/static/**/*.js'],
+    languageOptions: { globals: globals.browser },
   },
   {
     files: ['**/*.test.ts'],

@@ -72,3 +72,25 @@ export const LogsQuery = z.object({
     .optional()
     .transform((v) => v === '1' || v === 'true'),
 });
+
+export const ForkBody = z.strictObject({ name: z.string().min(1).max(63).optional() }).optional();
+
+export const CheckpointsQuery = z.object({ sandbox: z.string().max(128).optional() });
+
+export const EventsQuery = z.object({
+  /** Replay transitions after this id (the SSE `Last-Event-ID` header does the same). */
+  since: z.coerce.number().int().nonnegative().optional(),
+});
+
+export const CreateTokenBody = z.strictObject({
+  tenant: z
+    .string()
+    .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, 'tenant names: lowercase letters, digits, - and _, up to 63'),
+  /** An admin token sees and manages every tenant. */
+  admin: z.boolean().default(false),
+});
+
+/** A token's public id: a prefix (at least 8 hex digits) of its SHA-256. */
+export const TokenIdParams = z.object({
+  id: z.string().regex(/^[0-9a-fA-F]{8,64}$/, 'a token id: 8-64 hex digits'),
+});

@@ -10,19 +10,9 @@
  * ```
  */
 
-/** An error the API answered, with its stable code (`SANDBOX_NOT_FOUND`, `ILLEGAL_TRANSITION`, ...). */
-export class DormantApiError extends Error {
-  readonly code: string;
-  readonly status: number;
-  readonly hint: string | undefined;
-  constructor(code: string, message: string, status: number, hint?: string) {
-    super(message);
-    this.name = 'DormantApiError';
-    this.code = code;
-    this.status = status;
-    this.hint = hint;
-  }
-}
+import { apiError } from './errors.js';
+
+export { DormantApiError } from './errors.js';
 
 export interface SandboxInfo {
   id: string;
@@ -93,6 +83,27 @@ export interface CreateSandboxOptions {
   onResume?: string[];
 }
 
+/** An API token as listed: never the token itself, which is shown once at creation. */
+export interface TokenInfo {
+  /** The first 12 hex digits of the token's SHA-256. */
+  id: string;
+  tenant: string;
+  admin: boolean;
+  createdAt: string;
+  revokedAt: string | null;
+}
+
+/** One state transition, as GET /v1/events sends it. */
+export interface TransitionInfo {
+  id: number;
+  sandboxId: string;
+  tenant: string;
+  from: string | null;
+  to: string;
+  at: string;
+  reason: string;
+}
+
 export interface ClientOptions {
   /** Default http://127.0.0.1:7420. */
   url?: string;
@@ -116,9 +127,14 @@ export class DormantClient {
     this.timeoutMs = opts.timeoutMs ?? 300_000;
   }
 
-  /** Sends one request; resolves with the parsed JSON (or text), rejects with DormantApiError. */
+  /**
+   * Sends one request; resolves with the parsed JSON (or text), rejects with a DormantApiError
+   * of the class for its code (errors.ts). An aborted `signal` rejects with the signal's reason.
+   */
   async request<T>(method: string, path: string, body?: unknown, opts: CallOptions = {}): Promise<T> {
-    const signals = [AbortSignal.timeout(this.timeoutMs), ...(opts.signal ? [opts.signal] : [])];
+    opts.signal?.throwIfAborted();
+    const timeout = AbortSignal.timeout(this.timeoutMs);
+    const signals = [timeout, ...(opts.signal ? [opts.signal] : [])];
     let res: Response;
     try {
       res = await fetch(`${this.url}${path}`, {
@@ -131,20 +147,19 @@ export class DormantClient {
         signal: AbortSignal.any(signals),
       });
     } catch (e) {
-      const why = e instanceof Error ? (e.cause instanceof Error ? e.cause.message : e.message) : String(e);
-      throw new DormantApiError(
-        'DAEMON_UNREACHABLE',
-        `cannot reach dormant at ${this.url}: ${why}`,
-        0,
-        'start it with `dormant serve`, or set DORMANT_URL',
-      );
+      throw this.transportError(e, method, path, timeout, opts.signal);
     }
-    const text = await res.text();
+    let text: string;
+    try {
+      text = await res.text();
+    } catch (e) {
+      throw this.transportError(e, method, path, timeout, opts.signal);
+    }
     const type = res.headers.get('content-type') ?? '';
     const data: unknown = type.includes('application/json') && text !== '' ? JSON.parse(text) : text;
     if (!res.ok) {
       const err = (data as { error?: { code?: string; message?: string; hint?: string } }).error;
-      throw new DormantApiError(
+      throw apiError(
         err?.code ?? `HTTP_${res.status}`,
         err?.message ?? `${method} ${path}: HTTP ${res.status}`,
         res.status,
@@ -152,6 +167,32 @@ export class DormantClient {
       );
     }
     return data as T;
+  }
+
+  private transportError(
+    e: unknown,
+    method: string,
+    path: string,
+    timeout: AbortSignal,
+    signal: AbortSignal | undefined,
+  ): unknown {
+    if (signal?.aborted) return signal.reason;
+    if (timeout.aborted)
+      return apiError(
+        'TIMEOUT',
+        `${method} ${path}: no answer from ${this.url} in ${this.timeoutMs} ms`,
+        0,
+        'raise the client timeout (timeoutMs), or check the daemon log',
+        { cause: e },
+      );
+    const why = e instanceof Error ? (e.cause instanceof Error ? e.cause.message : e.message) : String(e);
+    return apiError(
+      'DAEMON_UNREACHABLE',
+      `cannot reach dormant at ${this.url}: ${why}`,
+      0,
+      'start it with `dormant serve`, or set DORMANT_URL',
+      { cause: e },
+    );
   }
 
   health(opts?: CallOptions) {
@@ -209,7 +250,7 @@ export class DormantClient {
       const data = (await res.json().catch(() => ({}))) as {
         error?: { code?: string; message?: string; hint?: string };
       };
-      throw new DormantApiError(
+      throw apiError(
         data.error?.code ?? `HTTP_${res.status}`,
         data.error?.message ?? 'logs failed',
         res.status,
@@ -236,6 +277,82 @@ export class DormantClient {
       opts,
     );
   }
+  /** Mints a token for a tenant (admin only). The token is in the answer, and nowhere else. */
+  createToken(o: { tenant: string; admin?: boolean }, opts?: CallOptions) {
+    return this.request<TokenInfo & { token: string }>('POST', '/v1/tokens', o, opts);
+  }
+  /** Every token's public id, tenant and dates (admin only). */
+  async listTokens(opts?: CallOptions): Promise<TokenInfo[]> {
+    return (await this.request<{ tokens: TokenInfo[] }>('GET', '/v1/tokens', undefined, opts)).tokens;
+  }
+  /** Revokes a token by its public id (admin only); requests with it are refused at once. */
+  revokeToken(id: string, opts?: CallOptions) {
+    return this.request<TokenInfo>('DELETE', `/v1/tokens/${encodeURIComponent(id)}`, undefined, opts);
+  }
+
+  /**
+   * State transitions as they happen (GET /v1/events), for this token's tenant. Ends when the
+   * signal aborts (without an error) or the daemon closes the stream.
+   *
+   * @example
+   * ```ts
+   * const ac = new AbortController();
+   * for await (const t of client.events({ signal: ac.signal })) console.log(t.sandboxId, t.from, '->', t.to);
+   * ```
+   */
+  async *events(opts: CallOptions & { sinceId?: number } = {}): AsyncGenerator<TransitionInfo> {
+    const q = opts.sinceId !== undefined ? `?since=${opts.sinceId}` : '';
+    let res: Response;
+    try {
+      res = await fetch(`${this.url}/v1/events${q}`, {
+        headers: this.token ? { authorization: `Bearer ${this.token}` } : {},
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+    } catch (e) {
+      if (opts.signal?.aborted) return;
+      throw apiError(
+        'DAEMON_UNREACHABLE',
+        `cannot reach dormant at ${this.url}: ${String(e)}`,
+        0,
+        undefined,
+        {
+          cause: e,
+        },
+      );
+    }
+    if (!res.ok || !res.body) {
+      const data = (await res.json().catch(() => ({}))) as {
+        error?: { code?: string; message?: string; hint?: string };
+      };
+      throw apiError(
+        data.error?.code ?? `HTTP_${res.status}`,
+        data.error?.message ?? 'events failed',
+        res.status,
+        data.error?.hint,
+      );
+    }
+    const decoder = new TextDecoder();
+    let buf = '';
+    try {
+      for await (const chunk of res.body) {
+        buf += decoder.decode(chunk as Uint8Array, { stream: true });
+        let i: number;
+        while ((i = buf.indexOf('\n\n')) >= 0) {
+          const block = buf.slice(0, i);
+          buf = buf.slice(i + 2);
+          const data = block
+            .split('\n')
+            .filter((l) => l.startsWith('data:'))
+            .map((l) => l.slice(5).trimStart())
+            .join('\n');
+          if (data !== '') yield JSON.parse(data) as TransitionInfo;
+        }
+      }
+    } catch (e) {
+      if (!opts.signal?.aborted) throw e;
+    }
+  }
+
   async listCheckpoints(sandboxId?: string, opts?: CallOptions): Promise<CheckpointInfo[]> {
     const q = sandboxId ? `?sandbox=${encodeURIComponent(sandboxId)}` : '';
     return (

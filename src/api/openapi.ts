@@ -1,0 +1,345 @@
+/**
+ * GET /v1/openapi.json: the OpenAPI 3.1 document of the API, generated at start from the zod
+ * schemas that validate requests (schemas.ts) and from response schemas kept here, which the
+ * API tests check real answers against so the document cannot drift from the server.
+ *
+ * Why zod's own z.toJSONSchema and not @fastify/swagger: the routes validate with zod inside
+ * their handlers (one `parse` that produces our error shape), so fastify never sees a schema
+ * to document; a table here plus z.toJSONSchema documents exactly what is validated, with no
+ * second schema language and no plugin.
+ */
+import type { FastifyInstance } from 'fastify';
+import { z } from 'zod';
+import {
+  CheckpointsQuery,
+  CreateSandboxBody,
+  CreateTokenBody,
+  EventsQuery,
+  ExecBody,
+  ForkBody,
+  KeepaliveBody,
+  LogsQuery,
+} from './schemas.js';
+
+const State = z.enum([
+  'creating',
+  'running',
+  'paused',
+  'hibernating',
+  'hibernated',
+  'resuming',
+  'archived',
+  'deleting',
+  'failed',
+]);
+
+export const SandboxSchema = z.object({
+  id: z.string(),
+  name: z.string(),
+  tenant: z.string(),
+  state: State,
+  ports: z.array(z.object({ port: z.number().int(), public: z.boolean() })),
+  address: z.string().nullable(),
+  /** Memory the sandbox's cgroup holds now; 0 while hibernated or archived. */
+  memoryBytes: z.number().int().nonnegative(),
+  memoryLimitBytes: z.number().int().positive(),
+  cpus: z.number(),
+  command: z.array(z.string()),
+  source: z.unknown(),
+  createdAt: z.iso.datetime(),
+  stateSince: z.iso.datetime(),
+  lastActiveAt: z.iso.datetime(),
+  checkpointId: z.string().nullable(),
+  lastError: z.string().nullable(),
+  policy: z.record(z.string(), z.unknown()),
+});
+
+export const CheckpointSchema = z.object({
+  id: z.string(),
+  sandboxId: z.string(),
+  tenant: z.string(),
+  kind: z.string(),
+  createdAt: z.iso.datetime(),
+  logicalBytes: z.number().int().nonnegative(),
+  storedBytes: z.number().int().nonnegative(),
+  meta: z.record(z.string(), z.unknown()),
+});
+
+/** One state transition, as GET /v1/events sends it (`event: transition`, `id:` = its id). */
+export const TransitionSchema = z.object({
+  id: z.number().int().positive(),
+  sandboxId: z.string(),
+  tenant: z.string(),
+  from: State.nullable(),
+  to: State,
+  at: z.iso.datetime(),
+  reason: z.string(),
+});
+
+export const TokenSchema = z.object({
+  id: z.string().describe('the first 12 hex digits of the SHA-256 of the token'),
+  tenant: z.string(),
+  admin: z.boolean(),
+  createdAt: z.iso.datetime(),
+  revokedAt: z.iso.datetime().nullable(),
+});
+
+export const ExecResultSchema = z.object({
+  exitCode: z.number().int(),
+  stdout: z.string(),
+  stderr: z.string(),
+  durationMs: z.number(),
+});
+
+export const ErrorSchema = z.object({
+  error: z.object({
+    code: z.string().describe('stable: SANDBOX_NOT_FOUND, ILLEGAL_TRANSITION, INVALID_ARGUMENT, ...'),
+    message: z.string(),
+    hint: z.string().optional(),
+  }),
+});
+
+interface Route {
+  method: 'get' | 'post' | 'delete';
+  path: string;
+  summary: string;
+  body?: z.ZodType;
+  query?: z.ZodObject;
+  /** Status and schema of the success answer; a string is a media type without a schema. */
+  ok: [number, z.ZodType | string | null];
+  admin?: boolean;
+  public?: boolean;
+}
+
+const idParam = { name: 'id', in: 'path', required: true, schema: { type: 'string' } } as const;
+
+const ROUTES: Route[] = [
+  {
+    method: 'get',
+    path: '/v1/health',
+    summary: 'liveness and version',
+    ok: [200, z.object({ ok: z.boolean(), version: z.string() })],
+    public: true,
+  },
+  {
+    method: 'get',
+    path: '/v1/openapi.json',
+    summary: 'this document',
+    ok: [200, 'application/json'],
+    public: true,
+  },
+  {
+    method: 'get',
+    path: '/v1/sandboxes',
+    summary: "the token's sandboxes (every tenant's for an admin)",
+    ok: [200, z.object({ sandboxes: z.array(SandboxSchema) })],
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes',
+    summary: 'start a sandbox',
+    body: CreateSandboxBody,
+    ok: [201, SandboxSchema],
+  },
+  {
+    method: 'get',
+    path: '/v1/sandboxes/{id}',
+    summary: 'one sandbox (by id or name)',
+    ok: [200, SandboxSchema],
+  },
+  {
+    method: 'delete',
+    path: '/v1/sandboxes/{id}',
+    summary: 'delete the sandbox and its data',
+    ok: [204, null],
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes/{id}/pause',
+    summary: 'freeze (memory kept)',
+    ok: [200, SandboxSchema],
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes/{id}/hibernate',
+    summary: 'CRIU checkpoint into the vault; memory freed',
+    ok: [200, SandboxSchema],
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes/{id}/resume',
+    summary: 'back to running from paused, hibernated or archived',
+    ok: [200, SandboxSchema],
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes/{id}/archive',
+    summary: 'keep only the filesystem',
+    ok: [200, SandboxSchema],
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes/{id}/fork',
+    summary: 'a new sandbox from the latest checkpoint',
+    body: ForkBody,
+    ok: [201, SandboxSchema],
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes/{id}/exec',
+    summary: 'run a command inside',
+    body: ExecBody,
+    ok: [200, ExecResultSchema],
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes/{id}/keepalive',
+    summary: 'tell the policy the sandbox is busy',
+    body: KeepaliveBody,
+    ok: [200, SandboxSchema],
+  },
+  {
+    method: 'get',
+    path: '/v1/sandboxes/{id}/logs',
+    summary: "the sandbox's output (follow=1 streams it)",
+    query: LogsQuery,
+    ok: [200, 'text/plain'],
+  },
+  {
+    method: 'get',
+    path: '/v1/sandboxes/{id}/url',
+    summary: 'the wake-proxy address of a port',
+    query: z.object({ port: z.coerce.number().int() }),
+    ok: [200, 'application/json'],
+  },
+  {
+    method: 'get',
+    path: '/v1/checkpoints',
+    summary: 'checkpoints, newest first',
+    query: CheckpointsQuery,
+    ok: [200, z.object({ checkpoints: z.array(CheckpointSchema) })],
+  },
+  { method: 'get', path: '/v1/checkpoints/{id}', summary: 'one checkpoint', ok: [200, CheckpointSchema] },
+  {
+    method: 'get',
+    path: '/v1/checkpoints/{id}/inspect',
+    summary: 'process tree, files, sockets, memory, mounts',
+    ok: [200, 'application/json'],
+  },
+  {
+    method: 'get',
+    path: '/v1/checkpoints/{id}/scan',
+    summary: 'secrets found in memory and files',
+    ok: [200, 'application/json'],
+  },
+  {
+    method: 'get',
+    path: '/v1/events',
+    summary: 'server-sent events: `event: transition`, data a Transition',
+    query: EventsQuery,
+    ok: [200, 'text/event-stream'],
+  },
+  {
+    method: 'post',
+    path: '/v1/tokens',
+    summary: 'mint a token for a tenant (answered once)',
+    body: CreateTokenBody,
+    ok: [201, TokenSchema.extend({ token: z.string() })],
+    admin: true,
+  },
+  {
+    method: 'get',
+    path: '/v1/tokens',
+    summary: 'every token (hashes only ever stored)',
+    ok: [200, z.object({ tokens: z.array(TokenSchema) })],
+    admin: true,
+  },
+  {
+    method: 'delete',
+    path: '/v1/tokens/{id}',
+    summary: 'revoke a token',
+    ok: [200, TokenSchema],
+    admin: true,
+  },
+  { method: 'get', path: '/metrics', summary: 'Prometheus metrics', ok: [200, 'text/plain'], admin: true },
+];
+
+const json = (s: z.ZodType, io: 'input' | 'output'): Record<string, unknown> => {
+  const out = z.toJSONSchema(s, { io, unrepresentable: 'any' }) as Record<string, unknown>;
+  delete out.$schema;
+  return out;
+};
+
+/** Builds the document. Pure: the same schemas always give the same document. */
+export function openApiDocument(version: string): Record<string, unknown> {
+  const paths: Record<string, Record<string, unknown>> = {};
+  for (const r of ROUTES) {
+    const parameters: unknown[] = [];
+    if (r.path.includes('{id}')) parameters.push(idParam);
+    if (r.query) {
+      const q = json(r.query, 'input') as { properties?: Record<string, unknown>; required?: string[] };
+      for (const [name, schema] of Object.entries(q.properties ?? {}))
+        parameters.push({ name, in: 'query', required: q.required?.includes(name) ?? false, schema });
+    }
+    const [status, ok] = r.ok;
+    const success =
+      ok === null
+        ? { description: 'done' }
+        : typeof ok === 'string'
+          ? { description: 'ok', content: { [ok]: {} } }
+          : { description: 'ok', content: { 'application/json': { schema: json(ok, 'output') } } };
+    const err = {
+      description: 'an error',
+      content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } },
+    };
+    (paths[r.path] ??= {})[r.method] = {
+      summary: r.summary,
+      ...(r.public ? { security: [] } : {}),
+      ...(parameters.length > 0 ? { parameters } : {}),
+      ...(r.body
+        ? {
+            requestBody: {
+              required: !r.body.safeParse(undefined).success,
+              content: { 'application/json': { schema: json(r.body, 'input') } },
+            },
+          }
+        : {}),
+      responses: {
+        [status]: success,
+        ...(r.body || r.query ? { 400: err } : {}),
+        ...(r.public ? {} : { 401: err }),
+        ...(r.admin ? { 403: err } : {}),
+        ...(r.path.includes('{id}') ? { 404: err } : {}),
+        ...(r.method === 'post' && r.path.startsWith('/v1/sandboxes/') ? { 409: err } : {}),
+        default: err,
+      },
+    };
+  }
+  return {
+    openapi: '3.1.0',
+    info: {
+      title: 'dormant',
+      version,
+      description:
+        "Pause and resume for AI-agent sandboxes. Every route but /v1/health and this document needs `Authorization: Bearer TOKEN`; another tenant's ids answer 404.",
+    },
+    servers: [{ url: '/' }],
+    security: [{ bearer: [] }],
+    components: {
+      securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'a dmt_... token' } },
+      schemas: {
+        Error: json(ErrorSchema, 'output'),
+        Sandbox: json(SandboxSchema, 'output'),
+        Checkpoint: json(CheckpointSchema, 'output'),
+        Transition: json(TransitionSchema, 'output'),
+        Token: json(TokenSchema, 'output'),
+      },
+    },
+    paths,
+  };
+}
+
+export function registerOpenApi(app: FastifyInstance, version: string): void {
+  const doc = openApiDocument(version);
+  app.get('/v1/openapi.json', async () => doc);
+}

@@ -1,0 +1,81 @@
+/**
+ * API tokens over HTTP (admin only): POST /v1/tokens mints one for a tenant and answers the
+ * token once; GET /v1/tokens lists them; DELETE /v1/tokens/{id} revokes one. A token's public
+ * id is the first 12 hex digits of its SHA-256, so it can be named without being shown again.
+ */
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { DormantError, ErrorCode } from '../domain/errors.js';
+import type { StateStore, TokenRow } from '../state/store.js';
+import { hashToken, newToken } from './auth.js';
+import { CreateTokenBody, TokenIdParams } from './schemas.js';
+import { parse } from './validate.js';
+
+/** How many hex digits of the hash name a token in the API and the CLI. */
+export const TOKEN_ID_LENGTH = 12;
+
+export function tokenView(t: TokenRow) {
+  return {
+    id: t.hash.slice(0, TOKEN_ID_LENGTH),
+    tenant: t.tenant,
+    admin: t.admin,
+    createdAt: new Date(t.createdAt).toISOString(),
+    revokedAt: t.revokedAt === undefined ? null : new Date(t.revokedAt).toISOString(),
+  };
+}
+
+export function requireAdmin(req: FastifyRequest, what: string): void {
+  if (!req.principal.admin)
+    throw new DormantError('FORBIDDEN', `${what} needs an admin token`, {
+      status: 403,
+      hint: 'use the admin token (<data-dir>/admin-token) or ask your operator',
+    });
+}
+
+export interface TokenRouteOptions {
+  store: StateStore;
+}
+
+export function registerTokenRoutes(app: FastifyInstance, opts: TokenRouteOptions): void {
+  const { store } = opts;
+
+  app.post('/v1/tokens', async (req, reply) => {
+    requireAdmin(req, 'creating a token');
+    const b = parse(CreateTokenBody, req.body, 'request body');
+    const token = newToken();
+    const row: TokenRow = { hash: hashToken(token), tenant: b.tenant, admin: b.admin, createdAt: Date.now() };
+    store.insertToken(row);
+    return reply.status(201).send({ ...tokenView(row), token });
+  });
+
+  app.get('/v1/tokens', async (req) => {
+    requireAdmin(req, 'listing tokens');
+    return { tokens: store.listTokens().map(tokenView) };
+  });
+
+  app.delete('/v1/tokens/:id', async (req) => {
+    requireAdmin(req, 'revoking a token');
+    const { id } = parse(TokenIdParams, req.params, 'path');
+    const all = store.listTokens();
+    const matches = all.filter((t) => t.hash.startsWith(id.toLowerCase()));
+    if (matches.length === 0)
+      throw new DormantError('TOKEN_NOT_FOUND', `no token ${id}`, { status: 404, hint: 'dormant token ls' });
+    if (matches.length > 1)
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `token id ${id} is ambiguous`, {
+        status: 400,
+        hint: `give more of the id (${TOKEN_ID_LENGTH} hex digits)`,
+      });
+    const t = matches[0]!;
+    if (
+      t.admin &&
+      t.revokedAt === undefined &&
+      all.filter((x) => x.admin && x.revokedAt === undefined).length === 1
+    )
+      throw new DormantError('LAST_ADMIN_TOKEN', `token ${id} is the last admin token`, {
+        status: 409,
+        hint: 'create another admin token first (POST /v1/tokens with admin: true)',
+      });
+    // Revoking twice is not an error: the token is revoked either way.
+    store.revokeToken(t.hash, Date.now());
+    return tokenView(store.listTokens().find((x) => x.hash === t.hash) ?? t);
+  });
+}

@@ -1,0 +1,131 @@
+/**
+ * Typed errors of the SDK. Every error the API answers carries a stable `code`
+ * (`SANDBOX_NOT_FOUND`, `ILLEGAL_TRANSITION`, ...); the SDK maps each code family back to a
+ * class, so callers can `catch (e) { if (e instanceof NotFoundError) ... }` and still read
+ * `e.code`, `e.status` and `e.hint`.
+ *
+ * @example
+ * ```ts
+ * import { Sandbox, NotFoundError } from '@dormant/sdk';
+ * try {
+ *   await Sandbox.connect('sb-0123456789abcdef');
+ * } catch (e) {
+ *   if (e instanceof NotFoundError) console.log(e.code, e.hint); // SANDBOX_NOT_FOUND
+ *   else throw e;
+ * }
+ * ```
+ */
+
+/** Any error the dormant API answered (or the daemon could not be reached), with its stable code. */
+export class DormantApiError extends Error {
+  /** Stable: what scripts match on. */
+  readonly code: string;
+  /** The HTTP status the API answered; 0 when no answer came. */
+  readonly status: number;
+  /** What to do about it. */
+  readonly hint: string | undefined;
+  constructor(code: string, message: string, status: number, hint?: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'DormantApiError';
+    this.code = code;
+    this.status = status;
+    this.hint = hint;
+  }
+}
+
+/**
+ * The token is missing, unknown or revoked (`UNAUTHORIZED`, 401).
+ * @example
+ * ```ts
+ * catch (e) { if (e instanceof AuthenticationError) console.error('set DORMANT_TOKEN'); }
+ * ```
+ */
+export class AuthenticationError extends DormantApiError {
+  override readonly name = 'AuthenticationError';
+}
+
+/** The token may not do this (`FORBIDDEN`, 403): an admin token is needed. */
+export class ForbiddenError extends DormantApiError {
+  override readonly name = 'ForbiddenError';
+}
+
+/**
+ * No such sandbox, checkpoint or token for this token's tenant (`*_NOT_FOUND`, 404).
+ * Another tenant's ids answer this too.
+ * @example
+ * ```ts
+ * const gone = await sb.getInfo().catch((e) => e instanceof NotFoundError);
+ * ```
+ */
+export class NotFoundError extends DormantApiError {
+  override readonly name = 'NotFoundError';
+}
+
+/** The request was invalid (`INVALID_ARGUMENT`, 400); the message names the field. */
+export class InvalidArgumentError extends DormantApiError {
+  override readonly name = 'InvalidArgumentError';
+}
+
+/**
+ * Not possible in the sandbox's current state (`ILLEGAL_TRANSITION` and other 409s), e.g.
+ * exec in a hibernated sandbox. The hint says what to do first.
+ * @example
+ * ```ts
+ * try { await sb.exec('ls'); } catch (e) { if (e instanceof ConflictError) await sb.resume(); }
+ * ```
+ */
+export class ConflictError extends DormantApiError {
+  override readonly name = 'ConflictError';
+}
+
+/**
+ * A lifecycle operation failed on the node (`HIBERNATE_FAILED`, `RESUME_FAILED`, `CRIU_*`,
+ * `RUNTIME_*`, `RESTORE_*`). The sandbox is left as the message says (a failed hibernate
+ * leaves it running; a failed resume keeps the checkpoint).
+ */
+export class SandboxOperationError extends DormantApiError {
+  override readonly name = 'SandboxOperationError';
+}
+
+/** The checkpoint vault refused or failed (`VAULT_*`, `*_KEY_*`). */
+export class VaultError extends DormantApiError {
+  override readonly name = 'VaultError';
+}
+
+/** The daemon could not be reached (`DAEMON_UNREACHABLE`): not running, or a wrong URL. */
+export class ConnectionError extends DormantApiError {
+  override readonly name = 'ConnectionError';
+}
+
+/** The call took longer than the client's `requestTimeoutMs` (`TIMEOUT`). */
+export class TimeoutError extends DormantApiError {
+  override readonly name = 'TimeoutError';
+}
+
+/** The error class for an API code and HTTP status; unknown codes give DormantApiError. */
+export function errorClassFor(code: string, status: number): typeof DormantApiError {
+  if (code === 'UNAUTHORIZED' || status === 401) return AuthenticationError;
+  if (code === 'FORBIDDEN' || status === 403) return ForbiddenError;
+  if (code.endsWith('_NOT_FOUND') && status === 404) return NotFoundError;
+  if (code === 'NOT_FOUND' || status === 404) return NotFoundError;
+  if (code === 'INVALID_ARGUMENT' || status === 400) return InvalidArgumentError;
+  if (code === 'DAEMON_UNREACHABLE') return ConnectionError;
+  if (code === 'TIMEOUT') return TimeoutError;
+  if (code.startsWith('VAULT_') || code.endsWith('_KEY_DESTROYED')) return VaultError;
+  if (code === 'ILLEGAL_TRANSITION' || status === 409) return ConflictError;
+  if (/^(HIBERNATE|RESUME|RESTORE|FORK|ARCHIVE|CREATE)_|^(CRIU|RUNTIME)_/.test(code))
+    return SandboxOperationError;
+  return DormantApiError;
+}
+
+/** Builds the typed error for an API answer. */
+export function apiError(
+  code: string,
+  message: string,
+  status: number,
+  hint?: string,
+  options?: { cause?: unknown },
+): DormantApiError {
+  const C = errorClassFor(code, status);
+  return new C(code, message, status, hint, options);
+}
