@@ -514,6 +514,8 @@ export class RuncRuntime implements Runtime {
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
     const logPath = join(opts.workDir, 'restore.log');
     const offset = await this.runcLogSize(id);
+    const pidFile = join(opts.workDir, 'restore.pid');
+    await rm(pidFile, { force: true });
     const lazy = opts.lazyPages === true ? await this.startLazyPages(opts) : undefined;
     let r: RunResult;
     try {
@@ -523,6 +525,8 @@ export class RuncRuntime implements Runtime {
           'restore',
           '--detach',
           ...(lazy ? ['--lazy-pages'] : []),
+          '--pid-file',
+          pidFile,
           '--image-path',
           opts.imagesDir,
           '--work-path',
@@ -547,11 +551,12 @@ export class RuncRuntime implements Runtime {
         { cause: e, details: { criuLog: logPath } },
       );
     }
-    const s = await this.runcState(id, opts);
-    if (s === undefined || s.pid <= 0)
+    // The pid file saves a `runc state` (a process start) on the resume path.
+    const pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+    if (!Number.isInteger(pid) || pid <= 0)
       throw new DormantError(
         ErrorCode.RUNTIME_RESTORE_FAILED,
-        `restore of sandbox ${id}: runc reports no container`,
+        `restore of sandbox ${id}: runc wrote no pid`,
         {
           details: { criuLog: logPath },
         },
@@ -560,13 +565,13 @@ export class RuncRuntime implements Runtime {
     // checkpoint (a fork) must still answer to its own hostname. Set from the host: the
     // sandbox itself has no CAP_SYS_ADMIN.
     const hostname = rec.spec.hostname ?? id;
-    await run('nsenter', ['--target', String(s.pid), '--uts', 'hostname', hostname], {
+    await run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
       timeoutMs: DEFAULTS.stateMs,
       signal: opts.signal,
     });
     return {
       durationMs: r.durationMs,
-      pid: s.pid,
+      pid,
       logPath,
       pagesLoaded: lazy ? lazy.done : Promise.resolve(),
     };
