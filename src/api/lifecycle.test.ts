@@ -7,7 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { request } from 'node:http';
 import { join } from 'node:path';
 import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
@@ -260,6 +260,42 @@ describe('sandbox lifecycle through the daemon', () => {
       `${Number(n) + 2} ${token}`,
       'the parent survives the fork being removed',
     );
+  });
+
+  test('a damaged newest checkpoint is refused by name, and the previous one still restores', async () => {
+    await client.hibernate(sb.id);
+    const atOlder = await client.resume(sb.id).then(() => eventually('server', () => get(sb.address!, 8080)));
+    await client.hibernate(sb.id);
+    const [newest, older] = await client.listCheckpoints(sb.id);
+    assert.ok(newest && older, 'two checkpoints kept');
+    // Damage the newest pack: it holds the chunks only the newest checkpoint added.
+    const packsDir = join(dir, 'data', 'vault', 'data', 'default', 'packs');
+    const packs = readdirSync(packsDir).map((f) => ({ f, t: statSync(join(packsDir, f)).mtimeMs }));
+    const newestPack = join(packsDir, packs.sort((a, b) => b.t - a.t)[0]!.f);
+    const bytes = readFileSync(newestPack);
+    const mid = Math.floor(bytes.length / 2);
+    bytes[mid] = (bytes[mid] ?? 0) ^ 0x55;
+    writeFileSync(newestPack, bytes);
+
+    const e = await apiError(client.resume(sb.id));
+    assert.equal(e.code, 'CHECKPOINT_DAMAGED');
+    assert.equal(e.status, 409);
+    assert.match(e.message, new RegExp(`checkpoint ${newest.id}`));
+    assert.match(e.hint ?? '', new RegExp(`--from ${older.id}`));
+    assert.equal((await client.getSandbox(sb.id)).state, 'hibernated');
+
+    const r = await client.request<SandboxInfo>('POST', `/v1/sandboxes/${sb.id}/resume`, { from: older.id });
+    assert.equal(r.state, 'running');
+    // The older checkpoint was taken before the request that answered `atOlder`: it answers it again.
+    assert.equal(
+      await eventually('server', () => get(sb.address!, 8080)),
+      atOlder,
+      'the state of the older checkpoint',
+    );
+    const wrong = await apiError(
+      client.request('POST', `/v1/sandboxes/${sb.id}/resume`, { from: 'ck-aaaaaaaaaaaaaaaa' }),
+    );
+    assert.equal(wrong.status, 404);
   });
 
   test('archive keeps the filesystem; resume starts the command afresh on it', async () => {

@@ -6,6 +6,7 @@
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
+import { z } from 'zod';
 import { DormantError, ErrorCode, asError } from '../domain/errors.js';
 import type { Sandbox, Transition } from '../domain/sandbox.js';
 import type { SandboxController } from '../control/sandboxes.js';
@@ -186,12 +187,24 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     return reply.status(204).send();
   });
 
-  for (const op of ['pause', 'hibernate', 'resume', 'archive'] as const) {
+  for (const op of ['pause', 'hibernate', 'archive'] as const) {
     app.post(`/v1/sandboxes/:id/${op}`, async (req) => {
       const id = sandboxId(req);
       return view(await controller[op](id, scope(req)));
     });
   }
+
+  app.post('/v1/sandboxes/:id/resume', async (req) => {
+    const id = sandboxId(req);
+    const b = parse(
+      z.strictObject({ from: z.string().min(1).max(128).optional() }).optional(),
+      req.body ?? undefined,
+      'request body',
+    );
+    return view(
+      await controller.resume(id, scope(req), 'resume', b?.from !== undefined ? { from: b.from } : {}),
+    );
+  });
 
   app.post('/v1/sandboxes/:id/fork', async (req, reply) => {
     const id = sandboxId(req);

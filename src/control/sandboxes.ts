@@ -542,10 +542,42 @@ export class SandboxController {
     }
   }
 
-  async resume(id: string, tenant?: string, reason = 'resume'): Promise<Sandbox> {
+  /**
+   * Back to running. From hibernated it restores the newest checkpoint, or `opts.from` (an
+   * older one of the same sandbox, when the newest is damaged).
+   */
+  async resume(
+    id: string,
+    tenant?: string,
+    reason = 'resume',
+    opts: { from?: string } = {},
+  ): Promise<Sandbox> {
     return this.locks.run(id, async () => {
       const s = this.get(id, tenant);
       assertLegal('resume', s.state, id);
+      if (opts.from !== undefined) {
+        const ck = this.store.getCheckpoint(opts.from);
+        if (!ck || ck.sandboxId !== s.id || ck.kind !== 'memory') {
+          throw new DormantError(
+            'CHECKPOINT_NOT_FOUND',
+            `sandbox ${s.id} has no checkpoint ${opts.from.slice(0, 80)}`,
+            {
+              status: 404,
+              hint: `dormant checkpoint ls ${s.id} lists its checkpoints`,
+            },
+          );
+        }
+        if (s.state !== 'hibernated') {
+          throw new DormantError(
+            'ILLEGAL_TRANSITION',
+            `cannot resume sandbox ${s.id} from a checkpoint: it is ${s.state}`,
+            {
+              status: 409,
+              hint: 'only a hibernated sandbox resumes from a checkpoint',
+            },
+          );
+        }
+      }
       if (isNoop('resume', s.state)) return s;
       if (s.state === 'paused') {
         await this.runtime.thaw(id);
@@ -557,13 +589,31 @@ export class SandboxController {
       const from = s.state;
       this.store.transition(id, from, 'resuming', reason, this.clock.now());
       try {
-        if (from === 'hibernated') await this.restoreFromVault(s);
+        if (from === 'hibernated') await this.restoreFromVault(s, opts.from ?? s.checkpointId);
         else await this.freshStart(s);
       } catch (e) {
         this.store.transition(id, 'resuming', from, 'resume failed', this.clock.now(), {
           lastError: asError(e).message,
         });
         if (isDormantError(e, 'RESTORE_INCOMPATIBLE')) throw e;
+        if (isDormantError(e) && e.code.startsWith('VAULT_') && from === 'hibernated') {
+          // A damaged checkpoint: say so, and name the older one that may still restore.
+          const used = opts.from ?? s.checkpointId;
+          const older = this.store
+            .listCheckpoints({ sandboxId: id })
+            .find((c) => c.kind === 'memory' && c.id !== used);
+          throw new DormantError(
+            'CHECKPOINT_DAMAGED',
+            `checkpoint ${used ?? '?'} of sandbox ${id} cannot be read (${e.code}): ${e.message.split('\n')[0] ?? ''}; the sandbox stays hibernated`,
+            {
+              status: 409,
+              cause: e,
+              hint: older
+                ? `resume from the previous checkpoint (losing what changed since): dormant resume ${id} --from ${older.id}`
+                : 'no older checkpoint of this sandbox is kept; dormant vault verify shows what is damaged',
+            },
+          );
+        }
         throw new DormantError(
           'RESUME_FAILED',
           `resume of sandbox ${id} failed; it is still ${from}${from === 'hibernated' ? ' and its checkpoint is intact' : ''}: ${asError(e).message}`,
@@ -612,8 +662,7 @@ export class SandboxController {
     return outcome;
   }
 
-  private async restoreFromVault(s: Sandbox): Promise<void> {
-    const ckId = s.checkpointId;
+  private async restoreFromVault(s: Sandbox, ckId: string | undefined): Promise<void> {
     if (ckId === undefined)
       throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
     const dir = this.staging(`${ckId}-restore`);
@@ -625,6 +674,7 @@ export class SandboxController {
       this.step('resume:fetched');
       await this.runtime.prepare(this.runtimeSpec(s));
       await this.runtime.restore(s.id, { imagesDir: images, workDir: join(dir, 'work') });
+      if (ckId !== s.checkpointId) this.store.updateSandbox(s.id, { checkpointId: ckId });
     } finally {
       await this.wipe(dir);
     }

@@ -8,6 +8,7 @@ import { formatBytes, formatDurationMs } from '../../domain/units.js';
 import type { SandboxInfo } from '../../sdk/client.js';
 import { clientFromEnv } from '../client.js';
 import { printJson } from '../output.js';
+import { withProgress as showProgress } from '../progress.js';
 
 const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
 
@@ -68,20 +69,16 @@ function sandboxDetail(s: SandboxInfo): string {
   return `${rows.map(([k, v]) => `${pc.bold(k.padEnd(12))} ${v}`).join('\n')}\n`;
 }
 
-/** Shows a spinner-free progress line on a terminal for operations that take seconds. */
+/**
+ * Progress on a terminal (progress.ts). The label is `OP REF`: REF's transitions give the phase
+ * (`creating` has no sandbox yet, so it shows only the clock).
+ */
 async function withProgress<T>(label: string, json: boolean, fn: () => Promise<T>): Promise<T> {
-  if (json || !process.stderr.isTTY) return fn();
-  const started = Date.now();
-  const timer = setInterval(
-    () => process.stderr.write(`\r${label}... ${formatDurationMs(Date.now() - started)}`),
-    200,
-  );
-  try {
-    return await fn();
-  } finally {
-    clearInterval(timer);
-    process.stderr.write(`\r${label}: done in ${formatDurationMs(Date.now() - started)}\n`);
-  }
+  const ref = /^\w+ (\S+)$/.exec(label)?.[1];
+  return showProgress(label, json, fn, {
+    client: clientFromEnv(),
+    ...(ref !== undefined ? { sandbox: ref } : {}),
+  });
 }
 
 export function registerSandboxes(program: Command): void {
@@ -202,10 +199,9 @@ export function registerSandboxes(program: Command): void {
       else process.stdout.write(text);
     });
 
-  const simple: [string, string, 'pause' | 'hibernate' | 'resume' | 'archive'][] = [
+  const simple: [string, string, 'pause' | 'hibernate' | 'archive'][] = [
     ['pause', 'freeze (memory kept)', 'pause'],
     ['hibernate', 'CRIU checkpoint into the vault; processes gone, memory freed', 'hibernate'],
-    ['resume', 'back to running from paused, hibernated or archived', 'resume'],
     ['archive', 'keep only the filesystem', 'archive'],
   ];
   for (const [name, description, op] of simple) {
@@ -220,6 +216,32 @@ export function registerSandboxes(program: Command): void {
         else process.stdout.write(`${s.id} ${s.state}\n`);
       });
   }
+
+  program
+    .command('resume')
+    .description('back to running from paused, hibernated or archived')
+    .argument('<id>')
+    .option(
+      '--from <checkpoint>',
+      'restore this older checkpoint instead of the newest (when the newest is damaged)',
+    )
+    .option('--json', 'print the sandbox as JSON')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  dormant resume agent\n  dormant resume agent --from ck-abcdefghijklmnop   # see: dormant checkpoint ls agent',
+    )
+    .action(async (id, o) => {
+      const client = clientFromEnv();
+      const s = await withProgress(`resume ${id}`, !!o.json, () =>
+        o.from === undefined
+          ? client.resume(id)
+          : client.request<SandboxInfo>('POST', `/v1/sandboxes/${encodeURIComponent(id)}/resume`, {
+              from: o.from,
+            }),
+      );
+      if (o.json) printJson(s);
+      else process.stdout.write(`${s.id} ${s.state}\n`);
+    });
 
   program
     .command('fork')
