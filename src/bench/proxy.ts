@@ -148,56 +148,58 @@ export const proxySuite: BenchSuite = {
       ];
       for (const [label, sb, port] of servers) {
         await untilServing(sb.address!, port);
-        const direct: Load[] = [];
-        const proxied: Load[] = [];
+        const tcp = (await client.sandboxUrl(sb.id, port)).tcp;
+        if (tcp === null) throw new Error(`${label}: no TCP listener for port ${port}`);
+        const [tcpHost, tcpPort] = tcp.split(':');
+        const ways = {
+          direct: { host: sb.address!, port, headers: {} },
+          http: {
+            host: '127.0.0.1',
+            port: proxyPort,
+            headers: { host: `${port}-${sb.id}.dormant.bench`, ...auth },
+          },
+          tcp: { host: tcpHost!, port: Number(tcpPort), headers: {} },
+        };
+        const got: Record<keyof typeof ways, Load[]> = { direct: [], http: [], tcp: [] };
         for (let i = 0; i < rounds; i++) {
-          // Alternate which goes first: the machine warms up and drifts during a run.
-          const pair = [
-            () =>
-              load({ host: sb.address!, port, headers: {}, durationMs, connections }).then((l) =>
-                direct.push(l),
-              ),
-            () =>
-              load({
-                host: '127.0.0.1',
-                port: proxyPort,
-                headers: { host: `${port}-${sb.id}.dormant.bench`, ...auth },
-                durationMs,
-                connections,
-              }).then((l) => proxied.push(l)),
-          ];
-          if (i % 2 === 1) pair.reverse();
-          for (const f of pair) await f();
+          // Rotate the order: the machine warms up and drifts during a run.
+          const order = (['direct', 'http', 'tcp'] as const).map((_, k, a) => a[(k + i) % a.length]!);
+          for (const w of order) got[w].push(await load({ ...ways[w], durationMs, connections }));
         }
-        const errors = [...direct, ...proxied].reduce((n, l) => n + l.errors, 0);
+        const errors = [...got.direct, ...got.http, ...got.tcp].reduce((n, l) => n + l.errors, 0);
         if (errors > 0) throw new Error(`${label}: ${errors} requests failed under load`);
         const m = (ls: Load[], k: 'rps' | 'p50Ms' | 'p99Ms') => median(ls.map((l) => l[k]));
-        rows.push(
-          {
-            name: `${label}: requests/s, ${connections} connections`,
-            dormant: Math.round(m(proxied, 'rps')),
-            peer: Math.round(m(direct, 'rps')),
-            peerName: 'direct',
-            unit: 'req/s',
-            better: 'higher',
-          },
-          {
-            name: `${label}: p50 latency`,
-            dormant: m(proxied, 'p50Ms'),
-            peer: m(direct, 'p50Ms'),
-            peerName: 'direct',
-            unit: 'ms',
-            better: 'lower',
-          },
-          {
-            name: `${label}: p99 latency`,
-            dormant: m(proxied, 'p99Ms'),
-            peer: m(direct, 'p99Ms'),
-            peerName: 'direct',
-            unit: 'ms',
-            better: 'lower',
-          },
-        );
+        for (const [way, what] of [
+          ['http', 'HTTP proxy'],
+          ['tcp', 'TCP forward'],
+        ] as const) {
+          rows.push(
+            {
+              name: `${label}, ${what}: requests/s, ${connections} connections`,
+              dormant: Math.round(m(got[way], 'rps')),
+              peer: Math.round(m(got.direct, 'rps')),
+              peerName: 'direct',
+              unit: 'req/s',
+              better: 'higher',
+            },
+            {
+              name: `${label}, ${what}: p50 latency`,
+              dormant: m(got[way], 'p50Ms'),
+              peer: m(got.direct, 'p50Ms'),
+              peerName: 'direct',
+              unit: 'ms',
+              better: 'lower',
+            },
+            {
+              name: `${label}, ${what}: p99 latency`,
+              dormant: m(got[way], 'p99Ms'),
+              peer: m(got.direct, 'p99Ms'),
+              peerName: 'direct',
+              unit: 'ms',
+              better: 'lower',
+            },
+          );
+        }
       }
       await client.remove(nd.id);
 
@@ -238,9 +240,9 @@ export const proxySuite: BenchSuite = {
     return {
       title: 'wake proxy overhead and wake latency',
       description:
-        `Keep-alive GET load (${connections} connections, ${durationMs / 1000} s after a 0.5 s warm-up, ${rounds} alternating round(s), median) ` +
-        'from a second Node process (src/bench/loadgen.ts) on loopback, through the wake proxy (Host routing, token check) ' +
-        "against straight to the sandbox's address; the upstreams are a threaded python http.server and a node http server " +
+        `Keep-alive GET load (${connections} connections, ${durationMs / 1000} s after a 0.5 s warm-up, ${rounds} rotating round(s), median) ` +
+        'from a second Node process (src/bench/loadgen.ts) on loopback, through the wake proxy (HTTP: Host routing, token check, ' +
+        "headers rewritten; TCP: the sandbox port's host listener, bytes relayed) against straight to the sandbox's address; the upstreams are a threaded python http.server and a node http server " +
         `in runc sandboxes. Then the time to first byte of a request that wakes a frozen and a hibernated sandbox (${quick ? 1 : 3} rounds, median), ` +
         'against `POST /resume` followed by the same request direct.',
       rows,
