@@ -230,6 +230,13 @@ describe('idle policy and wake proxy through the daemon', () => {
     await client.keepalive(sb.id, '0s');
   });
 
+  test('a running exec keeps the sandbox awake past its idle time', async () => {
+    const exec = client.exec(sb.id, ['sleep', '5']);
+    await new Promise((r) => setTimeout(r, 4500));
+    assert.equal(await state(), 'running', 'not hibernated under a running exec');
+    assert.equal((await exec).exitCode, 0);
+  });
+
   test('a raw TCP client wakes the sandbox too', async () => {
     await client.hibernate(sb.id);
     const { tcp } = await client.sandboxUrl(sb.id, 8080);
