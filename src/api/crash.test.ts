@@ -1,0 +1,348 @@
+/**
+ * Crash consistency: the daemon is killed with SIGKILL (no cleanup at all) at every named step
+ * of create, hibernate, resume and fork, and once in the middle of rm. A fresh daemon on the
+ * same data directory must then find every sandbox running or hibernated (a sandbox whose
+ * create was cut short is `failed`: it never ran, nothing of it was promised), with the
+ * memory of a python server intact, a clean vault (orphans of interrupted writes allowed,
+ * and gone after gc), no vault checkpoint without a record, nothing in staging, and, once the
+ * sandboxes are removed, no process, mount, network namespace or cgroup of theirs on the host.
+ *
+ * The crashing daemon runs in a child process (testing/crash-daemon.ts); the one that picks
+ * up the pieces runs in this process.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { createInterface } from 'node:readline';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import Database from 'better-sqlite3';
+import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { DormantClient, type SandboxInfo } from '../sdk/client.js';
+import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { eventually, httpGet, leftovers } from './testing/host.js';
+
+const SERVER = `
+import http.server, os
+count = 0
+token = os.urandom(8).hex()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        count += 1
+        body = ("%d %s" % (count, token)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+`;
+
+const CRASH_DAEMON = fileURLToPath(new URL('./testing/crash-daemon.js', import.meta.url));
+
+interface Child {
+  proc: ChildProcess;
+  client: DormantClient;
+  stderr: () => string;
+  /** Resolves with the signal that ended the child (null if it exited). */
+  exited: Promise<NodeJS.Signals | null>;
+}
+
+async function startCrashDaemon(dataDir: string, crashAt: string): Promise<Child> {
+  const proc = spawn(process.execPath, [CRASH_DAEMON, dataDir], {
+    env: { ...process.env, DORMANT_TEST_CRASH_AT: crashAt },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let err = '';
+  proc.stderr.setEncoding('utf8').on('data', (c: string) => (err += c));
+  const exited = new Promise<NodeJS.Signals | null>((resolve) => proc.once('exit', (_c, s) => resolve(s)));
+  const lines = createInterface({ input: proc.stdout });
+  const first = await Promise.race([
+    new Promise<string>((resolve) => lines.once('line', resolve)),
+    exited.then(() => {
+      throw new Error(`crash daemon exited before listening: ${err}`);
+    }),
+    new Promise<never>((_r, reject) =>
+      setTimeout(() => reject(new Error(`crash daemon did not start in 60 s: ${err}`)), 60_000).unref(),
+    ),
+  ]);
+  lines.close();
+  const { url, token } = JSON.parse(first) as { url: string; token: string };
+  return { proc, client: new DormantClient({ url, token }), stderr: () => err, exited };
+}
+
+/** Runs `op` against the child and waits for the child to die of its own SIGKILL. */
+async function crashDuring(child: Child, step: string, op: () => Promise<unknown>): Promise<void> {
+  const outcome = await op().then(
+    () => 'answered',
+    (e: unknown) => `failed: ${String(e)}`,
+  );
+  const signal = await Promise.race([
+    child.exited,
+    new Promise<'alive'>((r) => setTimeout(() => r('alive'), 30_000).unref()),
+  ]);
+  assert.equal(
+    signal,
+    'SIGKILL',
+    `the daemon must die at ${step} (the request ${outcome}); ${child.stderr()}`,
+  );
+  assert.match(child.stderr(), new RegExp(`SIGKILL at ${step}`));
+}
+
+async function serve(sb: SandboxInfo): Promise<[number, string]> {
+  const body = await eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080));
+  const [n, token] = body.split(' ');
+  assert.match(body, /^\d+ [0-9a-f]{16}$/);
+  return [Number(n), token!];
+}
+
+/** Reported to the lead: what reconcile gets wrong today (see each test for the step). */
+const BUG_UNRECORDED =
+  'BUG (control/sandboxes.ts reconcile): a crash after vault.putCheckpoint and before insertCheckpoint leaves a checkpoint in the vault with no database record; nothing deletes it (gc counts its manifest as live), so it leaks';
+const BUG_FROZEN_SOURCE =
+  'BUG (control/sandboxes.ts reconcileOne): a crash during fork leaves the source frozen; reconcile sees state running + runtime paused and records running -> paused instead of thawing it';
+const BUG_DELETING =
+  "BUG (control/sandboxes.ts reconcile): case 'deleting' returns 'deleting', equal to the current state, so deleteSandbox is never called and the sandbox stays listed as deleting";
+
+describe('crash at every step: a restarted daemon loses nothing and leaves nothing', () => {
+  let dir: string;
+  let rootfs: string;
+  const children: ChildProcess[] = [];
+  const daemons: Daemon[] = [];
+
+  before(async () => {
+    dir = await mkdtemp('/tmp/dormant-crash-');
+    rootfs = join(dir, 'rootfs');
+    await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER });
+  });
+
+  after(async () => {
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+    for (const d of daemons) {
+      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+      await d.close().catch(() => undefined);
+    }
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const create = (client: DormantClient, name: string) =>
+    client.createSandbox({
+      name,
+      rootfs,
+      command: ['/usr/bin/python3', '-u', '/srv/server.py'],
+      ports: [8080],
+      memory: '128M',
+    });
+
+  /**
+   * Restarts on `dataDir` in this process and checks what every step must leave: the vault
+   * clean (orphans reclaimed by gc), no vault checkpoint the database does not know, staging
+   * empty. Returns the daemon and an admin client.
+   */
+  async function restart(dataDir: string): Promise<{ daemon: Daemon; client: DormantClient }> {
+    const daemon = await startDaemon({
+      dataDir,
+      listen: '127.0.0.1:0',
+      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+      proxy: false,
+      policy: false,
+      warn: () => undefined,
+    });
+    daemons.push(daemon);
+    const client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    assert.deepEqual(await readdir(stagingDirFor(dataDir)), [], 'staging is empty after a restart');
+    const v = await daemon.vault.verify();
+    assert.equal(v.ok, true, JSON.stringify(v.problems));
+    assert.deepEqual(v.problems, []);
+    const orphans = v.orphans.packs + v.orphans.indexes + v.orphans.temporaries;
+    if (orphans > 0) {
+      await daemon.vault.gc();
+      const v2 = await daemon.vault.verify();
+      assert.equal(v2.ok, true);
+      assert.deepEqual(v2.orphans, { packs: 0, indexes: 0, temporaries: 0 }, 'gc reclaims the orphans');
+    }
+    return { daemon, client };
+  }
+
+  /** Vault checkpoints with no database record: data nobody can reach or delete. */
+  async function unrecorded(daemon: Daemon): Promise<string[]> {
+    const known = new Set(daemon.store.listCheckpoints({}).map((c) => c.id));
+    return (await daemon.vault.listCheckpoints({})).map((c) => c.checkpointId).filter((id) => !known.has(id));
+  }
+
+  /** Removes every sandbox, checks the host holds nothing of them, closes the daemon. */
+  async function finish(daemon: Daemon, client: DormantClient, ids: string[]): Promise<void> {
+    for (const s of await client.listSandboxes()) await client.remove(s.id);
+    for (const id of ids) assert.deepEqual(leftovers(id), [], `nothing of ${id} is left on the host`);
+    await daemon.close();
+    daemons.splice(daemons.indexOf(daemon), 1);
+  }
+
+  for (const step of ['create:before-runtime', 'create:created']) {
+    test(`crash at ${step}: the sandbox is failed, with nothing of it on the host; the daemon creates again`, async () => {
+      const data = join(dir, step.replace(':', '-'));
+      const child = await startCrashDaemon(data, step);
+      children.push(child.proc);
+      await crashDuring(child, step, () => create(child.client, 'victim'));
+      const { daemon, client } = await restart(data);
+      const all = await client.listSandboxes();
+      assert.equal(all.length, 1);
+      const s = all[0]!;
+      assert.equal(s.state, 'failed', 'a create cut short never ran: failed, not running');
+      assert.deepEqual(daemon.reconciled, [{ id: s.id, from: 'creating', to: 'failed' }]);
+      assert.deepEqual(leftovers(s.id), [], 'reconcile destroyed what the create had set up');
+      const again = await create(client, 'second');
+      assert.equal(again.state, 'running');
+      await serve(again);
+      await finish(daemon, client, [s.id, again.id]);
+    });
+  }
+
+  const hibernateSteps: [string, 'running' | 'hibernated'][] = [
+    ['hibernate:frozen', 'running'],
+    ['hibernate:dumped', 'running'],
+    ['hibernate:stored', 'running'],
+    ['hibernate:committed', 'hibernated'],
+  ];
+  for (const [step, expected] of hibernateSteps) {
+    test(`crash at ${step}: the sandbox is ${expected}, its memory intact; it hibernates and resumes again`, async (t) => {
+      const data = join(dir, step.replace(':', '-'));
+      const child = await startCrashDaemon(data, step);
+      children.push(child.proc);
+      const sb = await create(child.client, 'victim');
+      const [n, token] = await serve(sb);
+      await crashDuring(child, step, () => child.client.hibernate(sb.id));
+      const { daemon, client } = await restart(data);
+      const s = await client.getSandbox(sb.id);
+      assert.equal(s.state, expected);
+      if (expected === 'hibernated') {
+        assert.ok(s.checkpointId, 'the committed checkpoint is the current one');
+        assert.equal((await client.resume(sb.id)).state, 'running');
+      }
+      assert.equal((await serve(sb)).join(' '), `${n + 1} ${token}`, 'same process, same memory');
+      const lost = await unrecorded(daemon);
+      await t.test(
+        'every checkpoint in the vault has a record',
+        step === 'hibernate:stored' ? { todo: BUG_UNRECORDED } : {},
+        () => {
+          assert.deepEqual(lost, []);
+        },
+      );
+      // And the sandbox is fully usable: a full cycle works after the crash.
+      assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
+      assert.equal((await client.resume(sb.id)).state, 'running');
+      assert.equal((await serve(sb)).join(' '), `${n + 2} ${token}`);
+      await finish(daemon, client, [sb.id]);
+    });
+  }
+
+  test('crash at resume:fetched: the sandbox is hibernated and its checkpoint restores', async () => {
+    const step = 'resume:fetched';
+    const data = join(dir, 'resume-fetched');
+    const child = await startCrashDaemon(data, step);
+    children.push(child.proc);
+    const sb = await create(child.client, 'victim');
+    const [n, token] = await serve(sb);
+    await child.client.hibernate(sb.id);
+    await crashDuring(child, step, () => child.client.resume(sb.id));
+    const { daemon, client } = await restart(data);
+    const s = await client.getSandbox(sb.id);
+    assert.equal(s.state, 'hibernated');
+    assert.equal((await client.resume(sb.id)).state, 'running');
+    assert.equal((await serve(sb)).join(' '), `${n + 1} ${token}`);
+    await finish(daemon, client, [sb.id]);
+  });
+
+  for (const step of ['fork:dumped', 'fork:stored']) {
+    test(`crash at ${step}: the source is running with its memory; no half fork remains`, async (t) => {
+      const data = join(dir, step.replace(':', '-'));
+      const child = await startCrashDaemon(data, step);
+      children.push(child.proc);
+      const sb = await create(child.client, 'victim');
+      const [n, token] = await serve(sb);
+      await crashDuring(child, step, () => child.client.fork(sb.id, { name: 'victim-fork' }));
+      const { daemon, client } = await restart(data);
+      const all = await client.listSandboxes();
+      assert.deepEqual(
+        all.map((x) => x.id),
+        [sb.id],
+        'no half fork remains',
+      );
+      const after = all[0]!.state;
+      await t.test(
+        'the source is running (it was only frozen for the dump)',
+        { todo: BUG_FROZEN_SOURCE },
+        () => {
+          assert.equal(after, 'running');
+        },
+      );
+      assert.ok(['running', 'paused'].includes(after), `the source is alive (${after})`);
+      if (after === 'paused') await client.resume(sb.id);
+      assert.equal((await serve(sb)).join(' '), `${n + 1} ${token}`, 'same process, same memory');
+      const lost = await unrecorded(daemon);
+      await t.test(
+        'every checkpoint in the vault has a record',
+        step === 'fork:stored' ? { todo: BUG_UNRECORDED } : {},
+        () => {
+          assert.deepEqual(lost, []);
+        },
+      );
+      const f = await client.fork(sb.id, { name: 'victim-fork-2' });
+      assert.equal((await serve(f)).join(' '), `${n + 2} ${token}`, 'a fork after the crash works');
+      await finish(daemon, client, all.map((x) => x.id).concat(f.id));
+    });
+  }
+
+  test('crash in the middle of rm: the sandbox is gone after the restart, and so is all of it', async (t) => {
+    const data = join(dir, 'rm');
+    // No named step inside rm: kill the daemon as soon as the database says `deleting`.
+    const child = await startCrashDaemon(data, 'none');
+    children.push(child.proc);
+    const sb = await create(child.client, 'victim');
+    await serve(sb);
+    await child.client.hibernate(sb.id);
+    await child.client.resume(sb.id);
+    await serve(sb);
+    const db = new Database(join(data, 'state.db'), { readonly: true, fileMustExist: true });
+    let sawDeleting = false;
+    try {
+      const state = db.prepare('SELECT state FROM sandboxes WHERE id = ?');
+      const removal = child.client.remove(sb.id).then(
+        () => 'answered',
+        () => 'cut',
+      );
+      let done = false;
+      void removal.then(() => (done = true));
+      while (!done) {
+        const row = state.get(sb.id) as { state: string } | undefined;
+        if (row?.state === 'deleting') {
+          sawDeleting = true;
+          child.proc.kill('SIGKILL');
+          break;
+        }
+        await new Promise((r) => setTimeout(r, 2));
+      }
+      await removal;
+    } finally {
+      db.close();
+    }
+    if (!sawDeleting) child.proc.kill('SIGKILL');
+    await child.exited;
+    const { daemon, client } = await restart(data);
+    const listed = (await client.listSandboxes()).map((x) => `${x.id} ${x.state}`);
+    await t.test(
+      `the sandbox is no longer listed (killed mid-rm: ${sawDeleting})`,
+      { todo: BUG_DELETING },
+      () => {
+        assert.deepEqual(listed, []);
+      },
+    );
+    assert.deepEqual(leftovers(sb.id), [], 'reconcile finished destroying what rm had started');
+    assert.deepEqual(await unrecorded(daemon), []);
+    await finish(daemon, client, [sb.id]);
+  });
+});

@@ -1,0 +1,33 @@
+/**
+ * Test-only: the daemon in a child process that kills itself (SIGKILL, no cleanup, exactly as
+ * the kernel's OOM killer or a power cut would leave things) when the controller reaches the
+ * step named by DORMANT_TEST_CRASH_AT. Prints `{"url","token","pid"}` on one line of stdout
+ * once it listens. Usage: node crash-daemon.js DATA_DIR
+ */
+import { startDaemon } from '../daemon.js';
+
+const dataDir = process.argv[2];
+if (dataDir === undefined) {
+  process.stderr.write('usage: crash-daemon DATA_DIR\n');
+  process.exit(2);
+}
+const crashAt = process.env.DORMANT_TEST_CRASH_AT;
+
+const daemon = await startDaemon({
+  dataDir,
+  listen: '127.0.0.1:0',
+  readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+  proxy: false,
+  policy: false,
+  warn: () => undefined,
+  failAt: (step) => {
+    if (step === crashAt) {
+      process.stderr.write(`crash-daemon: SIGKILL at ${step}\n`);
+      process.kill(process.pid, 'SIGKILL');
+    }
+  },
+});
+process.stdout.write(`${JSON.stringify({ url: daemon.url, token: daemon.adminToken, pid: process.pid })}\n`);
+process.on('SIGTERM', () => {
+  void daemon.close().then(() => process.exit(0));
+});

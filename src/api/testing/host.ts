@@ -1,0 +1,75 @@
+/**
+ * Test helpers for the fault, crash and load tests: a plain HTTP GET to a sandbox, polling
+ * with a deadline, and a census of what a sandbox may leave on the host (processes, mounts,
+ * network namespace, cgroups) so a test can assert that nothing of it remains.
+ */
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { request } from 'node:http';
+
+/** GET http://host:port/path; resolves with the body (any status), rejects on a network error. */
+export function httpGet(host: string, port: number, path = '/', timeoutMs = 5000): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host, port, path, agent: false, timeout: timeoutMs }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => {
+        resolve(body);
+      });
+      res.on('error', reject);
+    });
+    req.on('timeout', () => req.destroy(new Error(`GET ${host}:${port}${path}: timeout`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/** Retries `fn` until it resolves or `timeoutMs` passes; then throws with the last error. */
+export async function eventually<T>(what: string, fn: () => Promise<T>, timeoutMs = 20_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < deadline) {
+    try {
+      return await fn();
+    } catch (e) {
+      last = e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  throw new Error(`${what}: not after ${timeoutMs} ms: ${String(last)}`);
+}
+
+function readOr(path: string, fallback: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch {
+    // The process or file went away while we looked.
+    return fallback;
+  }
+}
+
+/**
+ * Everything on the host that still names the sandbox: live processes (by command line or
+ * cgroup), mounts, its network namespace, its cgroups. Empty when the sandbox left no trace.
+ */
+export function leftovers(id: string): string[] {
+  const found: string[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p) || Number(p) === process.pid) continue;
+    const status = readOr(`/proc/${p}/status`, '');
+    if (status === '' || /^State:\s+Z/m.test(status)) continue;
+    const cmdline = readOr(`/proc/${p}/cmdline`, '').replaceAll('\0', ' ').trim();
+    if (cmdline.includes(id) || readOr(`/proc/${p}/cgroup`, '').includes(id))
+      found.push(`process ${p}: ${cmdline.slice(0, 200)}`);
+  }
+  for (const line of readOr('/proc/self/mountinfo', '').split('\n'))
+    if (line.includes(id)) found.push(`mount: ${line.slice(0, 200)}`);
+  if (existsSync(`/run/netns/dormant-${id}`)) found.push(`network namespace dormant-${id}`);
+  for (const hierarchy of readdirSync('/sys/fs/cgroup')) {
+    for (const parent of ['dormant', '']) {
+      const path = `/sys/fs/cgroup/${hierarchy}/${parent}/${id}`.replace('//', '/');
+      if (existsSync(path)) found.push(`cgroup ${path}`);
+    }
+  }
+  return found;
+}
