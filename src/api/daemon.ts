@@ -40,6 +40,8 @@ export interface DaemonOptions {
   prices?: Partial<PriceSheet>;
   /** How often the meter samples each sandbox's cgroup. Default 15 s. */
   meterIntervalMs?: number;
+  /** Resume with CRIU lazy pages (userfaultfd). Default false. */
+  lazyRestore?: boolean;
   /** Fault injection for crash tests. */
   failAt?: (step: string) => void;
   /** The wake proxy (default: on, API port + 1); false: none. */
@@ -115,6 +117,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
+    ...(opts.lazyRestore ? { lazyRestore: true } : {}),
     // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
     usage: (id) => cgroupUsage(`/dormant/${id}`),
     platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),

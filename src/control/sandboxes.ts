@@ -74,6 +74,11 @@ export interface ControllerOptions {
   readonlyBinds?: RuntimeSpec['readonlyBinds'];
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
+  /**
+   * Resume with CRIU's lazy pages (userfaultfd): the sandbox runs as soon as its processes are
+   * back and its memory is copied in behind it. Default false (eager).
+   */
+  lazyRestore?: boolean;
   /** This node's architecture, CRIU version and CPU flags, recorded in checkpoints and checked before restores. */
   platform?: () => Promise<PlatformFacts>;
   /** Resource use of a sandbox's cgroup right now (undefined: no processes). */
@@ -552,7 +557,47 @@ export class SandboxController {
     reason = 'resume',
     opts: { from?: string } = {},
   ): Promise<Sandbox> {
-    return this.locks.run(id, async () => {
+    // The caller gets the sandbox as soon as it runs. With lazy restore its pages are still
+    // being copied in: the sandbox's lock is held until they are, so no other operation (a
+    // hibernate, say) can touch it half-loaded.
+    let answer!: (s: Sandbox) => void;
+    let refuse!: (e: unknown) => void;
+    const answered = new Promise<Sandbox>((res, rej) => {
+      answer = res;
+      refuse = rej;
+    });
+    this.locks
+      .run(id, async () => {
+        const r = await this.resumeLocked(id, tenant, reason, opts);
+        answer(r.sandbox);
+        if (r.pagesLoaded) await this.afterLazyRestore(r.sandbox, r.pagesLoaded);
+      })
+      .catch(refuse);
+    return answered;
+  }
+
+  /** A lazy restore's pages failed to arrive: the sandbox is unusable, its checkpoint is not. */
+  private async afterLazyRestore(s: Sandbox, pagesLoaded: Promise<void>): Promise<void> {
+    try {
+      await pagesLoaded;
+    } catch (e) {
+      await this.runtime.stop(s.id).catch(() => undefined);
+      this.store.transition(s.id, 'running', 'hibernated', 'lazy restore failed', this.clock.now(), {
+        lastError: `lazy restore failed, back to its checkpoint: ${asError(e).message}`,
+        memoryBytes: 0,
+      });
+    } finally {
+      await this.wipe(this.staging(`${s.id}-restore`));
+    }
+  }
+
+  private async resumeLocked(
+    id: string,
+    tenant: string | undefined,
+    reason: string,
+    opts: { from?: string },
+  ): Promise<{ sandbox: Sandbox; pagesLoaded?: Promise<void> }> {
+    {
       const s = this.get(id, tenant);
       assertLegal('resume', s.state, id);
       if (opts.from !== undefined) {
@@ -578,18 +623,20 @@ export class SandboxController {
           );
         }
       }
-      if (isNoop('resume', s.state)) return s;
+      if (isNoop('resume', s.state)) return { sandbox: s };
       if (s.state === 'paused') {
         await this.runtime.thaw(id);
         this.store.transition(id, 'paused', 'running', reason, this.clock.now(), {
           lastActiveAt: this.clock.now(),
         });
-        return this.get(id);
+        return { sandbox: this.get(id) };
       }
       const from = s.state;
       this.store.transition(id, from, 'resuming', reason, this.clock.now());
+      let pagesLoaded: Promise<void> | undefined;
       try {
-        if (from === 'hibernated') await this.restoreFromVault(s, opts.from ?? s.checkpointId);
+        if (from === 'hibernated')
+          ({ pagesLoaded } = await this.restoreFromVault(s, opts.from ?? s.checkpointId));
         else await this.freshStart(s);
       } catch (e) {
         this.store.transition(id, 'resuming', from, 'resume failed', this.clock.now(), {
@@ -628,8 +675,8 @@ export class SandboxController {
       if (s.spec.onResume && s.spec.onResume.length > 0) why = `${reason}; ${await this.runResumeHook(s)}`;
       const now = this.clock.now();
       this.store.transition(id, 'resuming', 'running', why, now, { lastActiveAt: now, lastError: undefined });
-      return this.get(id);
-    });
+      return { sandbox: this.get(id), ...(pagesLoaded ? { pagesLoaded } : {}) };
+    }
   }
 
   /**
@@ -662,10 +709,20 @@ export class SandboxController {
     return outcome;
   }
 
-  private async restoreFromVault(s: Sandbox, ckId: string | undefined): Promise<void> {
+  /**
+   * Restores the sandbox from checkpoint `ckId`. With lazy restore, returns the promise of
+   * its pages arriving; the staging folder must stay until it settles (afterLazyRestore).
+   */
+  private async restoreFromVault(
+    s: Sandbox,
+    ckId: string | undefined,
+  ): Promise<{ pagesLoaded: Promise<void> | undefined }> {
     if (ckId === undefined)
       throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
-    const dir = this.staging(`${ckId}-restore`);
+    // One restore per sandbox at a time (its lock), so the sandbox names the folder.
+    const dir = this.staging(`${s.id}-restore`);
+    const lazy = this.opts.lazyRestore === true;
+    let keep = false;
     try {
       await this.checkCompatible(s.id, this.store.getCheckpoint(ckId));
       await mkdir(dir, { recursive: true, mode: 0o700 });
@@ -673,10 +730,17 @@ export class SandboxController {
       await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images });
       this.step('resume:fetched');
       await this.runtime.prepare(this.runtimeSpec(s));
-      await this.runtime.restore(s.id, { imagesDir: images, workDir: join(dir, 'work') });
+      const r = await this.runtime.restore(s.id, {
+        imagesDir: images,
+        workDir: join(dir, 'work'),
+        lazyPages: lazy,
+      });
       if (ckId !== s.checkpointId) this.store.updateSandbox(s.id, { checkpointId: ckId });
+      keep = lazy;
+      // Wrapped: awaiting a returned promise directly would wait for the pages too.
+      return { pagesLoaded: lazy ? r.pagesLoaded : undefined };
     } finally {
-      await this.wipe(dir);
+      if (!keep) await this.wipe(dir);
     }
   }
 
