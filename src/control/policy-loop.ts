@@ -71,7 +71,7 @@ export class PolicyLoop {
   private readonly waiting: (() => void)[] = [];
   private running = 0;
   private closed = false;
-  private ticking: Promise<PolicyStep[]> | undefined;
+  private looking = false;
 
   constructor(opts: PolicyLoopOptions) {
     this.opts = opts;
@@ -82,8 +82,9 @@ export class PolicyLoop {
     const every = this.opts.intervalMs ?? 5000;
     if (every <= 0 || this.timer) return;
     this.timer = setInterval(() => {
-      // A tick still deciding is not doubled; steps in flight do not hold the next tick back.
-      if (!this.ticking) void this.tick().catch(() => undefined);
+      // A pass still looking is not doubled; steps in flight do not hold the next pass back
+      // (a hibernate takes seconds, and other sandboxes may be due meanwhile).
+      if (!this.looking) void this.look().catch(() => undefined);
     }, every);
     this.timer.unref();
   }
@@ -98,16 +99,21 @@ export class PolicyLoop {
 
   /** One pass over every sandbox; resolves once the steps it started are done. */
   async tick(): Promise<PolicyStep[]> {
-    const t = this.tickOnce();
-    this.ticking = t;
+    const started = await this.look();
+    return (await Promise.all(started)).filter((x): x is PolicyStep => x !== undefined);
+  }
+
+  /** Looks at every sandbox and starts the steps that are due; resolves once they are started. */
+  private async look(): Promise<Promise<PolicyStep | undefined>[]> {
+    this.looking = true;
     try {
-      return await t;
+      return await this.lookOnce();
     } finally {
-      if (this.ticking === t) this.ticking = undefined;
+      this.looking = false;
     }
   }
 
-  private async tickOnce(): Promise<PolicyStep[]> {
+  private async lookOnce(): Promise<Promise<PolicyStep | undefined>[]> {
     const started: Promise<PolicyStep | undefined>[] = [];
     const seen = new Set<string>();
     for (const s of this.opts.target.list()) {
@@ -123,7 +129,7 @@ export class PolicyLoop {
     }
     for (const id of this.cpu.keys()) if (!seen.has(id)) this.cpu.delete(id);
     for (const id of this.backoff.keys()) if (!seen.has(id)) this.backoff.delete(id);
-    return (await Promise.all(started)).filter((x): x is PolicyStep => x !== undefined);
+    return started;
   }
 
   /** Decides on fresh state (the sandbox may have moved while the loop looked at others). */

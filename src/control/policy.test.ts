@@ -337,6 +337,41 @@ describe('policy loop', () => {
     );
   });
 
+  test('on its timer, a long step in flight does not hold other sandboxes back', async () => {
+    const clock = manualClock(T0);
+    const target = new FakeTarget(clock);
+    target.add(sandbox({ id: 'sb-aaaaaaaaaaaaaaa1' }));
+    target.add(sandbox({ id: 'sb-aaaaaaaaaaaaaaa2', lastActiveAt: T0 + 10 * M }));
+    let open!: () => void;
+    const gate = new Promise<void>((r) => (open = r));
+    const hibernate = target.hibernate.bind(target);
+    let firstStarted = false;
+    target.hibernate = async (id: string, t?: string, reason?: string) => {
+      if (id === 'sb-aaaaaaaaaaaaaaa1') {
+        firstStarted = true;
+        await gate;
+      }
+      return hibernate(id, t, reason);
+    };
+    const loop = new PolicyLoop({ target, clock, intervalMs: 5 });
+    loop.start();
+    clock.t = T0 + 15 * M;
+    const until = async (what: string, ok: () => boolean) => {
+      for (let i = 0; i < 200 && !ok(); i++) await new Promise((r) => setTimeout(r, 5));
+      assert.ok(ok(), what);
+    };
+    await until('the first hibernate started', () => firstStarted);
+    clock.t = T0 + 25 * M;
+    await until('the second sandbox was hibernated meanwhile', () =>
+      target.transitions.some((t) => t.id === 'sb-aaaaaaaaaaaaaaa2'),
+    );
+    assert.equal(target.get('sb-aaaaaaaaaaaaaaa1').state, 'running', 'the first is still in flight');
+    open();
+    await until('the first finished', () => target.get('sb-aaaaaaaaaaaaaaa1').state === 'hibernated');
+    await loop.close();
+    assert.equal(target.transitions.length, 2);
+  });
+
   test('per-tenant defaults from the daemon configuration apply to sandboxes without their own', async () => {
     const clock = manualClock(T0);
     const target = new FakeTarget(clock);
