@@ -189,7 +189,7 @@ function registerUrlRoute(
     const tenant = req.principal.admin ? undefined : req.principal.tenant;
     const s = controller.get(params.id ?? '', tenant);
     if (!proxy) {
-      throw new DormantError('PROXY_DISABLED', 'this daemon runs no wake proxy', {
+      throw new DormantError(ErrorCode.PROXY_DISABLED, 'this daemon runs no wake proxy', {
         status: 503,
         hint: 'start dormant serve with the proxy enabled',
       });

@@ -72,6 +72,18 @@ export const ErrorCode = {
   CHECKPOINT_ARCHIVE_TOO_LARGE: 'CHECKPOINT_ARCHIVE_TOO_LARGE',
   CHECKPOINT_HAS_SECRETS: 'CHECKPOINT_HAS_SECRETS',
   INTERNAL: 'INTERNAL',
+  /** Wake proxy: the sandbox did not wake within the bound (503, Retry-After). */
+  WAKE_TIMEOUT: 'WAKE_TIMEOUT',
+  /** Wake proxy: the resume failed (502). */
+  WAKE_FAILED: 'WAKE_FAILED',
+  /** Wake proxy: the Host names no sandbox port (404). */
+  PROXY_NO_ROUTE: 'PROXY_NO_ROUTE',
+  /** Wake proxy: a sandbox name shared by several visible sandboxes (409). */
+  PROXY_AMBIGUOUS: 'PROXY_AMBIGUOUS',
+  /** Wake proxy: the sandbox's server did not answer (502). */
+  PROXY_UPSTREAM: 'PROXY_UPSTREAM',
+  /** The daemon runs no wake proxy (503). */
+  PROXY_DISABLED: 'PROXY_DISABLED',
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 

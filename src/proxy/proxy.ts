@@ -21,7 +21,7 @@ import {
 import { connect, createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { open, readFile, rename } from 'node:fs/promises';
 import { formatDurationMs } from '../domain/units.js';
-import { asError, errnoCode } from '../domain/errors.js';
+import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
 import { TOKEN_COOKIE, extractCredentials, hostFor, parseHost, type Credentials } from './routing.js';
 
@@ -295,7 +295,7 @@ export class WakeProxy {
     if (!route) {
       throw new ProxyError(
         404,
-        'PROXY_NO_ROUTE',
+        ErrorCode.PROXY_NO_ROUTE,
         `no sandbox in host "${(hostHeader ?? '').slice(0, 100)}"`,
         `sandbox URLs look like http://PORT-ID.${this.domain}:${this.port}/ (dormant url ID PORT)`,
       );
@@ -312,7 +312,7 @@ export class WakeProxy {
     if (pick.length > 1) {
       throw new ProxyError(
         409,
-        'PROXY_AMBIGUOUS',
+        ErrorCode.PROXY_AMBIGUOUS,
         `more than one sandbox is named ${route.ref}`,
         'use the sandbox id',
       );
@@ -347,7 +347,7 @@ export class WakeProxy {
     const timedOut = (): ProxyError =>
       new ProxyError(
         503,
-        'WAKE_TIMEOUT',
+        ErrorCode.WAKE_TIMEOUT,
         `sandbox ${s.id} did not wake within ${formatDurationMs(timeoutMs)}`,
         'it is still waking; retry shortly',
         this.opts.retryAfterS ?? 5,
@@ -361,7 +361,11 @@ export class WakeProxy {
     ])
       .catch((e: unknown) => {
         if (e instanceof ProxyError) throw e;
-        throw new ProxyError(502, 'WAKE_FAILED', `sandbox ${s.id} could not be woken: ${asError(e).message}`);
+        throw new ProxyError(
+          502,
+          ErrorCode.WAKE_FAILED,
+          `sandbox ${s.id} could not be woken: ${asError(e).message}`,
+        );
       })
       .finally(() => clearTimeout(timer));
     // A sandbox started afresh (from archived) needs a moment before its server listens.
@@ -395,7 +399,7 @@ export class WakeProxy {
     const pe =
       e instanceof ProxyError
         ? e
-        : new ProxyError(502, 'PROXY_UPSTREAM', `the sandbox did not answer: ${asError(e).message}`);
+        : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
     if (res.headersSent) {
       res.destroy();
       return;
@@ -529,7 +533,8 @@ export class WakeProxy {
         socket.pipe(up);
       });
     } catch (e) {
-      const pe = e instanceof ProxyError ? e : new ProxyError(502, 'PROXY_UPSTREAM', asError(e).message);
+      const pe =
+        e instanceof ProxyError ? e : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, asError(e).message);
       const body = JSON.stringify({ error: { code: pe.code, message: pe.message } });
       socket.end(
         `HTTP/1.1 ${pe.status} ${pe.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
