@@ -48,6 +48,18 @@ function readOr(path: string, fallback: string): string {
   }
 }
 
+/** Live processes in the sandbox's cgroup (its own; not the host-side log collector). */
+export function sandboxProcesses(id: string): number[] {
+  const pids: number[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    const status = readOr(`/proc/${p}/status`, '');
+    if (status === '' || /^State:\s+Z/m.test(status)) continue;
+    if (readOr(`/proc/${p}/cgroup`, '').includes(id)) pids.push(Number(p));
+  }
+  return pids;
+}
+
 /**
  * Everything on the host that still names the sandbox: live processes (by command line or
  * cgroup), mounts, its network namespace, its cgroups. Empty when the sandbox left no trace.
