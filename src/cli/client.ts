@@ -4,14 +4,18 @@ import { join } from 'node:path';
 import { DormantClient } from '../sdk/client.js';
 import { daemonUrl, defaultDataDir } from './env.js';
 
-export function clientFromEnv(env: NodeJS.ProcessEnv = process.env): DormantClient {
-  let token = env.DORMANT_TOKEN;
-  if (token === undefined || token === '') {
-    try {
-      token = readFileSync(join(defaultDataDir(env), 'admin-token'), 'utf8').trim();
-    } catch {
-      token = undefined;
-    }
+/** DORMANT_TOKEN, else the admin token file under the data directory when it is readable. */
+export function tokenFromEnv(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  const token = env.DORMANT_TOKEN;
+  if (token !== undefined && token !== '') return token;
+  try {
+    return readFileSync(join(defaultDataDir(env), 'admin-token'), 'utf8').trim() || undefined;
+  } catch {
+    return undefined;
   }
+}
+
+export function clientFromEnv(env: NodeJS.ProcessEnv = process.env): DormantClient {
+  const token = tokenFromEnv(env);
   return new DormantClient({ url: daemonUrl(env), ...(token ? { token } : {}) });
 }

@@ -10,6 +10,8 @@ import { registerServe } from './commands/serve.js';
 import { registerCheckpoint } from './commands/checkpoint.js';
 import { registerCost } from './commands/cost.js';
 import { registerUrl } from './commands/url.js';
+import { registerTokens } from './commands/tokens.js';
+import { registerDashboard } from './commands/dashboard.js';
 import { EXIT_USAGE, reportError } from './output.js';
 
 export function buildProgram(): Command {
@@ -18,12 +20,29 @@ export function buildProgram(): Command {
     .description('Pause and resume for AI-agent sandboxes on machines you own.')
     .version('0.1.0')
     .showHelpAfterError('(run with --help for usage)')
+    .addHelpText(
+      'after',
+      `
+A session:
+  dormant serve &                                   # API, dashboard, wake proxy, idle policy
+  dormant create --name agent --rootfs ./rootfs --idle 10m -- python3 -m http.server 8080
+  dormant exec agent -- ls /srv
+  dormant hibernate agent                           # checkpoint into the vault, memory freed
+  dormant ls
+  dormant resume agent                              # processes and memory back
+  dormant dashboard                                 # the fleet in a browser
+
+Environment: DORMANT_URL (default http://127.0.0.1:7420), DORMANT_TOKEN (default: the
+admin token in $DORMANT_DATA_DIR/admin-token). Every command takes --json.`,
+    )
     .exitOverride();
   registerServe(program);
   registerSandboxes(program);
   registerCheckpoint(program);
   registerCost(program);
   registerUrl(program);
+  registerTokens(program);
+  registerDashboard(program);
   registerDoctor(program);
   registerVault(program);
   return program;

@@ -1,0 +1,132 @@
+/**
+ * Repeated cycles: one sandbox hibernated and resumed many times in a row keeps its memory
+ * and its files exactly. A python server holds 16 MiB of random bytes and a counter in
+ * memory; the sandbox's filesystem holds a 4 MiB random file and a log that grows by one line
+ * per cycle. Every cycle checks the hashes of all of them, the counter, and that only the
+ * last two checkpoints are kept; at the end the vault verifies clean and has not grown
+ * beyond two checkpoints' worth.
+ *
+ * Runs 5 cycles by default; DORMANT_TEST_CYCLES=50 runs the full 50 (about 6 minutes on a
+ * loaded 2-core machine).
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { DormantClient, type SandboxInfo } from '../sdk/client.js';
+import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { eventually, httpGet, leftovers, sandboxProcesses } from './testing/host.js';
+import { readdir } from 'node:fs/promises';
+
+const CYCLES = Number(process.env.DORMANT_TEST_CYCLES ?? '5');
+
+const SERVER = `
+import hashlib, http.server, os
+count = 0
+blob = bytearray(os.urandom(16 * 1024 * 1024))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        count += 1
+        body = ("%d %s" % (count, hashlib.sha256(blob).hexdigest())).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+`;
+
+function stats(xs: number[]): string {
+  const s = [...xs].sort((a, b) => a - b);
+  const at = (q: number) => s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? 0;
+  return `median ${at(0.5)} ms, p90 ${at(0.9)} ms, max ${s.at(-1) ?? 0} ms`;
+}
+
+describe(`repeated cycles (DORMANT_TEST_CYCLES=${CYCLES}; set it to 50 for the full run)`, () => {
+  let dir: string;
+  let daemon: Daemon;
+  let client: DormantClient;
+  let sb: SandboxInfo | undefined;
+
+  before(async () => {
+    dir = await mkdtemp('/tmp/dormant-cycles-');
+    await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/server.py': SERVER });
+    daemon = await startDaemon({
+      dataDir: join(dir, 'data'),
+      listen: '127.0.0.1:0',
+      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+      proxy: false,
+      policy: false,
+      warn: () => undefined,
+    });
+    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+  });
+
+  after(async () => {
+    if (sb) await client.remove(sb.id).catch(() => undefined);
+    await daemon.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  test(`${CYCLES} hibernate/resume cycles keep memory and files exactly`, async (t) => {
+    sb = await client.createSandbox({
+      name: 'cycles',
+      rootfs: join(dir, 'rootfs'),
+      command: ['/usr/bin/python3', '-u', '/srv/server.py'],
+      ports: [8080],
+      memory: '256M',
+    });
+    const id = sb.id;
+    const address = sb.address!;
+    const get = () => eventually('server', () => httpGet(address, 8080), 30_000);
+    const sh = async (script: string): Promise<string> => {
+      const r = await client.exec(id, ['sh', '-c', script]);
+      assert.equal(r.exitCode, 0, r.stderr);
+      return r.stdout;
+    };
+    const [, memory] = (await get()).split(' ');
+    assert.match(memory!, /^[0-9a-f]{64}$/);
+    await sh('head -c 4194304 /dev/urandom > /srv/data.bin');
+    const file = await sh('sha256sum /srv/data.bin');
+    let count = 1;
+    let log = '';
+    const hib: number[] = [];
+    const res: number[] = [];
+    for (let i = 1; i <= CYCLES; i++) {
+      await sh(`echo cycle-${i} >> /srv/log.txt`);
+      log += `cycle-${i}\n`;
+      let t0 = Date.now();
+      const h = await client.hibernate(id);
+      hib.push(Date.now() - t0);
+      assert.equal(h.state, 'hibernated', `cycle ${i}`);
+      assert.deepEqual(sandboxProcesses(id), [], `cycle ${i}: nothing runs while hibernated`);
+      t0 = Date.now();
+      assert.equal((await client.resume(id)).state, 'running', `cycle ${i}`);
+      res.push(Date.now() - t0);
+      count++;
+      assert.equal(await get(), `${count} ${memory}`, `cycle ${i}: the counter and the 16 MiB buffer`);
+      assert.equal(await sh('sha256sum /srv/data.bin'), file, `cycle ${i}: the 4 MiB file`);
+      assert.equal(await sh('cat /srv/log.txt'), log, `cycle ${i}: the growing log`);
+      assert.equal(
+        (await client.listCheckpoints(id)).length,
+        Math.min(i, 2),
+        `cycle ${i}: the last two checkpoints are kept`,
+      );
+    }
+    t.diagnostic(`hibernate: ${stats(hib)}; resume: ${stats(res)}; ${CYCLES} cycles`);
+    assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'staging is empty');
+    const v = await daemon.vault.verify();
+    assert.equal(v.ok, true, JSON.stringify(v.problems));
+    assert.equal(v.checkpoints, Math.min(CYCLES, 2));
+    await daemon.vault.gc();
+    const st = await daemon.vault.stats();
+    t.diagnostic(`vault after gc: ${JSON.stringify(st).slice(0, 400)}`);
+    await client.remove(id);
+    sb = undefined;
+    assert.deepEqual(leftovers(id), []);
+  });
+});
