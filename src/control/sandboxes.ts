@@ -11,7 +11,6 @@ import { arch, release } from 'node:os';
 import { isAbsolute, join } from 'node:path';
 import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
 import {
-  DEFAULT_POLICY,
   ID_PATTERN,
   assertLegal,
   isNoop,
@@ -49,6 +48,10 @@ export interface CheckpointVault {
   deleteCheckpoint(o: { tenant: string; checkpointId: string }): Promise<unknown>;
   /** Crypto-shreds the sandbox's key and deletes its checkpoints. */
   destroySandboxKey(o: { tenant: string; sandboxId: string }): Promise<unknown>;
+  listCheckpoints(o?: {
+    tenant?: string;
+    sandboxId?: string;
+  }): Promise<{ tenant: string; checkpointId: string }[]>;
 }
 
 export interface Clock {
@@ -151,6 +154,12 @@ export class SandboxController {
     return { ...s, memoryBytes: u?.memoryBytes ?? 0 };
   }
 
+  /** Activity now; a lease (lastActiveAt in the future, from keepalive) is never shortened. */
+  private markActive(id: string): void {
+    const cur = this.store.getSandbox(id);
+    if (cur) this.store.updateSandbox(id, { lastActiveAt: Math.max(cur.lastActiveAt, this.clock.now()) });
+  }
+
   /** Resource use of the sandbox's cgroup now; undefined when it has no processes. */
   async usage(id: string): Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined> {
     return this.opts.usage ? this.opts.usage(id).catch(() => undefined) : undefined;
@@ -158,7 +167,7 @@ export class SandboxController {
 
   /** Records activity on the sandbox (API call, proxied traffic): the idle clock restarts. */
   touch(id: string): void {
-    this.store.updateSandbox(id, { lastActiveAt: this.clock.now() });
+    this.markActive(id);
   }
 
   private runtimeSpec(s: Sandbox): RuntimeSpec {
@@ -248,7 +257,9 @@ export class SandboxController {
         ports,
         memoryBytes: input.memoryBytes ?? DEFAULT_MEMORY,
         cpus: input.cpus ?? 1,
-        policy: { ...DEFAULT_POLICY, ...input.policy },
+        // Only what the caller set: node and tenant defaults apply to the rest when the policy
+        // runs, so changing a default reaches existing sandboxes.
+        policy: { ...input.policy },
         ...(input.onResume ? { onResume: input.onResume } : {}),
       },
       createdAt: now,
@@ -287,7 +298,7 @@ export class SandboxController {
     assertLegal('exec', s.state, id);
     if (args.length === 0) throw invalid('exec needs a command');
     const r = await this.runtime.exec(id, args, opts);
-    this.store.updateSandbox(id, { lastActiveAt: this.clock.now() });
+    this.markActive(id);
     return r;
   }
 
@@ -627,7 +638,7 @@ export class SandboxController {
       if (s.state === 'paused') {
         await this.runtime.thaw(id);
         this.store.transition(id, 'paused', 'running', reason, this.clock.now(), {
-          lastActiveAt: this.clock.now(),
+          lastActiveAt: Math.max(s.lastActiveAt, this.clock.now()),
         });
         return { sandbox: this.get(id) };
       }
@@ -674,7 +685,10 @@ export class SandboxController {
       let why = reason;
       if (s.spec.onResume && s.spec.onResume.length > 0) why = `${reason}; ${await this.runResumeHook(s)}`;
       const now = this.clock.now();
-      this.store.transition(id, 'resuming', 'running', why, now, { lastActiveAt: now, lastError: undefined });
+      this.store.transition(id, 'resuming', 'running', why, now, {
+        lastActiveAt: Math.max(s.lastActiveAt, now),
+        lastError: undefined,
+      });
       return { sandbox: this.get(id), ...(pagesLoaded ? { pagesLoaded } : {}) };
     }
   }
@@ -777,14 +791,14 @@ export class SandboxController {
     return this.get(id);
   }
 
-  async remove(id: string, tenant?: string): Promise<void> {
+  async remove(id: string, tenant?: string, reason = 'rm'): Promise<void> {
     await this.locks.run(id, async () => {
       const s = this.get(id, tenant);
-      if (s.state !== 'deleting') this.store.transition(id, s.state, 'deleting', 'rm', this.clock.now());
+      if (s.state !== 'deleting') this.store.transition(id, s.state, 'deleting', reason, this.clock.now());
       await this.runtime.destroy(id);
       // Crypto-shredding: without the sandbox's key its checkpoints cannot be read again.
       await this.vault.destroySandboxKey({ tenant: s.tenant, sandboxId: id });
-      this.store.deleteSandbox(id, 'rm', this.clock.now());
+      this.store.deleteSandbox(id, reason, this.clock.now());
     });
   }
 
@@ -797,14 +811,33 @@ export class SandboxController {
     for (const s of this.store.listSandboxes()) {
       await this.locks.run(s.id, async () => {
         const to = await this.reconcileOne(s).catch(() => 'failed' as const);
-        if (to !== s.state) {
-          if (to === 'deleting') this.store.deleteSandbox(s.id, 'reconcile', this.clock.now());
-          else this.store.transition(s.id, s.state, to, 'reconcile after restart', this.clock.now());
+        if (to === 'deleting') {
+          // An rm that a crash interrupted: finished now.
+          this.store.deleteSandbox(s.id, 'rm finished after restart', this.clock.now());
+          changes.push({ id: s.id, from: s.state, to });
+        } else if (to !== s.state) {
+          this.store.transition(s.id, s.state, to, 'reconcile after restart', this.clock.now());
           changes.push({ id: s.id, from: s.state, to });
         }
       });
     }
+    await this.dropUnrecordedCheckpoints();
     return changes;
+  }
+
+  /**
+   * A crash between storing a checkpoint in the vault and recording it in the database leaves
+   * a checkpoint nobody knows of; the database is the record, so the vault's copy goes (gc
+   * then reclaims its chunks). Runs at start, when no hibernate is in flight.
+   */
+  private async dropUnrecordedCheckpoints(): Promise<void> {
+    const live = new Set(this.store.listCheckpoints().map((c) => c.id));
+    for (const c of await this.vault.listCheckpoints().catch(() => [])) {
+      if (live.has(c.checkpointId)) continue;
+      await this.vault
+        .deleteCheckpoint({ tenant: c.tenant, checkpointId: c.checkpointId })
+        .catch(() => undefined);
+    }
   }
 
   private async reconcileOne(s: Sandbox): Promise<SandboxState> {
@@ -837,6 +870,11 @@ export class SandboxController {
         if (status !== 'absent') await this.runtime.stop(s.id);
         return s.checkpointId ? 'hibernated' : 'archived';
       case 'running':
+        // Frozen while recorded running: a hibernate or fork froze it and the daemon died.
+        if (status === 'paused') await this.runtime.thaw(s.id);
+        if (status === 'running' || status === 'paused') return 'running';
+        if (status !== 'absent') await this.runtime.stop(s.id);
+        return this.fallback(s);
       case 'paused':
         if (status === 'running' || status === 'paused') return status;
         if (status !== 'absent') await this.runtime.stop(s.id);

@@ -92,8 +92,8 @@ export function registerSandboxes(program: Command): void {
     .option('--env <K=V>', 'an environment variable (repeatable)', collect, [])
     .option('--memory <size>', 'memory limit, e.g. 512M', '512M')
     .option('--cpus <n>', 'CPU limit in cores', '1')
-    .option('--idle <duration>', 'hibernate after this long idle', '15m')
-    .option('--archive-after <duration>', 'archive after this long hibernated', '7d')
+    .option('--idle <duration>', 'hibernate after this long idle (default: the tenant or node default, 15m)')
+    .option('--archive-after <duration>', 'archive after this long hibernated (default: 7d)')
     .option('--lifetime <duration>', 'end the sandbox after this long')
     .option('--on-resume <cmd>', 'shell command run inside after every resume')
     .option('--json', 'print the sandbox as JSON')
@@ -128,8 +128,8 @@ export function registerSandboxes(program: Command): void {
           ports,
           memory: o.memory,
           cpus,
-          idle: o.idle,
-          archiveAfter: o.archiveAfter,
+          ...(o.idle !== undefined ? { idle: o.idle } : {}),
+          ...(o.archiveAfter !== undefined ? { archiveAfter: o.archiveAfter } : {}),
           ...(o.lifetime ? { lifetime: o.lifetime } : {}),
           ...(o.onResume ? { onResume: ['sh', '-c', o.onResume] } : {}),
         }),
