@@ -4,8 +4,8 @@
  * browser's localStorage) or passes once as `/#token=...`, which never reaches a server log.
  *
  * The files are hand-written HTML, CSS and a JavaScript module (src/dashboard/static), copied
- * to dist/dashboard/static by `npm run build`; served from there, or from src/ when the copy
- * is missing (tests run from a plain `tsc` build).
+ * to dist/dashboard/static by `npm run build`; served from src/ when it is there (a checkout),
+ * else from that copy.
  */
 import type { FastifyInstance } from 'fastify';
 import { readFile } from 'node:fs/promises';
@@ -20,14 +20,16 @@ const TYPES: Record<string, string> = {
 };
 
 export function dashboardDir(): string {
-  const built = fileURLToPath(new URL('../dashboard/static/', import.meta.url));
-  if (existsSync(`${built}index.html`)) return built;
-  return fileURLToPath(new URL('../../src/dashboard/static/', import.meta.url));
+  // In a checkout the source folder is the truth (a dist copy from an older build may lag
+  // behind it); an installed package has only the built copy.
+  const source = fileURLToPath(new URL('../../src/dashboard/static/', import.meta.url));
+  if (existsSync(`${source}index.html`)) return source;
+  return fileURLToPath(new URL('../dashboard/static/', import.meta.url));
 }
 
 /** Paths the auth hook lets through without a token. */
 export function isDashboardPath(path: string): boolean {
-  return path === '/' || path === '/index.html' || path.startsWith('/dashboard/');
+  return path === '/' || path === '/index.html' || path === '/favicon.ico' || path.startsWith('/dashboard/');
 }
 
 export function registerDashboard(app: FastifyInstance): void {

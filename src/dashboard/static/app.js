@@ -3,12 +3,13 @@
 // with the token the user pasted (localStorage) or passed once as /#token=... .
 //
 // Data: GET /v1/sandboxes every few seconds and on every event; GET /v1/checkpoints for the
-// sizes of memory checkpoints (memory freed); GET /v1/events (server-sent events, read with
-// fetch because EventSource cannot send an Authorization header) from the first transition,
-// which gives the timeline and the time each sandbox spent holding memory (the cost estimate).
+// sizes of memory checkpoints (memory freed); GET /v1/cost?by=sandbox for what each sandbox
+// spent and what sleeping saved (the daemon's metering); GET /v1/events (server-sent events,
+// read with fetch because EventSource cannot send an Authorization header) from the first
+// transition, for the timeline and, on a daemon without /v1/cost, a labelled estimate.
 
-/** Placeholder price until the metering issue lands; labelled as an estimate on the page. */
-const PRICE_PER_GIB_HOUR = 0.005;
+/** Used only when the daemon has no /v1/cost; the page then says it is an estimate. */
+const ESTIMATE_PER_GIB_HOUR = 0.005;
 const HOLDING = new Set(['creating', 'running', 'paused', 'hibernating', 'resuming']);
 const SLEEPING = new Set(['hibernated', 'archived']);
 const BUSY = new Set(['creating', 'hibernating', 'resuming', 'deleting']);
@@ -24,6 +25,8 @@ const state = {
   timeline: [],
   pending: new Map(),
   events: null,
+  /** The daemon's metering: { currency, totals, bySandbox }, or null (then: the estimate). */
+  cost: null,
 };
 
 // ---- formatting ------------------------------------------------------------------------
@@ -48,7 +51,17 @@ export function formatDuration(ms) {
   return `${Math.floor(h / 24)}d ${h % 24}h`;
 }
 
-const money = (x) => (x < 0.01 && x > 0 ? `$${x.toFixed(4)}` : `$${x.toFixed(2)}`);
+/** Small amounts keep their digits (a sandbox-hour of memory is a fraction of a cent). */
+export function formatMoney(x, currency) {
+  const abs = Math.abs(x);
+  const digits = abs === 0 || abs >= 1 ? 2 : abs >= 0.01 ? 4 : 6;
+  let text = x.toFixed(digits);
+  // Rounded to nothing (or to minus nothing): say zero plainly.
+  if (Number(text) === 0) text = (0).toFixed(2);
+  return currency ? `${text} ${currency}` : `$${text}`;
+}
+
+const money = (x) => formatMoney(x, state.cost?.currency);
 
 // ---- API -------------------------------------------------------------------------------
 async function api(method, path) {
@@ -136,13 +149,17 @@ export function timeSplit(transitions, now) {
 }
 
 function costOf(s, now) {
+  if (state.cost) {
+    const row = state.cost.bySandbox.get(s.id);
+    return { cost: row?.spent ?? 0, saved: row?.saved ?? 0 };
+  }
   const hist = state.history.get(s.id);
   // Without history (events not read yet, or older than the stream): the current state only.
   const split = hist?.length ? timeSplit(hist, now) : timeSplit([{ to: s.state, at: s.stateSince }], now);
   const gib = s.memoryLimitBytes / GIB;
   return {
-    cost: (gib * split.held * PRICE_PER_GIB_HOUR) / 3_600_000,
-    saved: (gib * split.asleep * PRICE_PER_GIB_HOUR) / 3_600_000,
+    cost: (gib * split.held * ESTIMATE_PER_GIB_HOUR) / 3_600_000,
+    saved: (gib * split.asleep * ESTIMATE_PER_GIB_HOUR) / 3_600_000,
   };
 }
 
@@ -224,8 +241,10 @@ function render() {
   $('t-asleep').textContent = String(asleep);
   $('t-held').textContent = formatBytes(held);
   $('t-freed').textContent = formatBytes(freed);
-  $('t-cost').textContent = money(cost);
-  $('t-saved').textContent = money(saved);
+  $('t-cost').textContent = money(state.cost ? state.cost.totals.spent : cost);
+  $('t-saved').textContent = money(state.cost ? state.cost.totals.saved : saved);
+  $('cost-metered').hidden = !state.cost;
+  $('cost-estimate').hidden = !!state.cost;
 }
 
 function renderTimeline() {
@@ -280,10 +299,20 @@ function scheduleRefresh() {
 
 async function refresh() {
   try {
-    const [{ sandboxes }, { checkpoints }] = await Promise.all([
+    const [{ sandboxes }, { checkpoints }, cost] = await Promise.all([
       api('GET', '/v1/sandboxes'),
       api('GET', '/v1/checkpoints'),
+      // A daemon without metering answers 404: the page falls back to its estimate.
+      api('GET', '/v1/cost?by=sandbox').catch((e) => {
+        if (e.status === 404) return null;
+        throw e;
+      }),
     ]);
+    state.cost = cost && {
+      currency: cost.currency,
+      totals: cost.totals,
+      bySandbox: new Map((cost.sandboxes ?? []).map((r) => [r.sandboxId, r])),
+    };
     state.sandboxes = sandboxes;
     state.checkpoints = new Map(checkpoints.map((c) => [c.id, c]));
     render();
@@ -323,14 +352,27 @@ async function start(token) {
   state.events = followEvents(onTransition);
 }
 
-function boot() {
-  $('price').textContent = `$${PRICE_PER_GIB_HOUR}`;
-  // A token in the fragment (never sent to a server) is saved, then removed from the address bar.
+/** A token in the fragment (never sent to a server) is saved, then removed from the address bar. */
+function tokenFromHash() {
   const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
-  if (m) {
-    localStorage.setItem('dormant.token', decodeURIComponent(m[1]));
-    history.replaceState(null, '', location.pathname + location.search);
-  }
+  if (!m) return undefined;
+  const token = decodeURIComponent(m[1]);
+  localStorage.setItem('dormant.token', token);
+  history.replaceState(null, '', location.pathname + location.search);
+  return token;
+}
+
+function boot() {
+  $('price').textContent = `$${ESTIMATE_PER_GIB_HOUR}`;
+  tokenFromHash();
+  // Pasting a /#token=... address into an open tab changes only the fragment: no reload.
+  window.addEventListener('hashchange', () => {
+    const t = tokenFromHash();
+    if (t) {
+      state.events?.();
+      void start(t);
+    }
+  });
   $('login').addEventListener('submit', (e) => {
     e.preventDefault();
     const t = $('token').value.trim();
