@@ -168,7 +168,10 @@ describe('hostile checkpoint archives', () => {
       const cut = r() < 0.3 ? b.subarray(0, Math.floor(r() * b.length)) : b;
       const { err, outside } = await attempt(cut);
       if (err !== undefined) {
-        assert.ok(err instanceof DormantError, `round ${i}: ${err instanceof Error ? err.message : typeof err}`);
+        assert.ok(
+          err instanceof DormantError,
+          `round ${i}: ${err instanceof Error ? err.message : typeof err}`,
+        );
         assert.match(err.code, /^CHECKPOINT_ARCHIVE_/);
       }
       assert.deepEqual(outside, []);
