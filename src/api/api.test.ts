@@ -14,6 +14,7 @@ import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { call, openEvents, type Answer } from './testing/http.js';
 import {
   CheckpointSchema,
+  documentedRoutes,
   ErrorSchema,
   ExecResultSchema,
   SandboxSchema,
@@ -93,7 +94,16 @@ describe('the HTTP API', () => {
       })
       .parse(paths['/v1/sandboxes']!.post);
     assert.ok(create.requestBody.content['application/json'].schema.properties.memory);
-    // Every documented route exists on the server.
+    // Every route the server answers is documented (the dashboard's static files aside)...
+    const undocumented = daemon.app.servedRoutes.filter(
+      (r) => !documentedRoutes().includes(r) && !/^GET \/($|index\.html|dashboard\/)/.test(r),
+    );
+    assert.deepEqual(undocumented, [], 'routes missing from openapi.ts ROUTES');
+    assert.ok(
+      daemon.app.servedRoutes.length >= 25,
+      `the route list is complete: ${daemon.app.servedRoutes.length}`,
+    );
+    // ...and every documented route exists on the server.
     for (const [p, methods] of Object.entries(paths))
       for (const m of Object.keys(methods))
         assert.ok(
@@ -163,6 +173,7 @@ describe('the HTTP API', () => {
       ['POST', '/v1/sandboxes', '{not json', /json/i],
       ['GET', '/v1/events?since=minus-one', undefined, /since/],
       ['DELETE', '/v1/tokens/xyz', undefined, /id/],
+      ['GET', '/v1/cost?by=nope', undefined, /by/],
     ];
     for (const [method, path, body, re] of cases) {
       const r = await api(admin, method, path, body);
@@ -210,6 +221,9 @@ describe('the HTTP API', () => {
       assert.deepEqual([out.stdout, out.exitCode], ['hi\n', 4]);
       const emptyExec = await api(alice, 'POST', `/v1/sandboxes/${sbId}/exec`, { command: [] });
       assert.equal(emptyExec.status, 400);
+      const badResume = await api(alice, 'POST', `/v1/sandboxes/${sbId}/resume`, { from: 5 });
+      assert.equal(badResume.status, 400);
+      assert.match(errorOf(badResume).message, /from/);
 
       const ka = await api(alice, 'POST', `/v1/sandboxes/${sbId}/keepalive`, { for: '10m' });
       assert.equal(ka.status, 200);
@@ -290,6 +304,10 @@ describe('the HTTP API', () => {
     const ck = Checkpoints.parse((await api(alice, 'GET', '/v1/checkpoints')).body).checkpoints[0]!.id;
     assert.deepEqual(Sandboxes.parse((await api(bob, 'GET', '/v1/sandboxes')).body).sandboxes, []);
     assert.deepEqual(Checkpoints.parse((await api(bob, 'GET', '/v1/checkpoints')).body).checkpoints, []);
+    const cost = z
+      .object({ sandboxes: z.array(z.object({ sandboxId: z.string() })) })
+      .parse((await api(bob, 'GET', '/v1/cost?by=sandbox')).body);
+    assert.deepEqual(cost.sandboxes, [], "alice's sandboxes are not in bob's costs");
     const probes: [string, string, unknown, string][] = [
       ['GET', `/v1/sandboxes/${sbId}`, undefined, 'SANDBOX_NOT_FOUND'],
       ['GET', '/v1/sandboxes/api-test', undefined, 'SANDBOX_NOT_FOUND'],

@@ -12,6 +12,7 @@ import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import {
   CheckpointsQuery,
+  CostQuery,
   CreateSandboxBody,
   CreateTokenBody,
   EventsQuery,
@@ -19,6 +20,7 @@ import {
   ForkBody,
   KeepaliveBody,
   LogsQuery,
+  ResumeBody,
 } from './schemas.js';
 
 const State = z.enum([
@@ -169,6 +171,7 @@ const ROUTES: Route[] = [
     method: 'post',
     path: '/v1/sandboxes/{id}/resume',
     summary: 'back to running from paused, hibernated or archived',
+    body: ResumeBody,
     ok: [200, SandboxSchema],
   },
   {
@@ -238,6 +241,13 @@ const ROUTES: Route[] = [
     summary: 'server-sent events: `event: transition`, data a Transition',
     query: EventsQuery,
     ok: [200, 'text/event-stream'],
+  },
+  {
+    method: 'get',
+    path: '/v1/cost',
+    summary: 'what was spent, what staying warm would have cost, what sleeping saved',
+    query: CostQuery,
+    ok: [200, 'application/json'],
   },
   {
     method: 'post',
@@ -339,7 +349,30 @@ export function openApiDocument(version: string): Record<string, unknown> {
   };
 }
 
-export function registerOpenApi(app: FastifyInstance, version: string): void {
+/** `METHOD /path/{id}` of every documented route. */
+export function documentedRoutes(): string[] {
+  return ROUTES.map((r) => `${r.method.toUpperCase()} ${r.path}`);
+}
+
+/**
+ * Serves the document, and records every route registered after it (`served`), so a test can
+ * hold each one to being documented.
+ */
+export function registerOpenApi(app: FastifyInstance, version: string): { served: string[] } {
   const doc = openApiDocument(version);
+  const served: string[] = ['GET /v1/health'];
+  app.addHook('onRoute', (r) => {
+    for (const m of Array.isArray(r.method) ? r.method : [r.method])
+      if (m !== 'HEAD') served.push(`${m} ${r.url.replace(/:(\w+)/g, '{$1}')}`);
+  });
   app.get('/v1/openapi.json', async () => doc);
+  app.decorate('servedRoutes', served);
+  return { served };
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** `METHOD /path/{id}` of each route registered after the OpenAPI route (openapi.ts). */
+    servedRoutes: string[];
+  }
 }

@@ -94,3 +94,12 @@ export const CreateTokenBody = z.strictObject({
 export const TokenIdParams = z.object({
   id: z.string().regex(/^[0-9a-fA-F]{8,64}$/, 'a token id: 8-64 hex digits'),
 });
+
+/** Resume from an older checkpoint than the newest (when the newest is damaged). */
+export const ResumeBody = z.strictObject({ from: z.string().min(1).max(128).optional() }).optional();
+
+/** GET /v1/cost (documented here; the route checks its query itself). */
+export const CostQuery = z.object({
+  since: z.string().max(32).optional().describe('only the last DURATION, e.g. 24h, 7d'),
+  by: z.enum(['sandbox', 'tenant']).optional(),
+});

@@ -6,7 +6,6 @@
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
-import { z } from 'zod';
 import { DormantError, ErrorCode, asError } from '../domain/errors.js';
 import type { Sandbox, Transition } from '../domain/sandbox.js';
 import type { SandboxController } from '../control/sandboxes.js';
@@ -23,6 +22,7 @@ import {
   IdParams,
   KeepaliveBody,
   LogsQuery,
+  ResumeBody,
 } from './schemas.js';
 import { parse } from './validate.js';
 import { registerTokenRoutes } from './routes-tokens.js';
@@ -196,11 +196,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
 
   app.post('/v1/sandboxes/:id/resume', async (req) => {
     const id = sandboxId(req);
-    const b = parse(
-      z.strictObject({ from: z.string().min(1).max(128).optional() }).optional(),
-      req.body ?? undefined,
-      'request body',
-    );
+    const b = parse(ResumeBody, req.body ?? undefined, 'request body');
     return view(
       await controller.resume(id, scope(req), 'resume', b?.from !== undefined ? { from: b.from } : {}),
     );
