@@ -6,7 +6,7 @@
  * last two checkpoints are kept; at the end the vault verifies clean and has not grown
  * beyond two checkpoints' worth.
  *
- * Runs 5 cycles by default; DORMANT_TEST_CYCLES=50 runs the full 50 (about 6 minutes on a
+ * Runs 5 cycles by default; DORMANT_TEST_CYCLES=50 runs the full 50 (8.5 minutes on a
  * loaded 2-core machine).
  */
 import { after, before, describe, test } from 'node:test';
