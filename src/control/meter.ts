@@ -104,11 +104,13 @@ export class Meter {
     opts: { sinceMs?: number; tenant?: string } = {},
   ): Promise<CostReport & { capacity: Capacity }> {
     const until = this.opts.clock.now();
-    const since = opts.sinceMs !== undefined ? until - opts.sinceMs : 0;
     const transitions = this.opts.store
       .transitions({ limit: Number.MAX_SAFE_INTEGER })
       .filter((t) => opts.tenant === undefined || t.tenant === opts.tenant);
     const ids = new Set(transitions.map((t) => t.sandboxId));
+    // All time starts with the first transition on record.
+    const since =
+      opts.sinceMs !== undefined ? until - opts.sinceMs : Math.min(until, transitions[0]?.at ?? until);
     // Samples just before the window tell what was held at its start.
     const samples = this.opts.store
       .samples({ since: Math.max(0, since - 3_600_000), until })

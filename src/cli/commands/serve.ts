@@ -1,26 +1,74 @@
 import type { Command } from '@commander-js/extra-typings';
+import { resolve } from 'node:path';
 import { startDaemon } from '../../api/daemon.js';
+import { parseDurationMs } from '../../domain/units.js';
+import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { defaultDataDir } from '../env.js';
+
+const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
 
 export function registerServe(program: Command): void {
   program
     .command('serve')
-    .description('run the daemon: API, lifecycle, on the embedded defaults (SQLite, local vault)')
+    .description(
+      'run the daemon: API, dashboard, wake proxy, policy loop, on the embedded defaults (SQLite, local vault)',
+    )
     .option('--listen <host:port>', 'where the API listens', '127.0.0.1:7420')
     .option('--data-dir <dir>', 'state, vault and keys (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .option('--proxy-listen <host:port>', "the wake proxy's address (default: the API's port + 1)")
+    .option('--proxy-domain <domain>', 'sandbox URLs are PORT-ID.<domain>', 'dormant.localhost')
+    .option('--wake-timeout <duration>', 'how long a request is held while its sandbox wakes', '30s')
+    .option('--no-proxy', 'run without the wake proxy')
+    .option('--no-policy', 'run without the idle policy loop (sandboxes sleep only when told)')
+    .option(
+      '--lazy-restore',
+      'resume with CRIU lazy pages (userfaultfd): running sooner, memory copied in behind',
+    )
+    .option(
+      '--allow-root <dir>',
+      'only accept root filesystems and images under this folder (repeatable)',
+      collect,
+      [],
+    )
     .option('--log', 'log every request to stderr')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  dormant serve\n  dormant serve --listen 0.0.0.0:7420 --proxy-domain sandboxes.example.com --allow-root /srv/images',
+    )
     .action(async (o) => {
       const dataDir = o.dataDir ?? defaultDataDir();
-      const d = await startDaemon({ dataDir, listen: o.listen, logger: !!o.log });
+      let wakeTimeoutMs: number;
+      try {
+        wakeTimeoutMs = parseDurationMs(o.wakeTimeout);
+      } catch (e) {
+        throw new DormantError(
+          ErrorCode.INVALID_ARGUMENT,
+          `--wake-timeout ${o.wakeTimeout}: ${(e as Error).message}`,
+        );
+      }
+      const d = await startDaemon({
+        dataDir,
+        listen: o.listen,
+        logger: !!o.log,
+        proxy: o.proxy
+          ? {
+              domain: o.proxyDomain,
+              wakeTimeoutMs,
+              ...(o.proxyListen !== undefined ? { listen: o.proxyListen } : {}),
+            }
+          : false,
+        ...(o.policy ? {} : { policy: false as const }),
+        ...(o.lazyRestore ? { lazyRestore: true } : {}),
+        ...(o.allowRoot.length > 0 ? { allowedSourceRoots: o.allowRoot.map((r) => resolve(r)) } : {}),
+      });
       for (const r of d.reconciled)
         process.stderr.write(`dormant: reconciled ${r.id}: ${r.from} -> ${r.to}\n`);
       process.stderr.write(
         `dormant: serving on ${d.url} (data in ${dataDir}; admin token in ${dataDir}/admin-token)\n`,
       );
-      await new Promise<void>((resolve) => {
-        const stop = (): void => resolve();
-        process.once('SIGINT', stop);
-        process.once('SIGTERM', stop);
+      await new Promise<void>((done) => {
+        process.once('SIGINT', () => done());
+        process.once('SIGTERM', () => done());
       });
       process.stderr.write('dormant: shutting down (sandboxes keep running)\n');
       await d.close();
