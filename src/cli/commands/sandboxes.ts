@@ -142,6 +142,10 @@ export function registerSandboxes(program: Command): void {
     .command('ls')
     .description('list sandboxes')
     .option('--json', 'print JSON')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  dormant ls\n  dormant ls --json | jq -r \'.[] | select(.state == "hibernated") | .id\'',
+    )
     .action(async (o) => {
       const list = await clientFromEnv().listSandboxes();
       if (o.json) printJson(list);
@@ -165,6 +169,10 @@ export function registerSandboxes(program: Command): void {
     .argument('<id>')
     .argument('<command...>', 'after --')
     .option('--timeout <ms>', 'kill the command after this many milliseconds', '60000')
+    .addHelpText(
+      'after',
+      "\nExamples:\n  dormant exec agent -- ls /srv\n  dormant exec agent -- sh -c 'cd /srv && make test'   # exit code passed through",
+    )
     .option('--json', 'print { exitCode, stdout, stderr } as JSON')
     .action(async (id, command, o) => {
       const r = await clientFromEnv().exec(id, command, { timeoutMs: Number(o.timeout) });
@@ -199,17 +207,33 @@ export function registerSandboxes(program: Command): void {
       else process.stdout.write(text);
     });
 
-  const simple: [string, string, 'pause' | 'hibernate' | 'archive'][] = [
-    ['pause', 'freeze (memory kept)', 'pause'],
-    ['hibernate', 'CRIU checkpoint into the vault; processes gone, memory freed', 'hibernate'],
-    ['archive', 'keep only the filesystem', 'archive'],
+  const simple: [string, string, 'pause' | 'hibernate' | 'archive', string][] = [
+    [
+      'pause',
+      'freeze (memory kept)',
+      'pause',
+      'dormant pause agent        # thaw with: dormant resume agent',
+    ],
+    [
+      'hibernate',
+      'CRIU checkpoint into the vault; processes gone, memory freed',
+      'hibernate',
+      'dormant hibernate agent    # shows the phase, then the checkpoint size\n  dormant hibernate agent --json | jq .checkpointId',
+    ],
+    [
+      'archive',
+      'keep only the filesystem',
+      'archive',
+      'dormant archive agent      # resume starts its command afresh',
+    ],
   ];
-  for (const [name, description, op] of simple) {
+  for (const [name, description, op, examples] of simple) {
     program
       .command(name)
       .description(description)
-      .argument('<id>')
+      .argument('<id>', 'the sandbox id or name')
       .option('--json', 'print the sandbox as JSON')
+      .addHelpText('after', `\nExamples:\n  ${examples}`)
       .action(async (id, o) => {
         const s = await withProgress(`${op} ${id}`, !!o.json, () => clientFromEnv()[op](id));
         if (o.json) printJson(s);
