@@ -66,6 +66,7 @@ export function registerServe(program: Command): void {
       process.stderr.write(
         `dormant: serving on ${d.url} (data in ${dataDir}; admin token in ${dataDir}/admin-token)\n`,
       );
+      process.stderr.write(`dormant: dashboard at ${d.url}/ (\`dormant dashboard\` prints it signed in)\n`);
       await new Promise<void>((done) => {
         process.once('SIGINT', () => done());
         process.once('SIGTERM', () => done());
