@@ -131,6 +131,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     prices: priceSheet(opts.prices),
     intervalMs: opts.meterIntervalMs ?? 15_000,
     freeDiskBytes: async () => (await diskFacts(opts.dataDir)).freeBytes,
+    attribution: () => vault.attribution(),
   });
   registerCostRoutes(app, meter);
   meter.start();

@@ -55,6 +55,8 @@ export class Meter {
       prices: PriceSheet;
       intervalMs?: number;
       freeDiskBytes?: () => Promise<number>;
+      /** Stored bytes per live checkpoint with shared chunks split among their users (the vault's). */
+      attribution?: () => Promise<{ checkpointId: string; storedBytes: number }[]>;
     },
   ) {}
 
@@ -115,15 +117,20 @@ export class Meter {
     const samples = this.opts.store
       .samples({ since: Math.max(0, since - 3_600_000), until })
       .filter((x) => ids.has(x.sandboxId));
-    const checkpoints = this.opts.store
-      .checkpointHistory()
-      .filter((c) => ids.has(c.sandboxId))
-      .map((c) => ({
-        sandboxId: c.sandboxId,
-        createdAt: c.createdAt,
-        storedBytes: c.storedBytes,
-        ...(c.deletedAt !== undefined ? { deletedAt: c.deletedAt } : {}),
-      }));
+    // Live checkpoints are charged what they occupy now, shared chunks split among their users;
+    // deleted ones what they added when they were written.
+    const attributed = new Map<string, number>();
+    for (const a of (await this.opts.attribution?.().catch(() => [])) ?? [])
+      attributed.set(a.checkpointId, a.storedBytes);
+    const history = this.opts.store.checkpointHistory().filter((c) => ids.has(c.sandboxId));
+    const bytesOf = (c: { id: string; storedBytes: number; deletedAt?: number }): number =>
+      c.deletedAt === undefined ? (attributed.get(c.id) ?? c.storedBytes) : c.storedBytes;
+    const checkpoints = history.map((c) => ({
+      sandboxId: c.sandboxId,
+      createdAt: c.createdAt,
+      storedBytes: bytesOf(c),
+      ...(c.deletedAt !== undefined ? { deletedAt: c.deletedAt } : {}),
+    }));
     const report = computeCost({ transitions, samples, checkpoints, prices: this.opts.prices, since, until });
     const live = this.opts.source.list().filter((s) => ids.has(s.id));
     const resident: number[] = [];
@@ -132,10 +139,7 @@ export class Meter {
       const u = await this.opts.source.usage(s.id);
       if (u && u.memoryBytes > 0) resident.push(u.memoryBytes);
     }
-    const stored = this.opts.store
-      .checkpointHistory()
-      .filter((c) => c.deletedAt === undefined && ids.has(c.sandboxId))
-      .map((c) => c.storedBytes);
+    const stored = history.filter((c) => c.deletedAt === undefined).map(bytesOf);
     return {
       ...report,
       capacity: capacity({

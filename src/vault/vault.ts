@@ -1093,6 +1093,51 @@ export class Vault {
     return this.withShared(undefined, () => this.statsLocked());
   }
 
+  /**
+   * Stored bytes attributed to each checkpoint after deduplication: every chunk's sealed size
+   * is split evenly among the checkpoints that reference it, and a checkpoint's own manifest is
+   * its own. The sum over a tenant's checkpoints is what its chunks and manifests occupy.
+   */
+  async attribution(): Promise<
+    { tenant: string; sandboxId: string; checkpointId: string; storedBytes: number }[]
+  > {
+    this.check();
+    return this.withShared(undefined, async () => {
+      const out: { tenant: string; sandboxId: string; checkpointId: string; storedBytes: number }[] = [];
+      for (const tenant of await this.tenantNames()) {
+        if (await isDestroyed(this.store, tenantTombstoneName(tenant))) continue;
+        const t = await this.tenantState(tenant, false);
+        await this.refreshIndex(tenant, t);
+        const cks: { sandboxId: string; checkpointId: string; chunks: Set<string>; own: number }[] = [];
+        const refcount = new Map<string, number>();
+        for (const f of await this.store.list(`data/${tenant}/manifests`)) {
+          const ck = ckptIdOf(f.name);
+          if (ck === undefined) continue;
+          const m = await this.readManifest(tenant, ck).catch(() => undefined);
+          if (m === undefined) continue;
+          const chunks = new Set<string>();
+          for (let at = 0; at < m.body.refs.length; at += REF_BYTES) {
+            if (m.body.refs[at] === REF_HOLE) continue;
+            chunks.add(m.body.refs.subarray(at + 5, at + 5 + CHUNK_ID_BYTES).toString('hex'));
+          }
+          for (const k of chunks) refcount.set(k, (refcount.get(k) ?? 0) + 1);
+          cks.push({ sandboxId: m.header.sandboxId, checkpointId: ck, chunks, own: f.sizeBytes });
+        }
+        for (const c of cks) {
+          let bytes = c.own;
+          for (const k of c.chunks) bytes += (t.index.get(k)?.storedBytes ?? 0) / (refcount.get(k) ?? 1);
+          out.push({
+            tenant,
+            sandboxId: c.sandboxId,
+            checkpointId: c.checkpointId,
+            storedBytes: Math.round(bytes),
+          });
+        }
+      }
+      return out;
+    });
+  }
+
   private async statsLocked(): Promise<VaultStats> {
     const tenants: TenantStats[] = [];
     for (const tenant of await this.tenantNames()) {
