@@ -119,6 +119,17 @@ test('cost report on a real run agrees with the cgroups and with vault stats', a
   );
   assert.ok(s.storageGiBMonths > 0);
 
+  // A series for a chart: cumulative, ending at the totals.
+  const withSeries = await client.request<
+    CostAnswer & { series: { at: string; spent: number; alwaysWarm: number }[] }
+  >('GET', '/v1/cost?points=5');
+  assert.equal(withSeries.series.length, 5);
+  for (let i = 1; i < 5; i++) assert.ok(withSeries.series[i]!.spent >= withSeries.series[i - 1]!.spent);
+  const last = withSeries.series[4]!;
+  assert.ok(
+    Math.abs(last.alwaysWarm - withSeries.totals.alwaysWarm) <= 0.05 * withSeries.totals.alwaysWarm + 1e-12,
+  );
+
   const bad = await client.request('GET', '/v1/cost?since=yesterday').catch((e: unknown) => e);
   assert.ok(bad instanceof Error && /invalid since/.test(bad.message));
 });

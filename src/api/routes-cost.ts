@@ -6,7 +6,13 @@ import type { Meter } from '../control/meter.js';
 
 export function registerCostRoutes(app: FastifyInstance, meter: Meter): void {
   app.get('/v1/cost', async (req) => {
-    const q = req.query as { since?: unknown; by?: unknown };
+    const q = req.query as { since?: unknown; by?: unknown; points?: unknown };
+    const points = q.points === undefined ? 0 : Number(q.points);
+    if (!Number.isInteger(points) || points < 0 || points > 200) {
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid points: expected an integer 0-200', {
+        status: 400,
+      });
+    }
     let sinceMs: number | undefined;
     if (q.since !== undefined) {
       try {
@@ -25,6 +31,7 @@ export function registerCostRoutes(app: FastifyInstance, meter: Meter): void {
     }
     const tenant = req.principal.admin ? undefined : req.principal.tenant;
     const r = await meter.report({
+      points,
       ...(sinceMs !== undefined ? { sinceMs } : {}),
       ...(tenant !== undefined ? { tenant } : {}),
     });
@@ -37,6 +44,12 @@ export function registerCostRoutes(app: FastifyInstance, meter: Meter): void {
       ...(q.by === 'tenant' ? { tenants: r.tenants } : { sandboxes: r.sandboxes, tenants: r.tenants }),
       neverSlept: r.neverSlept,
       capacity: r.capacity,
+      /** Cumulative spent and always-warm at `points` evenly spaced times (`?points=N`). */
+      series: r.series.map((p) => ({
+        at: new Date(p.at).toISOString(),
+        spent: p.spent,
+        alwaysWarm: p.alwaysWarm,
+      })),
     };
   });
 }

@@ -102,4 +102,11 @@ export const ResumeBody = z.strictObject({ from: z.string().min(1).max(128).opti
 export const CostQuery = z.object({
   since: z.string().max(32).optional().describe('only the last DURATION, e.g. 24h, 7d'),
   by: z.enum(['sandbox', 'tenant']).optional(),
+  points: z.coerce
+    .number()
+    .int()
+    .min(0)
+    .max(200)
+    .optional()
+    .describe('a series of N cumulative (spent, alwaysWarm) points'),
 });

@@ -103,8 +103,10 @@ export class Meter {
 
   /** The cost report over [since, now], for one tenant or (undefined) all. */
   async report(
-    opts: { sinceMs?: number; tenant?: string } = {},
-  ): Promise<CostReport & { capacity: Capacity }> {
+    opts: { sinceMs?: number; tenant?: string; points?: number } = {},
+  ): Promise<
+    CostReport & { capacity: Capacity; series: { at: number; spent: number; alwaysWarm: number }[] }
+  > {
     const until = this.opts.clock.now();
     const transitions = this.opts.store
       .transitions({ limit: Number.MAX_SAFE_INTEGER })
@@ -132,6 +134,21 @@ export class Meter {
       ...(c.deletedAt !== undefined ? { deletedAt: c.deletedAt } : {}),
     }));
     const report = computeCost({ transitions, samples, checkpoints, prices: this.opts.prices, since, until });
+    // Spent against always-warm, cumulative over the window, for a chart.
+    const series: { at: number; spent: number; alwaysWarm: number }[] = [];
+    const points = Math.min(Math.max(opts.points ?? 0, 0), 200);
+    for (let i = 1; i <= points; i++) {
+      const at = since + Math.round(((until - since) * i) / points);
+      const r = computeCost({
+        transitions,
+        samples,
+        checkpoints,
+        prices: this.opts.prices,
+        since,
+        until: at,
+      });
+      series.push({ at, spent: r.totals.spent, alwaysWarm: r.totals.alwaysWarm });
+    }
     const live = this.opts.source.list().filter((s) => ids.has(s.id));
     const resident: number[] = [];
     for (const s of live) {
@@ -142,6 +159,7 @@ export class Meter {
     const stored = history.filter((c) => c.deletedAt === undefined).map(bytesOf);
     return {
       ...report,
+      series,
       capacity: capacity({
         nodeMemoryBytes: this.opts.prices.nodeMemoryBytes,
         freeDiskBytes: this.opts.freeDiskBytes ? await this.opts.freeDiskBytes() : 0,
