@@ -158,6 +158,11 @@ describe(
       await page.locator('#timeline li[data-to="resuming"]').first().waitFor();
       const timeline = await page.locator('#timeline li').allTextContents();
       assert.ok(timeline[0]?.includes('resuming → running'), `newest first: ${timeline[0] ?? ''}`);
+      // The chart of spent against always-warm draws both lines from /v1/cost's series.
+      await page.locator('#cost-chart polyline[data-series="spent"]').waitFor();
+      assert.equal(await page.locator('#cost-chart polyline').count(), 2);
+      const pts = await page.locator('#cost-chart polyline[data-series="alwaysWarm"]').getAttribute('points');
+      assert.equal(pts?.split(' ').length, 48, 'one point per series entry');
       await page.screenshot({ path: join(ARTIFACTS, 'dashboard.png'), fullPage: true });
       assert.ok(existsSync(join(ARTIFACTS, 'dashboard.png')));
       assert.deepEqual(

@@ -290,6 +290,41 @@ async function act(s, op) {
   }
 }
 
+// ---- chart ------------------------------------------------------------------------------
+/** Cumulative spent against always-warm over the metered window, as two SVG lines. */
+function renderChart(series, currency) {
+  const svg = $('cost-chart');
+  const ns = 'http://www.w3.org/2000/svg';
+  svg.replaceChildren();
+  if (series.length === 0) return;
+  const W = 600;
+  const H = 160;
+  const pad = 28;
+  const t0 = Date.parse(series[0].at);
+  const t1 = Date.parse(series[series.length - 1].at);
+  const top = Math.max(...series.map((p) => Math.max(p.alwaysWarm, p.spent)), 1e-9);
+  const x = (at) => pad + ((Date.parse(at) - t0) / Math.max(t1 - t0, 1)) * (W - 2 * pad);
+  const y = (v) => H - pad - (v / top) * (H - 2 * pad);
+  const el = (name, attrs) => {
+    const e = document.createElementNS(ns, name);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+    svg.appendChild(e);
+    return e;
+  };
+  el('line', { x1: pad, y1: H - pad, x2: W - pad, y2: H - pad, class: 'axis' });
+  el('line', { x1: pad, y1: pad, x2: pad, y2: H - pad, class: 'axis' });
+  for (const key of ['alwaysWarm', 'spent']) {
+    el('polyline', {
+      class: key === 'spent' ? 'spent' : 'warm',
+      'data-series': key,
+      points: series.map((p) => `${x(p.at).toFixed(1)},${y(p[key]).toFixed(1)}`).join(' '),
+    });
+  }
+  el('text', { x: pad + 4, y: pad - 8 }).textContent = `${top.toFixed(top >= 1 ? 2 : 6)} ${currency}`;
+  el('text', { x: W - pad, y: H - 8, 'text-anchor': 'end' }).textContent = new Date(t1).toLocaleTimeString();
+  el('text', { x: pad, y: H - 8 }).textContent = new Date(t0).toLocaleTimeString();
+}
+
 // ---- lifecycle -------------------------------------------------------------------------
 let refreshTimer;
 function scheduleRefresh() {
@@ -303,7 +338,7 @@ async function refresh() {
       api('GET', '/v1/sandboxes'),
       api('GET', '/v1/checkpoints'),
       // A daemon without metering answers 404: the page falls back to its estimate.
-      api('GET', '/v1/cost?by=sandbox').catch((e) => {
+      api('GET', '/v1/cost?by=sandbox&points=48').catch((e) => {
         if (e.status === 404) return null;
         throw e;
       }),
@@ -315,6 +350,7 @@ async function refresh() {
     };
     state.sandboxes = sandboxes;
     state.checkpoints = new Map(checkpoints.map((c) => [c.id, c]));
+    renderChart(cost?.series ?? [], cost?.currency ?? '');
     render();
     renderTimeline();
   } catch (e) {
