@@ -11,8 +11,9 @@ import { sandboxSuite } from './sandbox.js';
 import { vaultSuite } from './vault.js';
 import { proxySuite } from './proxy.js';
 import { scanSuite } from './scan.js';
+import { loadSuite } from './load.js';
 
-const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite, proxySuite, scanSuite];
+const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite, proxySuite, scanSuite, loadSuite];
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
