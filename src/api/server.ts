@@ -98,7 +98,9 @@ declare module 'fastify' {
 
 export function buildServer(opts: ServerOptions): FastifyInstance {
   const { controller, store } = opts;
-  const app = Fastify({ logger: opts.logger ?? false, bodyLimit: 32 * 1024 * 1024 });
+  // maxParamLength past any valid id, so an overlong one reaches IdParams and gets our 400
+  // instead of the router's own 414 body.
+  const app = Fastify({ logger: opts.logger ?? false, bodyLimit: 32 * 1024 * 1024, maxParamLength: 16_384 });
   app.decorateRequest('principal', { getter: () => ({ tenant: '', admin: false }) });
 
   app.setErrorHandler((err: unknown, _req, reply) => {

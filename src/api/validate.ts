@@ -7,6 +7,17 @@ import { DormantError, ErrorCode } from '../domain/errors.js';
  * field, with every issue in `details` for programs.
  */
 export function parse<T extends z.ZodType>(schema: T, value: unknown, what: string): z.output<T> {
+  const nul = findNul(value, []);
+  if (nul !== undefined) {
+    // No path, name, argument or variable may hold a NUL byte: the kernel would cut it there.
+    throw new DormantError(
+      ErrorCode.INVALID_ARGUMENT,
+      `invalid ${what}: ${nul || what}: contains a NUL byte`,
+      {
+        status: 400,
+      },
+    );
+  }
   const r = schema.safeParse(value);
   if (!r.success) {
     const issue = r.error.issues[0];
@@ -21,4 +32,25 @@ export function parse<T extends z.ZodType>(schema: T, value: unknown, what: stri
     );
   }
   return r.data;
+}
+
+/** The path of the first string (or key) holding a NUL byte, if any. */
+function findNul(value: unknown, path: string[], depth = 0): string | undefined {
+  if (depth > 64) return undefined;
+  if (typeof value === 'string') return value.includes('\u0000') ? path.join('.') : undefined;
+  if (Array.isArray(value)) {
+    for (const [i, v] of value.entries()) {
+      const hit = findNul(v, [...path, String(i)], depth + 1);
+      if (hit !== undefined) return hit;
+    }
+    return undefined;
+  }
+  if (typeof value === 'object' && value !== null) {
+    for (const [k, v] of Object.entries(value)) {
+      if (k.includes('\u0000')) return [...path, k.split('\u0000').join('\\0')].join('.');
+      const hit = findNul(v, [...path, k], depth + 1);
+      if (hit !== undefined) return hit;
+    }
+  }
+  return undefined;
 }

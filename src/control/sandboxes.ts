@@ -6,7 +6,7 @@
  * checkpoint in place and says why, and a restart of the daemon reconciles every sandbox.
  */
 import { randomBytes } from 'node:crypto';
-import { mkdir, open, rm, stat } from 'node:fs/promises';
+import { mkdir, open, realpath, rm, stat } from 'node:fs/promises';
 import { arch, release } from 'node:os';
 import { isAbsolute, join } from 'node:path';
 import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
@@ -185,13 +185,35 @@ export class SandboxController {
     };
   }
 
-  private checkPath(path: string, what: string): void {
-    if (!isAbsolute(path) || path.split('/').includes('..'))
-      throw invalid(`${what} "${path.slice(0, 200)}" must be an absolute path without ".."`);
-    const roots = this.opts.allowedSourceRoots ?? [];
-    if (roots.length > 0 && !roots.some((r) => path === r || path.startsWith(`${r.replace(/\/$/, '')}/`))) {
-      throw invalid(`${what} ${path} is outside the allowed folders (${roots.join(', ')})`);
+  /**
+   * A source path must be absolute, without `..` or NUL, and, where allowed folders are set,
+   * inside one of them after symlinks are resolved (a link inside an allowed folder must not
+   * lead out of it). Returns the resolved path.
+   */
+  private async checkPath(path: string, what: string): Promise<string> {
+    if (!isAbsolute(path) || path.split('/').includes('..') || path.includes('\0')) {
+      throw invalid(
+        `${what} "${path.slice(0, 200).replace(/\0/g, '\\0')}" must be an absolute path without ".."`,
+      );
     }
+    let real: string;
+    try {
+      real = await realpath(path);
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT' || errnoCode(e) === 'ENOTDIR')
+        throw invalid(`${what} ${path} does not exist`);
+      throw e;
+    }
+    const roots = this.opts.allowedSourceRoots ?? [];
+    if (roots.length > 0) {
+      const realRoots = await Promise.all(roots.map((r) => realpath(r).catch(() => r)));
+      if (!realRoots.some((r) => real === r || real.startsWith(`${r.replace(/\/$/, '')}/`))) {
+        throw invalid(
+          `${what} ${path}${real !== path ? ` (${real})` : ''} is outside the allowed folders (${roots.join(', ')})`,
+        );
+      }
+    }
+    return real;
   }
 
   private async validateSource(
@@ -200,7 +222,7 @@ export class SandboxController {
     if (input.image !== undefined) {
       if (input.rootfs !== undefined) throw invalid('give --rootfs or --image, not both');
       const { layout } = parseImageRef(input.image);
-      this.checkPath(layout, 'image');
+      await this.checkPath(layout, 'image');
       const img = await unpackImage(
         input.image,
         this.opts.imageCacheDir ?? join(this.opts.stagingDir, 'images'),
@@ -220,14 +242,10 @@ export class SandboxController {
     const path = input.rootfs;
     if (path === undefined)
       throw invalid('a sandbox needs a root filesystem', 'pass --rootfs DIR or --image OCI_LAYOUT_DIR[:TAG]');
-    this.checkPath(path, 'rootfs');
-    try {
-      if (!(await stat(path)).isDirectory()) throw invalid(`rootfs ${path} is not a folder`);
-    } catch (e) {
-      if (errnoCode(e) === 'ENOENT') throw invalid(`rootfs ${path} does not exist`);
-      throw e;
-    }
-    return { source: { kind: 'rootfs', path } };
+    const real = await this.checkPath(path, 'rootfs');
+    if (!(await stat(real)).isDirectory()) throw invalid(`rootfs ${path} is not a folder`);
+    // The resolved path: what was checked is what gets mounted.
+    return { source: { kind: 'rootfs', path: real } };
   }
 
   async create(input: CreateSandboxInput): Promise<Sandbox> {
