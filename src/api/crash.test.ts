@@ -101,12 +101,6 @@ async function serve(sb: SandboxInfo): Promise<[number, string]> {
 }
 
 /** Reported to the lead: what reconcile gets wrong today (see each test for the step). */
-const BUG_UNRECORDED =
-  'BUG (control/sandboxes.ts reconcile): a crash after vault.putCheckpoint and before insertCheckpoint leaves a checkpoint in the vault with no database record; nothing deletes it (gc counts its manifest as live), so it leaks';
-const BUG_FROZEN_SOURCE =
-  'BUG (control/sandboxes.ts reconcileOne): a crash during fork leaves the source frozen; reconcile sees state running + runtime paused and records running -> paused instead of thawing it';
-const BUG_DELETING =
-  "BUG (control/sandboxes.ts reconcile): case 'deleting' returns 'deleting', equal to the current state, so deleteSandbox is never called and the sandbox stays listed as deleting";
 
 describe('crash at every step: a restarted daemon loses nothing and leaves nothing', () => {
   let dir: string;
@@ -225,13 +219,9 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       }
       assert.equal((await serve(sb)).join(' '), `${n + 1} ${token}`, 'same process, same memory');
       const lost = await unrecorded(daemon);
-      await t.test(
-        'every checkpoint in the vault has a record',
-        step === 'hibernate:stored' ? { todo: BUG_UNRECORDED } : {},
-        () => {
-          assert.deepEqual(lost, []);
-        },
-      );
+      await t.test('every checkpoint in the vault has a record', {}, () => {
+        assert.deepEqual(lost, []);
+      });
       // And the sandbox is fully usable: a full cycle works after the crash.
       assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
       assert.equal((await client.resume(sb.id)).state, 'running');
@@ -273,24 +263,16 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
         'no half fork remains',
       );
       const after = all[0]!.state;
-      await t.test(
-        'the source is running (it was only frozen for the dump)',
-        { todo: BUG_FROZEN_SOURCE },
-        () => {
-          assert.equal(after, 'running');
-        },
-      );
+      await t.test('the source is running (it was only frozen for the dump)', {}, () => {
+        assert.equal(after, 'running');
+      });
       assert.ok(['running', 'paused'].includes(after), `the source is alive (${after})`);
       if (after === 'paused') await client.resume(sb.id);
       assert.equal((await serve(sb)).join(' '), `${n + 1} ${token}`, 'same process, same memory');
       const lost = await unrecorded(daemon);
-      await t.test(
-        'every checkpoint in the vault has a record',
-        step === 'fork:stored' ? { todo: BUG_UNRECORDED } : {},
-        () => {
-          assert.deepEqual(lost, []);
-        },
-      );
+      await t.test('every checkpoint in the vault has a record', {}, () => {
+        assert.deepEqual(lost, []);
+      });
       const f = await client.fork(sb.id, { name: 'victim-fork-2' });
       assert.equal((await serve(f)).join(' '), `${n + 2} ${token}`, 'a fork after the crash works');
       await finish(daemon, client, all.map((x) => x.id).concat(f.id));
@@ -334,13 +316,9 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     await child.exited;
     const { daemon, client } = await restart(data);
     const listed = (await client.listSandboxes()).map((x) => `${x.id} ${x.state}`);
-    await t.test(
-      `the sandbox is no longer listed (killed mid-rm: ${sawDeleting})`,
-      { todo: BUG_DELETING },
-      () => {
-        assert.deepEqual(listed, []);
-      },
-    );
+    await t.test(`the sandbox is no longer listed (killed mid-rm: ${sawDeleting})`, {}, () => {
+      assert.deepEqual(listed, []);
+    });
     assert.deepEqual(leftovers(sb.id), [], 'reconcile finished destroying what rm had started');
     assert.deepEqual(await unrecorded(daemon), []);
     await finish(daemon, client, [sb.id]);
