@@ -132,6 +132,19 @@ async function ip(args: string[], signal?: AbortSignal): Promise<void> {
   await run('ip', args, { timeoutMs: IP_TIMEOUT_MS, signal });
 }
 
+/**
+ * Deletes a host-side link that may vanish on its own meanwhile: deleting a network namespace
+ * takes its veth peer, and with it the host end, a moment later.
+ */
+async function deleteLink(name: string, signal?: AbortSignal): Promise<void> {
+  try {
+    await ip(['link', 'del', name], signal);
+  } catch (e) {
+    const out = e instanceof DormantError && typeof e.details?.output === 'string' ? e.details.output : '';
+    if (!/Cannot find device/.test(out)) throw e;
+  }
+}
+
 async function netnsExists(name: string): Promise<boolean> {
   return (await netnsIdentity(name)) !== undefined;
 }
@@ -204,7 +217,7 @@ export async function setUpNetwork(
     if (before === undefined) await ip(['netns', 'add', net.netns], signal);
     await ip(['-n', net.netns, 'link', 'set', 'lo', 'up'], signal);
     if (!(await linkExists('eth0', net.netns))) {
-      if (await linkExists(net.hostInterface)) await ip(['link', 'del', net.hostInterface], signal);
+      if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, signal);
       const peer = `${net.hostInterface}c`;
       await ip(['link', 'add', net.hostInterface, 'type', 'veth', 'peer', 'name', peer], signal);
       await ip(['link', 'set', peer, 'netns', net.netns], signal);
@@ -282,5 +295,5 @@ export async function tearDownNetwork(
   const { signal } = opts;
   if (opts.markerPath !== undefined) await rm(opts.markerPath, { force: true });
   if (await netnsExists(net.netns)) await ip(['netns', 'del', net.netns], signal);
-  if (await linkExists(net.hostInterface)) await ip(['link', 'del', net.hostInterface], signal);
+  if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, signal);
 }

@@ -6,7 +6,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { cp, mkdir, mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { once } from 'node:events';
 import { createServer } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { isDormantError, ErrorCode } from '../domain/errors.js';
 import { run, which } from '../sys/exec.js';
 import { findCollector, stopCollector } from './log-collector.js';
-import { tearDownNetwork } from './network.js';
+import { findSlot, tearDownNetwork } from './network.js';
 import { RuncRuntime } from './runc.js';
 import { buildBusyboxRootfs } from './testing/rootfs.js';
 
@@ -205,7 +205,7 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
       'cgroup removed',
     );
     assert.ok(!existsSync(`/proc/${collector.pid}`), 'log collector ended');
-    assert.deepEqual(await readdir(join(tmp, 'state', 'net')), [], 'address released');
+    assert.equal(await findSlot('/var/lib/dormant-net', id), undefined, 'address released');
     await assert.rejects(rt.state(id), (e) => isDormantError(e, ErrorCode.RUNTIME_SANDBOX_NOT_FOUND));
   });
 

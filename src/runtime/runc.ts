@@ -60,6 +60,8 @@ export interface RuncRuntimeOptions {
   subnet?: string;
   /** Parent of every sandbox's cgroup. Default `/dormant`. */
   cgroupParent?: string;
+  /** Host-wide folder of network slot reservations. Default `/var/lib/dormant-net`. */
+  netSlotDir?: string;
 }
 
 interface SandboxRecord {
@@ -133,6 +135,7 @@ export class RuncRuntime implements Runtime {
   private readonly env: Record<string, string>;
   private readonly subnet: Subnet;
   private readonly cgroupParent: string;
+  private readonly netSlotDir: string;
 
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
@@ -151,6 +154,7 @@ export class RuncRuntime implements Runtime {
     };
     this.subnet = parseSubnet(options.subnet ?? '10.213.0.0/16');
     this.cgroupParent = options.cgroupParent ?? '/dormant';
+    this.netSlotDir = options.netSlotDir ?? '/var/lib/dormant-net';
   }
 
   // ---- paths -------------------------------------------------------------------------
@@ -161,8 +165,12 @@ export class RuncRuntime implements Runtime {
   private runcRoot(): string {
     return join(this.stateDir, 'runc');
   }
+  /**
+   * Address reservations are host-wide, not per state folder: interface names and addresses are
+   * host-wide too, so two daemons (or test runs) on one host must never take the same slot.
+   */
   private netDir(): string {
-    return join(this.stateDir, 'net');
+    return this.netSlotDir;
   }
   /** The sandbox's writable layer: its filesystem diff, to archive. */
   upperDir(id: string): string {
