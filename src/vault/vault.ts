@@ -323,6 +323,9 @@ export class Vault {
 
   /** Brings the in-memory index in line with the store: new indexes in, removed packs out. */
   private async refreshIndex(tenant: string, t: TenantState): Promise<void> {
+    // Only packs known before the listing can be "gone": a writer may add its pack (index file
+    // written, then t.loaded updated) while the listing is in flight.
+    const loadedBefore = new Set(t.loaded);
     const listed = await this.store.list(`data/${tenant}/index`);
     const present = new Set<string>();
     for (const e of listed) {
@@ -347,16 +350,23 @@ export class Vault {
       }
       t.loaded.add(pack);
     }
-    const gone = [...t.loaded].filter((p) => !present.has(p));
+    const gone = [...loadedBefore].filter((p) => !present.has(p) && t.loaded.has(p));
     for (const p of [...t.badIndexes.keys()]) if (!present.has(p)) t.badIndexes.delete(p);
     if (gone.length > 0) {
+      // A chunk of a removed (repacked) pack may live in another pack: rebuild the index aside,
+      // then swap it in at once, so that readers never see a half-empty index, and keep what
+      // writers added meanwhile.
       const g = new Set(gone);
-      for (const p of gone) t.loaded.delete(p);
-      for (const [k, loc] of t.index) if (g.has(loc.pack)) t.index.delete(k);
-      // A chunk may also live in another (repacked) pack whose index is loaded: reload to find it.
-      t.loaded.clear();
+      const fresh: TenantState = { ...t, index: new Map(), loaded: new Set(), badIndexes: new Map() };
+      await this.refreshIndex(tenant, fresh);
+      for (const [k, loc] of t.index) if (!g.has(loc.pack) && !fresh.index.has(k)) fresh.index.set(k, loc);
+      for (const p of t.loaded) if (!g.has(p)) fresh.loaded.add(p);
       t.index.clear();
-      await this.refreshIndex(tenant, t);
+      for (const [k, loc] of fresh.index) t.index.set(k, loc);
+      t.loaded.clear();
+      for (const p of fresh.loaded) t.loaded.add(p);
+      t.badIndexes.clear();
+      for (const [p, why] of fresh.badIndexes) t.badIndexes.set(p, why);
     }
   }
 
