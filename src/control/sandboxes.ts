@@ -414,11 +414,11 @@ export class SandboxController {
     });
     this.step(`${stepPrefix}:dumped`);
     const platform = await this.platform();
-    const meta = {
+    const meta: Record<string, string> = {
       arch: platform.arch,
       kernel: release(),
-      criuVersion: platform.criuVersion,
       kind: 'memory',
+      ...(platform.criuVersion !== undefined ? { criuVersion: platform.criuVersion } : {}),
     };
     const put = await this.vault.putCheckpoint({
       tenant: s.tenant,
@@ -437,12 +437,13 @@ export class SandboxController {
       kind: 'memory',
       logicalBytes: put.logicalBytes,
       storedBytes: put.storedBytes,
-      meta: { ...meta, cpuFlags: platform.cpuFlags },
+      meta: { ...meta, ...(platform.cpuFlags !== undefined ? { cpuFlags: platform.cpuFlags } : {}) },
     };
   }
 
-  private async platform(): Promise<PlatformFacts> {
-    return this.opts.platform ? this.opts.platform() : { arch: arch(), criuVersion: '0', cpuFlags: [] };
+  /** The node's facts; without a `platform` option only the architecture is known. */
+  private async platform(): Promise<Partial<PlatformFacts> & { arch: string }> {
+    return this.opts.platform ? this.opts.platform() : { arch: arch() };
   }
 
   /** Refuses a restore this node cannot do, naming why. */
@@ -456,7 +457,18 @@ export class SandboxController {
         ? { cpuFlags: m.cpuFlags.filter((f): f is string => typeof f === 'string') }
         : {}),
     };
-    const problems = restoreProblems(from, await this.platform());
+    const node = await this.platform();
+    // Only what this node knows about itself is compared.
+    const problems = restoreProblems(
+      {
+        ...(from.arch !== undefined ? { arch: from.arch } : {}),
+        ...(from.criuVersion !== undefined && node.criuVersion !== undefined
+          ? { criuVersion: from.criuVersion }
+          : {}),
+        ...(from.cpuFlags !== undefined && node.cpuFlags !== undefined ? { cpuFlags: from.cpuFlags } : {}),
+      },
+      { arch: node.arch, criuVersion: node.criuVersion ?? '0', cpuFlags: node.cpuFlags ?? [] },
+    );
     if (problems.length > 0) {
       throw new DormantError(
         'RESTORE_INCOMPATIBLE',
