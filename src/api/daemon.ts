@@ -42,6 +42,8 @@ export interface DaemonOptions {
   meterIntervalMs?: number;
   /** Resume with CRIU lazy pages (userfaultfd). Default false. */
   lazyRestore?: boolean;
+  /** How long CRIU's dump may run before it is ended as hung. Default 120 s. */
+  checkpointTimeoutMs?: number;
   /** Fault injection for crash tests. */
   failAt?: (step: string) => void;
   /** The wake proxy (default: on, API port + 1); false: none. */
@@ -102,6 +104,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     stateDir: join(opts.dataDir, 'runtime'),
     criuPath: criu.path,
     criuEnv: criu.env,
+    ...(opts.checkpointTimeoutMs !== undefined ? { checkpointTimeoutMs: opts.checkpointTimeoutMs } : {}),
   });
   const stagingDir = stagingDirFor(opts.dataDir);
   // Leftovers of a crash: images of a hibernate that never committed. Memory only, but wipe them.

@@ -62,6 +62,11 @@ export interface RuncRuntimeOptions {
   cgroupParent?: string;
   /** Host-wide folder of network slot reservations. Default `/var/lib/dormant-net`. */
   netSlotDir?: string;
+  /**
+   * How long a checkpoint (runc checkpoint, so CRIU's dump) may take before it is ended as
+   * hung and the sandbox thawed. Default 120 s.
+   */
+  checkpointTimeoutMs?: number;
 }
 
 interface SandboxRecord {
@@ -136,6 +141,7 @@ export class RuncRuntime implements Runtime {
   private readonly subnet: Subnet;
   private readonly cgroupParent: string;
   private readonly netSlotDir: string;
+  private readonly checkpointTimeoutMs: number;
 
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
@@ -145,6 +151,7 @@ export class RuncRuntime implements Runtime {
     this.stateDir = options.stateDir;
     this.runcPath = options.runcPath ?? 'runc';
     this.criuPath = options.criuPath ?? 'criu';
+    this.checkpointTimeoutMs = options.checkpointTimeoutMs ?? DEFAULTS.checkpointMs;
     const path = process.env.PATH ?? '/usr/bin:/bin';
     this.env = {
       CRIU_FAULT: '130',
@@ -484,19 +491,28 @@ export class RuncRuntime implements Runtime {
     if (opts.leaveRunning === true) args.push('--leave-running');
     const logPath = join(opts.workDir, 'dump.log');
     const offset = await this.runcLogSize(id);
+    const timeoutMs = opts.timeoutMs ?? this.checkpointTimeoutMs;
     let r: RunResult;
     try {
-      r = await this.runc(id, [...args, id], opts, DEFAULTS.checkpointMs);
+      r = await this.runc(id, [...args, id], { ...opts, timeoutMs }, DEFAULTS.checkpointMs);
     } catch (e) {
       // CRIU unfreezes the tasks when a dump fails, and runc keeps the container; a lock
-      // left on the network would still cut the sandbox off, so clear it.
+      // left on the network would still cut the sandbox off, so clear it. A hung dump was
+      // ended with its whole process group (runc and criu) by run()'s timeout.
       await clearCriuNetworkLock(rec.network);
-      const why = (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
+      const hung = isDormantError(e, ErrorCode.COMMAND_TIMEOUT);
+      const why = hung
+        ? // A hang has no error line: the last lines show where criu stopped.
+          (await tailOf(logPath, /./, 8)) || (await this.runcLogSince(id, offset))
+        : (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
       const after = await this.runcState(id).catch(() => undefined);
+      const what = hung
+        ? `checkpoint of sandbox ${id} hung: criu did not finish within ${String(Math.round(timeoutMs / 1000))} s and was ended`
+        : `checkpoint of sandbox ${id} failed`;
       throw new DormantError(
         ErrorCode.RUNTIME_CHECKPOINT_FAILED,
-        `checkpoint of sandbox ${id} failed (the sandbox is ${after?.status ?? 'gone'})${why ? `:\n${why}` : ''}`,
-        { cause: e, details: { criuLog: logPath, sandboxStatus: after?.status ?? 'absent' } },
+        `${what} (the sandbox is ${after?.status ?? 'gone'})${why ? `:\n${why}` : hung ? ' (criu wrote no log)' : ''}`,
+        { cause: e, details: { criuLog: logPath, sandboxStatus: after?.status ?? 'absent', hung } },
       );
     }
     // runc removed the container; the rootfs is unmounted so the writable layer is at rest
