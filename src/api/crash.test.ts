@@ -21,7 +21,7 @@ import Database from 'better-sqlite3';
 import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
-import { eventually, httpGet, leftovers } from './testing/host.js';
+import { eventually, httpGet, leftovers, sandboxProcesses } from './testing/host.js';
 
 const SERVER = `
 import http.server, os
@@ -276,6 +276,37 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       const f = await client.fork(sb.id, { name: 'victim-fork-2' });
       assert.equal((await serve(f)).join(' '), `${n + 2} ${token}`, 'a fork after the crash works');
       await finish(daemon, client, all.map((x) => x.id).concat(f.id));
+    });
+  }
+
+  const archiveCases: [string, 'running' | 'hibernated'][] = [
+    ['archive:recorded', 'running'],
+    ['archive:recorded', 'hibernated'],
+    ['archive:ended', 'hibernated'],
+  ];
+  for (const [step, from] of archiveCases) {
+    test(`crash at ${step} (archiving a ${from} sandbox): it is archived, its processes and checkpoints gone; it resumes fresh`, async (t) => {
+      const data = join(dir, `${step.replace(':', '-')}-${from}`);
+      const child = await startCrashDaemon(data, step);
+      children.push(child.proc);
+      const sb = await create(child.client, 'victim');
+      await serve(sb);
+      if (from === 'hibernated') await child.client.hibernate(sb.id);
+      await crashDuring(child, step, () => child.client.archive(sb.id));
+      const { daemon, client } = await restart(data);
+      const s = await client.getSandbox(sb.id);
+      assert.equal(s.state, 'archived');
+      assert.equal(s.checkpointId ?? null, null, 'no current checkpoint');
+      assert.deepEqual(sandboxProcesses(sb.id), [], 'reconcile ended what the archive had not');
+      assert.deepEqual(await client.listCheckpoints(sb.id), []);
+      const lost = await unrecorded(daemon);
+      await t.test('no checkpoint is left in the vault without a record', {}, () => {
+        assert.deepEqual(lost, []);
+      });
+      assert.equal((await client.resume(sb.id)).state, 'running');
+      const [n] = await serve(sb);
+      assert.equal(n, 1, 'a fresh start of its command');
+      await finish(daemon, client, [sb.id]);
     });
   }
 

@@ -801,15 +801,23 @@ export class SandboxController {
       const s = this.get(id, tenant);
       assertLegal('archive', s.state, id);
       if (isNoop('archive', s.state)) return s;
-      await this.endProcesses(id);
-      for (const c of this.store.listCheckpoints({ sandboxId: id })) {
-        await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
-        this.store.deleteCheckpoint(c.id, this.clock.now());
-      }
-      this.store.transition(id, s.state, 'archived', reason, this.clock.now(), {
-        memoryBytes: 0,
-        checkpointId: undefined,
+      // The record goes first, in one transaction: archived, its checkpoints dropped. A crash
+      // after it leaves an archived sandbox whose processes reconcile ends and whose vault
+      // copies the start-up sweep deletes; a crash before it leaves the sandbox as it was.
+      const checkpoints = this.store.listCheckpoints({ sandboxId: id });
+      const now = this.clock.now();
+      this.store.atomically(() => {
+        for (const c of checkpoints) this.store.deleteCheckpoint(c.id, now);
+        this.store.transition(id, s.state, 'archived', reason, now, {
+          memoryBytes: 0,
+          checkpointId: undefined,
+        });
       });
+      this.step('archive:recorded');
+      await this.endProcesses(id);
+      this.step('archive:ended');
+      for (const c of checkpoints)
+        await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
       return this.get(id);
     });
   }
@@ -909,6 +917,10 @@ export class SandboxController {
         if (status === 'running' || status === 'paused') return status;
         if (status !== 'absent') await this.runtime.stop(s.id);
         return this.fallback(s);
+      case 'archived':
+        // An archive cut short after its record: the processes it meant to end.
+        if (status !== 'absent') await this.runtime.stop(s.id);
+        return 'archived';
       default:
         return s.state;
     }

@@ -253,6 +253,11 @@ export class SqliteStateStore implements StateStore {
     })();
   }
 
+  /** Runs `fn` as one transaction: all of its writes land, or none. */
+  atomically<T>(fn: () => T): T {
+    return this.db.transaction(fn)();
+  }
+
   updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): void {
     const { sql, values } = patchColumns(patch);
     if (sql === '') return;

@@ -33,6 +33,8 @@ export interface StateStore {
   insertSandbox(s: Sandbox, reason: string): void;
   getSandbox(id: string): Sandbox | undefined;
   listSandboxes(tenant?: string): Sandbox[];
+  /** Runs `fn` as one transaction: all of its writes land, or none. */
+  atomically<T>(fn: () => T): T;
   /**
    * Moves a sandbox from `from` to `to` and records the transition, atomically; returns false
    * (changing nothing) when the sandbox is no longer in `from`.
