@@ -285,7 +285,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     ['archive:ended', 'hibernated'],
   ];
   for (const [step, from] of archiveCases) {
-    test(`crash at ${step} (archiving a ${from} sandbox): it is archived, its processes and checkpoints gone; it resumes fresh`, async (t) => {
+    test(`crash at ${step} (archiving a ${from} sandbox): it is archived, its processes and memory checkpoints gone; it resumes fresh on its files`, async (t) => {
       const data = join(dir, `${step.replace(':', '-')}-${from}`);
       const child = await startCrashDaemon(data, step);
       children.push(child.proc);
@@ -296,9 +296,14 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       const { daemon, client } = await restart(data);
       const s = await client.getSandbox(sb.id);
       assert.equal(s.state, 'archived');
-      assert.equal(s.checkpointId ?? null, null, 'no current checkpoint');
       assert.deepEqual(sandboxProcesses(sb.id), [], 'reconcile ended what the archive had not');
-      assert.deepEqual(await client.listCheckpoints(sb.id), []);
+      const kept = await client.listCheckpoints(sb.id);
+      assert.deepEqual(
+        kept.map((c) => c.kind),
+        ['filesystem'],
+        'only the diff is kept, and it is current',
+      );
+      assert.equal(s.checkpointId, kept[0]!.id);
       const lost = await unrecorded(daemon);
       await t.test('no checkpoint is left in the vault without a record', {}, () => {
         assert.deepEqual(lost, []);

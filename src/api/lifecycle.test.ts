@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { request } from 'node:http';
+import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
@@ -70,6 +71,22 @@ async function apiError(p: Promise<unknown>): Promise<DormantApiError> {
     return e;
   }
   assert.fail('expected an API error');
+}
+
+/** Regular files under `root` whose bytes contain `needle` (a grep of the raw bytes). */
+function filesHolding(root: string, needle: string): string[] {
+  const hits: string[] = [];
+  const want = Buffer.from(needle);
+  for (const e of readdirSync(root, { withFileTypes: true, recursive: true })) {
+    if (!e.isFile()) continue;
+    const p = join(e.parentPath, e.name);
+    try {
+      if (readFileSync(p).includes(want)) hits.push(p);
+    } catch {
+      // Gone while we looked.
+    }
+  }
+  return hits;
 }
 
 /** Live processes (zombies hold no memory and are not counted) in the sandbox's cgroup. */
@@ -150,6 +167,10 @@ describe('sandbox lifecycle through the daemon', () => {
 
   test('hibernate: processes gone, checkpoint in the vault, nothing left in staging; resume: memory intact', async () => {
     const token = (await get(sb.address!, 8080)).split(' ')[1];
+    // A file the agent wrote: while hibernated it lives only in the vault, encrypted.
+    const secret = `FILE-SECRET-${randomBytes(12).toString('hex')}`;
+    await client.exec(sb.id, ['sh', '-c', `echo ${secret} > /srv/secret.txt`]);
+    assert.deepEqual(filesHolding(join(dir, 'data'), secret).length > 0, true, 'on disk while running');
     const h = await client.hibernate(sb.id);
     assert.equal(h.state, 'hibernated');
     assert.equal(h.memoryBytes, 0);
@@ -160,9 +181,11 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.equal(cks.length, 1);
     assert.ok(cks[0]!.storedBytes > 0 && cks[0]!.storedBytes < cks[0]!.logicalBytes, 'stored compressed');
     assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'staging wiped');
+    assert.deepEqual(filesHolding(join(dir, 'data'), secret), [], 'the file is nowhere in plaintext');
 
     const r = await client.resume(sb.id);
     assert.equal(r.state, 'running');
+    assert.equal((await client.exec(sb.id, ['cat', '/srv/secret.txt'])).stdout, `${secret}\n`);
     // The counter and the random token lived only in the process's memory.
     assert.equal(await eventually('resumed server', () => get(sb.address!, 8080)), `3 ${token}`);
     const logs = await client.logs(sb.id);
@@ -299,16 +322,32 @@ describe('sandbox lifecycle through the daemon', () => {
   });
 
   test('archive keeps the filesystem; resume starts the command afresh on it', async () => {
-    await client.exec(sb.id, ['sh', '-c', 'echo kept > /srv/note']);
+    const secret = `ARCHIVED-SECRET-${randomBytes(12).toString('hex')}`;
+    await client.exec(sb.id, ['sh', '-c', `echo kept > /srv/note; echo ${secret} > /srv/secret2.txt`]);
     const a = await client.archive(sb.id);
     assert.equal(a.state, 'archived');
-    assert.deepEqual(await client.listCheckpoints(sb.id), []);
+    assert.deepEqual(
+      (await client.listCheckpoints(sb.id)).map((c) => c.kind),
+      ['filesystem'],
+      'only the filesystem diff is kept, in the vault',
+    );
+    assert.deepEqual(hostPids(sb.id), [], 'its processes ended');
+    assert.deepEqual(filesHolding(join(dir, 'data'), secret), [], 'the file is nowhere in plaintext');
     await client.resume(sb.id);
     assert.match(
       await eventually('fresh server', () => get(sb.address!, 8080)),
       /^1 /,
       'a fresh process: its counter starts over',
     );
+    assert.equal((await client.exec(sb.id, ['cat', '/srv/note'])).stdout, 'kept\n');
+    assert.equal((await client.exec(sb.id, ['cat', '/srv/secret2.txt'])).stdout, `${secret}\n`);
+    // Hibernated again, the archive's diff is superseded and goes.
+    await client.hibernate(sb.id);
+    assert.deepEqual(
+      (await client.listCheckpoints(sb.id)).map((c) => c.kind),
+      ['memory'],
+    );
+    await client.resume(sb.id);
     assert.equal((await client.exec(sb.id, ['cat', '/srv/note'])).stdout, 'kept\n');
   });
 

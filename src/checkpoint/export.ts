@@ -136,7 +136,8 @@ export async function podmanMembers(
     .map((d) => d.name);
   for (const n of names.sort()) {
     // podman keeps stats-dump at the top; the images go under checkpoint/.
-    if (n === 'stats-dump') out.push({ name: 'stats-dump', file: join(imagesDir, n) });
+    // A dormant checkpoint keeps its filesystem diff with the images; podman's is at the top.
+    if (n === 'stats-dump' || n === 'rootfs-diff.tar') out.push({ name: n, file: join(imagesDir, n) });
     else out.push({ name: `checkpoint/${n}`, file: join(imagesDir, n) });
   }
   return [...out, ...extra];

@@ -234,6 +234,19 @@ export async function scanCheckpoint(
   }
   let filesystemBytes = 0;
   let metadataBytes = 0;
+  const flatDiff = join(ck.imagesDir, 'rootfs-diff.tar');
+  if (
+    !ck.rootDir &&
+    (await stat(flatDiff).then(
+      (st) => st.isFile(),
+      () => false,
+    ))
+  ) {
+    // A dormant checkpoint keeps its filesystem diff with the images.
+    const r = await scanRootfsDiff(flatDiff, c, opts);
+    filesystemBytes += r.bytes;
+    files += r.files;
+  }
   if (ck.rootDir) {
     for (const d of await readdir(ck.rootDir, { withFileTypes: true })) {
       if (!d.isFile()) continue;

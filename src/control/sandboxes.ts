@@ -6,7 +6,7 @@
  * checkpoint in place and says why, and a restart of the daemon reconciles every sandbox.
  */
 import { randomBytes } from 'node:crypto';
-import { mkdir, open, realpath, rm, stat } from 'node:fs/promises';
+import { mkdir, open, realpath, rename, rm, stat } from 'node:fs/promises';
 import { arch, release } from 'node:os';
 import { isAbsolute, join } from 'node:path';
 import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
@@ -27,6 +27,7 @@ import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js'
 import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.js';
 import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
+import { FS_DIFF, FS_META, emptyFolder, packFilesystem, unpackFilesystem } from './filesystem.js';
 import { restoreProblems, type PlatformFacts } from '../domain/compat.js';
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
@@ -390,6 +391,8 @@ export class SandboxController {
         await this.wipe(dir);
       }
       await this.endProcesses(id);
+      // The diff is in the committed checkpoint: no plaintext copy stays on disk.
+      await emptyFolder(this.runtime.upperDir(id));
       this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
       await this.pruneCheckpoints(id, s.tenant);
       return this.get(id);
@@ -413,11 +416,14 @@ export class SandboxController {
       leaveRunning: true,
     });
     this.step(`${stepPrefix}:dumped`);
+    // The processes are still frozen: the diff is consistent with the memory just dumped.
+    await packFilesystem(this.runtime.upperDir(s.id), join(images, FS_DIFF));
     const platform = await this.platform();
     const meta: Record<string, string> = {
       arch: platform.arch,
       kernel: release(),
       kind: 'memory',
+      [FS_META]: 'tar',
       ...(platform.criuVersion !== undefined ? { criuVersion: platform.criuVersion } : {}),
     };
     const put = await this.vault.putCheckpoint({
@@ -515,7 +521,6 @@ export class SandboxController {
       const ckId = await this.locks.run(src.id, async () => {
         const cur = this.get(src.id);
         assertLegal('fork', cur.state, src.id);
-        const upper = (await this.runtime.state(src.id)).upperDir;
         let ck = cur.checkpointId;
         if (cur.state === 'running' || cur.state === 'paused') {
           ck = newId('ck', randomBytes);
@@ -525,14 +530,15 @@ export class SandboxController {
             this.store.insertCheckpoint(rec);
             this.store.updateSandbox(src.id, { checkpointId: ck });
             this.store.insertSandbox(sandbox, `fork of ${src.id}`);
-            await this.copyFilesystem(upper, forkId);
           } finally {
             if (cur.state === 'running') await this.runtime.thaw(src.id);
           }
           await this.pruneCheckpoints(src.id, src.tenant);
         } else {
           this.store.insertSandbox(sandbox, `fork of ${src.id}`);
-          await this.copyFilesystem(upper, forkId);
+          // A checkpoint from before diffs went into the vault: the diff is on disk.
+          const rec = ck !== undefined ? this.store.getCheckpoint(ck) : undefined;
+          if (rec?.meta[FS_META] !== 'tar') await this.copyFilesystem(this.runtime.upperDir(src.id), forkId);
         }
         if (ck === undefined)
           throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${src.id} has no checkpoint to fork`, {
@@ -543,6 +549,9 @@ export class SandboxController {
       return await this.locks.run(forkId, async () => {
         const images = join(dir, 'images');
         await this.vault.restoreCheckpoint({ tenant: src.tenant, checkpointId: ckId, destDir: images });
+        // The checkpoint's diff (the source's files when it was dumped) is the fork's start.
+        await this.applyFilesystem(forkId, images);
+        await this.runtime.prepare(this.runtimeSpec(this.get(forkId)));
         const st = await this.runtime
           .restore(forkId, { imagesDir: images, workDir: join(dir, 'work') })
           .then(() => this.runtime.state(forkId));
@@ -581,8 +590,11 @@ export class SandboxController {
 
   private async pruneCheckpoints(id: string, tenant: string): Promise<void> {
     const keep = this.opts.keepCheckpoints ?? 2;
-    const all = this.store.listCheckpoints({ sandboxId: id }).filter((c) => c.kind === 'memory');
-    for (const old of all.slice(keep)) {
+    const all = this.store.listCheckpoints({ sandboxId: id });
+    const memory = all.filter((c) => c.kind === 'memory');
+    // An archive's diff is superseded by the first memory checkpoint after it.
+    const stale = all.filter((c) => c.kind === 'filesystem' && memory.length > 0);
+    for (const old of [...memory.slice(keep), ...stale]) {
       await this.vault.deleteCheckpoint({ tenant, checkpointId: old.id });
       this.store.deleteCheckpoint(old.id, this.clock.now());
     }
@@ -622,7 +634,7 @@ export class SandboxController {
     try {
       await pagesLoaded;
     } catch (e) {
-      await this.runtime.stop(s.id).catch(() => undefined);
+      await this.unmountAndEmpty(s.id);
       this.store.transition(s.id, 'running', 'hibernated', 'lazy restore failed', this.clock.now(), {
         lastError: `lazy restore failed, back to its checkpoint: ${asError(e).message}`,
         memoryBytes: 0,
@@ -767,59 +779,165 @@ export class SandboxController {
     const dir = this.staging(`${s.id}-restore`);
     const lazy = this.opts.lazyRestore === true;
     let keep = false;
+    let unpacked = false;
+    let restored = false;
     try {
       await this.checkCompatible(s.id, this.store.getCheckpoint(ckId));
       await mkdir(dir, { recursive: true, mode: 0o700 });
       const images = join(dir, 'images');
       await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images });
       this.step('resume:fetched');
+      unpacked = await this.applyFilesystem(s.id, images);
       await this.runtime.prepare(this.runtimeSpec(s));
       const r = await this.runtime.restore(s.id, {
         imagesDir: images,
         workDir: join(dir, 'work'),
         lazyPages: lazy,
       });
+      restored = true;
       if (ckId !== s.checkpointId) this.store.updateSandbox(s.id, { checkpointId: ckId });
       keep = lazy;
       // Wrapped: awaiting a returned promise directly would wait for the pages too.
       return { pagesLoaded: lazy ? r.pagesLoaded : undefined };
     } finally {
       if (!keep) await this.wipe(dir);
+      // A failed restore stays hibernated: its diff goes back to living only in the vault.
+      if (unpacked && !restored) await this.unmountAndEmpty(s.id);
     }
+  }
+
+  /**
+   * Puts a checkpoint folder's filesystem diff (if it carries one) into sandbox `id`'s
+   * writable layer, replacing what is there, and removes it from the folder. Returns whether
+   * there was one. Call while the sandbox's overlay is not mounted.
+   */
+  private async applyFilesystem(id: string, folder: string): Promise<boolean> {
+    const tar = join(folder, FS_DIFF);
+    if (
+      !(await stat(tar).then(
+        (st) => st.isFile(),
+        () => false,
+      ))
+    )
+      return false;
+    await unpackFilesystem(tar, this.runtime.upperDir(id));
+    await rm(tar, { force: true });
+    return true;
+  }
+
+  /** Ends what runs of `id` (unmounting its overlay) and empties its writable layer. */
+  private async unmountAndEmpty(id: string): Promise<void> {
+    await this.runtime.stop(id).catch(() => undefined);
+    await emptyFolder(this.runtime.upperDir(id)).catch(() => undefined);
   }
 
   private async freshStart(s: Sandbox): Promise<void> {
     const st = await this.runtime.state(s.id).catch(() => undefined);
     if (st && st.status !== 'absent') await this.runtime.stop(s.id);
+    // An archive keeps the diff in the vault: back into the writable layer first.
+    const ck = s.checkpointId !== undefined ? this.store.getCheckpoint(s.checkpointId) : undefined;
+    if (ck && ck.meta[FS_META] === 'tar') {
+      const dir = this.staging(`${s.id}-restore`);
+      try {
+        await mkdir(dir, { recursive: true, mode: 0o700 });
+        const files = join(dir, 'files');
+        await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ck.id, destDir: files });
+        await this.runtime.stop(s.id).catch(() => undefined);
+        await this.applyFilesystem(s.id, files);
+      } finally {
+        await this.wipe(dir);
+      }
+    }
     await this.runtime.create(this.runtimeSpec(s));
     await this.runtime.start(s.id);
   }
 
-  /** Keep only the filesystem: processes end, memory checkpoints are deleted. */
+  /**
+   * Keep only the filesystem: its diff goes into the vault as a 'filesystem' checkpoint, the
+   * processes end, the memory checkpoints are deleted and the writable layer is emptied.
+   */
   async archive(id: string, tenant?: string, reason = 'archive'): Promise<Sandbox> {
     return this.locks.run(id, async () => {
       const s = this.get(id, tenant);
       assertLegal('archive', s.state, id);
       if (isNoop('archive', s.state)) return s;
-      // The record goes first, in one transaction: archived, its checkpoints dropped. A crash
-      // after it leaves an archived sandbox whose processes reconcile ends and whose vault
-      // copies the start-up sweep deletes; a crash before it leaves the sandbox as it was.
-      const checkpoints = this.store.listCheckpoints({ sandboxId: id });
+      const ckId = newId('ck', randomBytes);
+      const dir = this.staging(`${ckId}-archive`);
+      let fsCk: CheckpointRecord;
+      try {
+        await mkdir(dir, { recursive: true, mode: 0o700 });
+        const files = join(dir, 'files');
+        await mkdir(files, { mode: 0o700 });
+        await this.archiveDiff(s, join(dir, 'from'), join(files, FS_DIFF));
+        const meta = { arch: arch(), kind: 'filesystem', [FS_META]: 'tar' };
+        const put = await this.vault.putCheckpoint({
+          tenant: s.tenant,
+          sandboxId: id,
+          checkpointId: ckId,
+          srcDir: files,
+          meta,
+        });
+        fsCk = {
+          id: ckId,
+          sandboxId: id,
+          tenant: s.tenant,
+          createdAt: this.clock.now(),
+          kind: 'filesystem',
+          logicalBytes: put.logicalBytes,
+          storedBytes: put.storedBytes,
+          meta,
+        };
+      } finally {
+        await this.wipe(dir);
+      }
+      this.step('archive:stored');
+      // The record goes in one transaction: archived, its diff the current checkpoint, the
+      // others dropped. A crash before it leaves the sandbox as it was (the start-up sweep
+      // deletes the unrecorded copy); after it, an archived sandbox whose processes reconcile
+      // ends and whose old vault copies the sweep deletes.
+      const old = this.store.listCheckpoints({ sandboxId: id });
       const now = this.clock.now();
       this.store.atomically(() => {
-        for (const c of checkpoints) this.store.deleteCheckpoint(c.id, now);
+        this.store.insertCheckpoint(fsCk);
+        for (const c of old) this.store.deleteCheckpoint(c.id, now);
         this.store.transition(id, s.state, 'archived', reason, now, {
           memoryBytes: 0,
-          checkpointId: undefined,
+          checkpointId: fsCk.id,
         });
       });
       this.step('archive:recorded');
       await this.endProcesses(id);
+      await this.runtime.stop(id).catch(() => undefined);
+      await emptyFolder(this.runtime.upperDir(id));
       this.step('archive:ended');
-      for (const c of checkpoints)
-        await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
+      for (const c of old) await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
       return this.get(id);
     });
+  }
+
+  /**
+   * Writes sandbox `s`'s filesystem diff as the tar `tarPath`: from its current checkpoint
+   * when it is hibernated (the writable layer is empty then), else from the writable layer,
+   * with the processes frozen while it is read.
+   */
+  private async archiveDiff(s: Sandbox, scratch: string, tarPath: string): Promise<void> {
+    const ck = s.checkpointId !== undefined ? this.store.getCheckpoint(s.checkpointId) : undefined;
+    if (s.state === 'hibernated' && ck && ck.meta[FS_META] === 'tar') {
+      await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ck.id, destDir: scratch });
+      await rename(join(scratch, FS_DIFF), tarPath);
+      return;
+    }
+    const upper = this.runtime.upperDir(s.id);
+    if (s.state !== 'running') {
+      await packFilesystem(upper, tarPath);
+      return;
+    }
+    await this.runtime.freeze(s.id);
+    try {
+      await packFilesystem(upper, tarPath);
+    } finally {
+      await this.runtime.thaw(s.id);
+    }
   }
 
   async keepalive(id: string, tenant: string | undefined, untilMs: number): Promise<Sandbox> {
@@ -898,7 +1016,8 @@ export class SandboxController {
       case 'hibernating':
         if (committed) {
           this.store.updateSandbox(s.id, { checkpointId: committed.id });
-          if (status !== 'absent') await this.runtime.stop(s.id);
+          await this.runtime.stop(s.id);
+          if (committed.meta[FS_META] === 'tar') await emptyFolder(this.runtime.upperDir(s.id));
           return 'hibernated';
         }
         if (status === 'paused') await this.runtime.thaw(s.id);
@@ -918,8 +1037,11 @@ export class SandboxController {
         if (status !== 'absent') await this.runtime.stop(s.id);
         return this.fallback(s);
       case 'archived':
-        // An archive cut short after its record: the processes it meant to end.
-        if (status !== 'absent') await this.runtime.stop(s.id);
+        // An archive cut short after its record: the processes it meant to end, the
+        // writable layer it meant to empty (its diff is in the vault).
+        await this.runtime.stop(s.id);
+        if (s.checkpointId !== undefined && this.store.getCheckpoint(s.checkpointId)?.meta[FS_META] === 'tar')
+          await emptyFolder(this.runtime.upperDir(s.id));
         return 'archived';
       default:
         return s.state;
@@ -928,6 +1050,8 @@ export class SandboxController {
 
   /** Processes are gone (a reboot): the newest checkpoint if there is one, else the filesystem. */
   private fallback(s: Sandbox): SandboxState {
-    return s.checkpointId && this.store.getCheckpoint(s.checkpointId) ? 'hibernated' : 'archived';
+    return s.checkpointId && this.store.getCheckpoint(s.checkpointId)?.kind === 'memory'
+      ? 'hibernated'
+      : 'archived';
   }
 }

@@ -139,6 +139,8 @@ export interface RestoreResult {
 export interface Runtime {
   /** Sets up the sandbox's directory, writable layer, network and log, without a container. */
   prepare(spec: SandboxSpec, opts?: CallOptions): Promise<SandboxState>;
+  /** Where sandbox `id`'s writable layer is (whether or not it is prepared yet). */
+  upperDir(id: string): string;
   /** prepare() plus a created (not yet started) container. */
   create(spec: SandboxSpec, opts?: CallOptions): Promise<SandboxState>;
   start(id: string, opts?: CallOptions): Promise<void>;
