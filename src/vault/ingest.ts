@@ -387,7 +387,7 @@ export async function ingestFolder(
   const seenHere = new Set<string>();
   // Each read lands at HEAD in a buffer, and the unconsumed tail of the previous buffer (less
   // than a chunk plus two pages) is copied in front of it, so a buffer's bytes are contiguous
-  // and the chunks handed to the workers are never copied.
+  // and the buffer itself can move to a worker with the offsets of its new chunks.
   const HEAD = ctx.chunker.params.maxBytes + 2 * PAGE_BYTES;
   const BUF_BYTES = HEAD + READ_BYTES;
   // Chunks are at least a page long, or the chunker's minimum, except next to a file's ends.
@@ -419,10 +419,10 @@ export async function ingestFolder(
     jobsInFlight++;
     p.seal(ctx.keys.dataKey, input, items, output)
       .then(
-        (lengths) => {
-          p.give(input);
-          for (const n of lengths) counters.storedBytes += n;
-          ctx.packs.addRecords(output, items, lengths, () => p.give(output));
+        (r) => {
+          p.give(r.input);
+          for (const n of r.lengths) counters.storedBytes += n;
+          ctx.packs.addRecords(r.output, items, r.lengths, () => p.give(r.output));
         },
         (e: unknown) => {
           jobError ??= e instanceof Error ? e : new Error(String(e));

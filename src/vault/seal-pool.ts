@@ -2,10 +2,13 @@
  * Runs chunk compression and sealing on worker threads (zstd is the slowest stage of ingest,
  * see PERF-NOTES), while the main thread reads, chunks, hashes and deduplicates.
  *
- * No chunk byte is copied between threads: the ingest loop reads files straight into shared
- * buffers it takes from the pool, and a job names chunks by offset. The worker writes the
- * records back to back into a shared output buffer, which the pack writer writes as it is and
- * then hands back. Buffers are kept for reuse, so the hot path touches only warm memory.
+ * No chunk byte is copied between threads: the ingest loop reads files straight into buffers
+ * it takes from the pool, and a job names chunks by offset. The input buffer and an output
+ * buffer move to the worker (transferred, not copied), which writes the records back to back
+ * into the output; both come back, and the pack writer writes the output as it is before
+ * handing it back to the pool. Buffers are kept for reuse, so the hot path touches only warm
+ * memory. (Not SharedArrayBuffers: V8 copies into those with relaxed atomic stores, several
+ * times slower than memcpy.)
  */
 import { Worker } from 'node:worker_threads';
 import { CHUNK_ID_BYTES, SEAL_OVERHEAD } from './crypto.js';
@@ -26,6 +29,13 @@ export interface SealItem {
 
 /** What a finished job hands back: records back to back in `output`, in the items' order. */
 export type OnSealed = (items: readonly SealItem[], output: Buffer, lengths: Int32Array) => void;
+
+/** A finished job: record lengths, and the job's two buffers, handed back. */
+export interface SealResult {
+  lengths: Int32Array;
+  input: Buffer;
+  output: Buffer;
+}
 
 interface Running {
   worker: number;
@@ -65,10 +75,13 @@ export class SealPool {
     }
   }
 
-  /** A shared buffer of exactly `bytes`, reused when one is free. Give it back with `give`. */
+  /**
+   * A buffer of exactly `bytes` with an ArrayBuffer of its own, reused when one is free. Give
+   * it back with `give`.
+   */
   take(bytes: number): Buffer {
     const b = this.free.get(bytes)?.pop();
-    return b ?? Buffer.from(new SharedArrayBuffer(bytes));
+    return b ?? Buffer.from(new ArrayBuffer(bytes));
   }
 
   give(b: Buffer): void {
@@ -81,11 +94,12 @@ export class SealPool {
   }
 
   /**
-   * Seals `items` (chunks in `input`, a buffer from `take`) on the least busy worker. Resolves
-   * with the records in `output` (a buffer from `take`, big enough for every chunk plus
-   * RECORD_OVERHEAD_BYTES each); rejects when the worker fails.
+   * Seals `items` (chunks in `input`, a buffer from `take`) on the least busy worker, into
+   * `output` (a buffer from `take`, big enough for every chunk plus RECORD_OVERHEAD_BYTES
+   * each). Both buffers move to the worker: the caller must not touch them again, and gets
+   * them back (as new Buffer objects) when the promise resolves. Rejects when the worker fails.
    */
-  seal(key: Buffer, input: Buffer, items: readonly SealItem[], output: Buffer): Promise<Int32Array> {
+  seal(key: Buffer, input: Buffer, items: readonly SealItem[], output: Buffer): Promise<SealResult> {
     if (this.failure) return Promise.reject(this.failure);
     const meta = new Int32Array(items.length * 2);
     const ids = new Uint8Array(items.length * CHUNK_ID_BYTES);
@@ -102,8 +116,14 @@ export class SealPool {
       this.running.set(job, {
         worker: w,
         onDone: (done) => {
-          if (done.error !== undefined) reject(new Error(`seal worker failed: ${done.error}`));
-          else resolve(done.lengths);
+          if (done.error !== undefined || done.input === undefined || done.output === undefined)
+            reject(new Error(`seal worker failed: ${done.error ?? 'no buffers back'}`));
+          else
+            resolve({
+              lengths: done.lengths,
+              input: Buffer.from(done.input),
+              output: Buffer.from(done.output),
+            });
         },
       });
       // Keep the process alive only while jobs are in flight.
@@ -111,12 +131,12 @@ export class SealPool {
       const msg: SealJob = {
         job,
         key,
-        input: input.buffer as SharedArrayBuffer,
-        output: output.buffer as SharedArrayBuffer,
+        input: input.buffer as ArrayBuffer,
+        output: output.buffer as ArrayBuffer,
         meta,
         ids,
       };
-      this.workers[w]!.postMessage(msg);
+      this.workers[w]!.postMessage(msg, [msg.input, msg.output]);
     });
   }
 

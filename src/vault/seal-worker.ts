@@ -1,11 +1,10 @@
 /**
  * Worker thread body: compresses (zstd level 1, kept only when it saves >3%) and seals
  * (AES-256-GCM, chunk id as associated data) the chunks of one read buffer. The ingest loop
- * reads files straight into shared buffers and sends only the chunks' offsets, so chunk bytes
- * are never copied on the way in; records (`nonce | ciphertext | tag`, back to back) go into a
- * shared output buffer that the pack writer writes as it is. Both kinds of buffer are reused
- * job after job, so no fresh memory is touched (fresh pages are what makes big allocations
- * slow on these VMs).
+ * reads files straight into buffers that move here (transferred, not copied) with the chunks'
+ * offsets; records (`nonce | ciphertext | tag`, back to back) go into an output buffer that
+ * moves back with it and that the pack writer writes as it is. Both are reused job after job,
+ * so no fresh memory is touched (fresh pages are what makes big allocations slow on these VMs).
  */
 import { parentPort } from 'node:worker_threads';
 import { createRequire } from 'node:module';
@@ -18,8 +17,8 @@ const zstd = createRequire(import.meta.url)('zstd-napi/binding.js') as ZstdBindi
 export interface SealJob {
   job: number;
   key: Uint8Array;
-  input: SharedArrayBuffer;
-  output: SharedArrayBuffer;
+  input: ArrayBuffer;
+  output: ArrayBuffer;
   /** count x (input offset, length). */
   meta: Int32Array;
   /** count x CHUNK_ID_BYTES chunk ids. */
@@ -30,6 +29,9 @@ export interface SealDone {
   job: number;
   /** The length of each record; records lie back to back from the output's first byte. */
   lengths: Int32Array;
+  /** The job's buffers, handed back (transferred). */
+  input?: ArrayBuffer;
+  output?: ArrayBuffer;
   /** Set when the job failed. */
   error?: string;
 }
@@ -67,7 +69,7 @@ function sealJob(msg: SealJob): SealDone {
   } finally {
     key.fill(0);
   }
-  return { job: msg.job, lengths };
+  return { job: msg.job, lengths, input: msg.input, output: msg.output };
 }
 
 if (parentPort !== null) {
@@ -79,6 +81,6 @@ if (parentPort !== null) {
     } catch (e) {
       done = { job: msg.job, lengths: new Int32Array(0), error: e instanceof Error ? e.message : String(e) };
     }
-    port.postMessage(done);
+    port.postMessage(done, done.input && done.output ? [done.input, done.output] : []);
   });
 }
