@@ -22,7 +22,7 @@ import {
   packHeader,
   type ManifestEntry,
 } from './format.js';
-import type { SealPool } from './seal-pool.js';
+import { RECORD_OVERHEAD_BYTES, type SealItem, type SealPool } from './seal-pool.js';
 import type { StoreWriter, VaultStore } from './store.js';
 
 type ZstdBinding = typeof import('zstd-napi/binding.js');
@@ -55,6 +55,8 @@ interface OpenPack {
   entries: Buffer[];
   queue: Uint8Array[];
   queuedBytes: number;
+  /** Run once the queued parts are written (they may point into buffers to be reused). */
+  releases: (() => void)[];
   offset: number;
   writer: StoreWriter | undefined;
   /** Writes of this pack, in order. */
@@ -86,8 +88,7 @@ export class PackWriter {
     private readonly targetBytes = PACK_TARGET_BYTES,
   ) {}
 
-  /** Adds one sealed record to the current pack, starting one if needed. */
-  add(key: string, id: Buffer, record: readonly Uint8Array[], recordBytes: number, rawBytes: number): void {
+  private currentPack(): OpenPack {
     let p = this.current;
     if (p === undefined) {
       const packId = randomBytes(16).toString('hex');
@@ -97,6 +98,7 @@ export class PackWriter {
         entries: [],
         queue: [h],
         queuedBytes: h.length,
+        releases: [],
         offset: PACK_HEADER_BYTES,
         writer: undefined,
         tail: Promise.resolve(),
@@ -105,8 +107,10 @@ export class PackWriter {
       this.current = p;
       this.open.push(p);
     }
-    for (const part of record) p.queue.push(part);
-    p.queuedBytes += recordBytes;
+    return p;
+  }
+
+  private placed(p: OpenPack, key: string, id: Buffer, recordBytes: number, rawBytes: number): void {
     p.entries.push(indexEntry(id, p.offset, recordBytes, rawBytes));
     this.pending.set(key, { pack: p.id, offset: p.offset, storedBytes: recordBytes, rawBytes });
     p.offset += recordBytes;
@@ -115,6 +119,55 @@ export class PackWriter {
       p.full = true;
       this.current = undefined;
     }
+  }
+
+  /** Adds one sealed record to the current pack, starting one if needed. */
+  add(key: string, id: Buffer, record: readonly Uint8Array[], recordBytes: number, rawBytes: number): void {
+    const p = this.currentPack();
+    for (const part of record) p.queue.push(part);
+    p.queuedBytes += recordBytes;
+    this.placed(p, key, id, recordBytes, rawBytes);
+  }
+
+  /**
+   * Adds records that lie back to back in `buf` (`lengths[i]` bytes each, for `items[i]`),
+   * writing them straight from `buf`. `release` runs once every byte of `buf` is written (or
+   * the writer has failed), after which the caller may reuse it.
+   */
+  addRecords(
+    buf: Buffer,
+    items: readonly { key: string; id: Buffer; start: number; end: number }[],
+    lengths: Int32Array,
+    release: () => void,
+  ): void {
+    let at = 0;
+    let pieces = 0;
+    let left = 0;
+    const once = (): void => {
+      if (--left === 0) release();
+    };
+    const parts: [OpenPack, number, number][] = [];
+    for (let i = 0; i < items.length;) {
+      const p = this.currentPack();
+      const from = at;
+      // Records go to this pack until it is full; the rest start the next one.
+      while (i < items.length && !p.full) {
+        const it = items[i]!;
+        const n = lengths[i]!;
+        this.placed(p, it.key, it.id, n, it.end - it.start);
+        at += n;
+        i++;
+      }
+      parts.push([p, from, at]);
+      pieces++;
+    }
+    left = pieces;
+    for (const [p, from, to] of parts) {
+      p.queue.push(buf.subarray(from, to));
+      p.queuedBytes += to - from;
+      p.releases.push(once);
+    }
+    if (pieces === 0) release();
   }
 
   private fail(e: unknown): void {
@@ -129,15 +182,21 @@ export class PackWriter {
     if (p.queuedBytes === 0) return;
     const parts = p.queue;
     const n = p.queuedBytes;
+    const releases = p.releases;
     p.queue = [];
     p.queuedBytes = 0;
+    p.releases = [];
     this.inFlightBytes += n;
-    p.tail = p.tail.then(async () => {
-      p.writer ??= await this.store.create(`data/${this.tenant}/packs/${p.id}.pack`);
-      await p.writer.write(parts);
-      this.inFlightBytes -= n;
-      crashPoint('pack-data-written');
-    });
+    p.tail = p.tail
+      .then(async () => {
+        p.writer ??= await this.store.create(`data/${this.tenant}/packs/${p.id}.pack`);
+        await p.writer.write(parts);
+        this.inFlightBytes -= n;
+        crashPoint('pack-data-written');
+      })
+      .finally(() => {
+        for (const r of releases) r();
+      });
     p.tail.catch((e: unknown) => this.fail(e));
   }
 
@@ -323,11 +382,57 @@ export async function ingestFolder(
   };
   const refs = new RefList();
   const entries: ManifestEntry[] = [];
-  const sealer = new Sealer(ctx.keys.dataKey);
+  const pool = ctx.pool;
+  const sealer = pool ? undefined : new Sealer(ctx.keys.dataKey);
   const seenHere = new Set<string>();
-  const carryMax = ctx.chunker.params.maxBytes + 2 * PAGE_BYTES;
-  const work = Buffer.allocUnsafe(READ_BYTES + carryMax);
-  const reads = [Buffer.allocUnsafe(READ_BYTES), Buffer.allocUnsafe(READ_BYTES)];
+  // Each read lands at HEAD in a buffer, and the unconsumed tail of the previous buffer (less
+  // than a chunk plus two pages) is copied in front of it, so a buffer's bytes are contiguous
+  // and the buffer itself can move to a worker with the offsets of its new chunks.
+  const HEAD = ctx.chunker.params.maxBytes + 2 * PAGE_BYTES;
+  const BUF_BYTES = HEAD + READ_BYTES;
+  // Chunks are at least a page long, or the chunker's minimum, except next to a file's ends.
+  const maxChunks = Math.ceil(BUF_BYTES / Math.min(PAGE_BYTES, ctx.chunker.params.minBytes)) + 2;
+  const OUT_BYTES = BUF_BYTES + RECORD_OVERHEAD_BYTES * maxChunks;
+  const maxJobs = pool ? 2 * pool.size + 1 : 0;
+  // Without workers, two buffers alternate: one is read into while the other is chunked.
+  const spare: Buffer[] = pool ? [] : [Buffer.allocUnsafe(BUF_BYTES), Buffer.allocUnsafe(BUF_BYTES)];
+  let jobsInFlight = 0;
+  let jobError: Error | undefined;
+  const jobWaiters: (() => void)[] = [];
+  const jobDone = async (): Promise<void> => new Promise<void>((resolve) => jobWaiters.push(resolve));
+
+  const takeBuffer = async (): Promise<Buffer> => {
+    if (!pool) return spare.pop()!;
+    while (jobsInFlight >= maxJobs) await jobDone();
+    if (jobError) throw jobError;
+    return pool.take(BUF_BYTES);
+  };
+  const giveBuffer = (b: Buffer): void => {
+    if (pool) pool.give(b);
+    else spare.push(b);
+  };
+  const drainJobs = async (): Promise<void> => {
+    while (jobsInFlight > 0) await jobDone();
+  };
+  const submit = (p: SealPool, input: Buffer, items: SealItem[]): void => {
+    const output = p.take(OUT_BYTES);
+    jobsInFlight++;
+    p.seal(ctx.keys.dataKey, input, items, output)
+      .then(
+        (r) => {
+          p.give(r.input);
+          for (const n of r.lengths) counters.storedBytes += n;
+          ctx.packs.addRecords(r.output, items, r.lengths, () => p.give(r.output));
+        },
+        (e: unknown) => {
+          jobError ??= e instanceof Error ? e : new Error(String(e));
+        },
+      )
+      .finally(() => {
+        jobsInFlight--;
+        jobWaiters.shift()?.();
+      });
+  };
 
   const rootSt = await lstat(srcDir).catch((e: unknown) => {
     throw new DormantError(ErrorCode.INVALID_ARGUMENT, `cannot read checkpoint folder ${srcDir}`, {
@@ -336,8 +441,7 @@ export async function ingestFolder(
   });
   if (!rootSt.isDirectory()) throw new DormantError(ErrorCode.INVALID_ARGUMENT, `${srcDir} is not a folder`);
 
-  // splitPieces reports pieces synchronously; they are handled after it returns, in order,
-  // because handing a chunk to the worker pool may have to wait for a free buffer.
+  // splitPieces reports pieces synchronously; they are handled after it returns, in order.
   let pieces: number[] = []; // start, end pairs; a hole is (-1, length)
   const sink = {
     data(start: number, end: number): void {
@@ -347,14 +451,11 @@ export async function ingestFolder(
       pieces.push(-1, length);
     },
   };
-  const batcher = ctx.pool?.batcher(ctx.keys.dataKey, (key, id, record, rawBytes) => {
-    counters.storedBytes += record.length;
-    ctx.packs.add(key, id, [record], record.length, rawBytes);
-  });
-  const handlePieces = async (): Promise<void> => {
+  /** Records the pieces found in `buf`; returns the chunks that are new to the vault. */
+  const handlePieces = (buf: Buffer): SealItem[] => {
     const list = pieces;
     pieces = [];
-    let added = false;
+    const items: SealItem[] = [];
     for (let i = 0; i < list.length; i += 2) {
       const start = list[i]!;
       const end = list[i + 1]!;
@@ -363,7 +464,7 @@ export async function ingestFolder(
         refs.hole(end);
         continue;
       }
-      const chunk = work.subarray(start, end);
+      const chunk = buf.subarray(start, end);
       const id = chunkId(ctx.keys.idKeyObject, chunk);
       const key = id.toString('hex');
       counters.chunks++;
@@ -372,49 +473,54 @@ export async function ingestFolder(
       seenHere.add(key);
       counters.newChunks++;
       counters.newBytes += end - start;
-      if (batcher) {
-        await batcher.add(key, id, chunk);
-      } else {
+      if (sealer) {
         const { parts, bytes } = sealer.seal(id, chunk);
         counters.storedBytes += bytes;
         ctx.packs.add(key, id, parts, bytes, end - start);
-        added = true;
+      } else {
+        items.push({ key, id, start, end });
       }
     }
-    // The chunks point into the read buffer, which is about to be reused: copy them out now.
-    if (batcher) await batcher.dispatch();
-    if (added || batcher) await ctx.packs.pump();
+    return items;
   };
 
   const ingestFile = async (h: FileHandle): Promise<number> => {
     let carry = 0;
-    let offset = 0; // stream offset of work[0]
+    let streamAt = 0; // stream offset of the first carried byte
     let total = 0;
-    let which = 0;
-    let next = h.read(reads[0]!, 0, READ_BYTES, null);
+    let cur = await takeBuffer();
+    let reading = h.read(cur, HEAD, READ_BYTES, null);
     for (;;) {
-      const { bytesRead } = await next;
-      const buf = reads[which]!;
-      which ^= 1;
+      const { bytesRead } = await reading;
       const eof = bytesRead === 0;
-      if (!eof) next = h.read(reads[which]!, 0, READ_BYTES, null);
-      buf.copy(work, carry, 0, bytesRead);
-      const have = carry + bytesRead;
+      let next: Buffer | undefined;
+      if (!eof) {
+        next = await takeBuffer();
+        reading = h.read(next, HEAD, READ_BYTES, null);
+      }
+      const from = HEAD - carry;
+      const have = HEAD + bytesRead;
       total += bytesRead;
-      const pos = splitPieces(ctx.chunker, work, 0, have, offset, eof, sink);
-      await handlePieces();
+      const pos = splitPieces(ctx.chunker, cur, from, have, streamAt - from, eof, sink);
+      const items = handlePieces(cur);
       carry = have - pos;
-      work.copyWithin(0, pos, have);
-      offset += pos;
+      // The next read fills next[HEAD..]; the carried bytes go just in front of it.
+      if (next) cur.copy(next, HEAD - carry, pos, have);
+      streamAt += pos - from;
+      if (pool && items.length > 0) submit(pool, cur, items);
+      else giveBuffer(cur);
+      await ctx.packs.pump();
+      if (jobError) throw jobError;
       counters.logicalBytes += bytesRead;
       ctx.onProgress?.(counters);
       if (ctx.signal?.aborted) {
-        await next.catch(() => undefined);
+        if (!eof) await reading.catch(() => undefined);
         throw new DormantError(ErrorCode.COMMAND_ABORTED, `ingest of ${srcDir} aborted`, {
           cause: ctx.signal.reason,
         });
       }
-      if (eof) return total;
+      if (next === undefined) return total;
+      cur = next;
     }
   };
 
@@ -475,7 +581,12 @@ export async function ingestFolder(
       }
     }
   };
-  await walk(srcDir, '');
-  await batcher?.flush();
+  try {
+    await walk(srcDir, '');
+  } finally {
+    // Jobs still running hold buffers and add records; let them finish either way.
+    await drainJobs();
+  }
+  if (jobError) throw jobError;
   return { entries, refs: Buffer.from(refs.bytes()), counters };
 }

@@ -1,198 +1,148 @@
 /**
  * Runs chunk compression and sealing on worker threads (zstd is the slowest stage of ingest,
- * see PERF-NOTES), while the main thread reads, chunks, hashes and deduplicates. Chunk bytes
- * travel in reusable shared buffers; results come back as records in reusable shared buffers
- * and are copied out (each at most 64 KiB, which malloc serves from warm memory).
+ * see PERF-NOTES), while the main thread reads, chunks, hashes and deduplicates.
+ *
+ * No chunk byte is copied between threads: the ingest loop reads files straight into buffers
+ * it takes from the pool, and a job names chunks by offset. The input buffer and an output
+ * buffer move to the worker (transferred, not copied), which writes the records back to back
+ * into the output; both come back, and the pack writer writes the output as it is before
+ * handing it back to the pool. Buffers are kept for reuse, so the hot path touches only warm
+ * memory. (Not SharedArrayBuffers: V8 copies into those with relaxed atomic stores, several
+ * times slower than memcpy.)
  */
 import { Worker } from 'node:worker_threads';
-import { CHUNK_ID_BYTES } from './crypto.js';
-import type { SealDone, SealJob, SealSlot } from './seal-worker.js';
+import { CHUNK_ID_BYTES, SEAL_OVERHEAD } from './crypto.js';
+import type { SealDone, SealJob } from './seal-worker.js';
 
-const BATCH_BYTES = 1024 * 1024;
-const BATCH_CHUNKS = 512;
-const SLOTS_PER_WORKER = 3;
-const RECORD_OVERHEAD = 64;
+/** Room a job needs in its output beyond the chunk bytes: one record's overhead per chunk. */
+export const RECORD_OVERHEAD_BYTES = 1 + SEAL_OVERHEAD;
+/** Free buffers kept per size for reuse; more than this are left to the garbage collector. */
+const KEEP_FREE = 16;
 
-interface Slot {
-  worker: number;
-  index: number;
+/** One chunk of a job: where it lies in the input buffer, and its id. */
+export interface SealItem {
+  key: string;
+  id: Buffer;
+  start: number;
+  end: number;
+}
+
+/** What a finished job hands back: records back to back in `output`, in the items' order. */
+export type OnSealed = (items: readonly SealItem[], output: Buffer, lengths: Int32Array) => void;
+
+/** A finished job: record lengths, and the job's two buffers, handed back. */
+export interface SealResult {
+  lengths: Int32Array;
   input: Buffer;
   output: Buffer;
 }
 
-/** A record handed back to the caller: the chunk's key and the sealed bytes (a copy). */
-export type OnRecord = (key: string, id: Buffer, record: Buffer, rawBytes: number) => void;
+interface Running {
+  worker: number;
+  onDone: (done: SealDone) => void;
+}
 
 export class SealPool {
   private readonly workers: Worker[] = [];
-  private readonly free: Slot[] = [];
-  private readonly waiters: ((s: Slot) => void)[] = [];
-  private readonly handlers = new Map<string, (done: SealDone) => void>();
-  private busy = 0;
+  private readonly jobsPerWorker: number[] = [];
+  private readonly running = new Map<number, Running>();
+  private readonly free = new Map<number, Buffer[]>();
+  private nextJob = 1;
   private failure: Error | undefined;
 
   constructor(readonly size: number) {
     for (let w = 0; w < size; w++) {
       const worker = new Worker(new URL('./seal-worker.js', import.meta.url));
       worker.unref();
-      const slots: SealSlot[] = [];
-      for (let i = 0; i < SLOTS_PER_WORKER; i++) {
-        const input = new SharedArrayBuffer(BATCH_BYTES + 64 * 1024);
-        const output = new SharedArrayBuffer(BATCH_BYTES + 64 * 1024 + BATCH_CHUNKS * RECORD_OVERHEAD);
-        slots.push({ input, output });
-        this.free.push({ worker: w, index: i, input: Buffer.from(input), output: Buffer.from(output) });
-      }
-      worker.postMessage({ slots });
       worker.on('message', (done: SealDone) => {
-        this.handlers.get(`${w}/${done.slot}`)?.(done);
+        const r = this.running.get(done.job);
+        if (r === undefined) return;
+        this.running.delete(done.job);
+        this.jobsPerWorker[w]!--;
+        if (this.jobsPerWorker[w] === 0) worker.unref();
+        r.onDone(done);
       });
       worker.on('error', (e) => {
-        this.failure = e;
-        for (const h of this.handlers.values()) h({ slot: -1, out: new Int32Array(0) });
+        this.failure ??= e;
+        for (const [job, r] of [...this.running]) {
+          if (r.worker !== w) continue;
+          this.running.delete(job);
+          r.onDone({ job, lengths: new Int32Array(0), error: e.message });
+        }
       });
       this.workers.push(worker);
+      this.jobsPerWorker.push(0);
     }
   }
 
-  private take(): Promise<Slot> {
-    const s = this.free.pop();
-    if (s) return Promise.resolve(s);
-    return new Promise((resolve) => this.waiters.push(resolve));
+  /**
+   * A buffer of exactly `bytes` with an ArrayBuffer of its own, reused when one is free. Give
+   * it back with `give`.
+   */
+  take(bytes: number): Buffer {
+    const b = this.free.get(bytes)?.pop();
+    return b ?? Buffer.from(new ArrayBuffer(bytes));
   }
 
-  private give(s: Slot): void {
-    const w = this.waiters.shift();
-    if (w) w(s);
-    else this.free.push(s);
+  give(b: Buffer): void {
+    let list = this.free.get(b.length);
+    if (list === undefined) {
+      list = [];
+      this.free.set(b.length, list);
+    }
+    if (list.length < KEEP_FREE) list.push(b);
   }
 
-  private ref(delta: number): void {
-    // Keep the process alive only while batches are in flight.
-    const before = this.busy;
-    this.busy += delta;
-    if (before === 0 && this.busy > 0) for (const w of this.workers) w.ref();
-    if (before > 0 && this.busy === 0) for (const w of this.workers) w.unref();
-  }
-
-  /** A batcher for one ingest: add chunks, then `flush()`; records arrive through `onRecord`. */
-  batcher(key: Buffer, onRecord: OnRecord): SealBatcher {
-    return new SealBatcher(this, key, onRecord);
-  }
-
-  /** @internal */
-  async run(
-    key: Buffer,
-    fill: (slot: Slot) => { count: number; meta: Int32Array; ids: Uint8Array },
-    onDone: (slot: Slot, out: Int32Array) => void,
-  ): Promise<{ done: Promise<void> }> {
-    if (this.failure) throw this.failure;
-    const slot = await this.take();
-    const { count, meta, ids } = fill(slot);
-    this.ref(1);
-    const done = new Promise<void>((resolve, reject) => {
-      const hk = `${slot.worker}/${slot.index}`;
-      this.handlers.set(hk, (done) => {
-        this.handlers.delete(hk);
-        this.ref(-1);
-        if (this.failure) {
-          reject(this.failure);
-          return;
-        }
-        try {
-          onDone(slot, done.out);
-          resolve();
-        } catch (e) {
-          reject(e instanceof Error ? e : new Error(String(e)));
-        } finally {
-          this.give(slot);
-        }
+  /**
+   * Seals `items` (chunks in `input`, a buffer from `take`) on the least busy worker, into
+   * `output` (a buffer from `take`, big enough for every chunk plus RECORD_OVERHEAD_BYTES
+   * each). Both buffers move to the worker: the caller must not touch them again, and gets
+   * them back (as new Buffer objects) when the promise resolves. Rejects when the worker fails.
+   */
+  seal(key: Buffer, input: Buffer, items: readonly SealItem[], output: Buffer): Promise<SealResult> {
+    if (this.failure) return Promise.reject(this.failure);
+    const meta = new Int32Array(items.length * 2);
+    const ids = new Uint8Array(items.length * CHUNK_ID_BYTES);
+    for (let i = 0; i < items.length; i++) {
+      const it = items[i]!;
+      meta[i * 2] = it.start;
+      meta[i * 2 + 1] = it.end - it.start;
+      ids.set(it.id, i * CHUNK_ID_BYTES);
+    }
+    let w = 0;
+    for (let i = 1; i < this.workers.length; i++) if (this.jobsPerWorker[i]! < this.jobsPerWorker[w]!) w = i;
+    const job = this.nextJob++;
+    return new Promise((resolve, reject) => {
+      this.running.set(job, {
+        worker: w,
+        onDone: (done) => {
+          if (done.error !== undefined || done.input === undefined || done.output === undefined)
+            reject(new Error(`seal worker failed: ${done.error ?? 'no buffers back'}`));
+          else
+            resolve({
+              lengths: done.lengths,
+              input: Buffer.from(done.input),
+              output: Buffer.from(done.output),
+            });
+        },
       });
-      const job: SealJob = { slot: slot.index, count, key, meta, ids };
-      this.workers[slot.worker]!.postMessage(job);
+      // Keep the process alive only while jobs are in flight.
+      if (this.jobsPerWorker[w]!++ === 0) this.workers[w]!.ref();
+      const msg: SealJob = {
+        job,
+        key,
+        input: input.buffer as ArrayBuffer,
+        output: output.buffer as ArrayBuffer,
+        meta,
+        ids,
+      };
+      this.workers[w]!.postMessage(msg, [msg.input, msg.output]);
     });
-    return { done };
   }
 
   async close(): Promise<void> {
     await Promise.all(this.workers.map((w) => w.terminate()));
     this.workers.length = 0;
-  }
-}
-
-interface Pending {
-  key: string;
-  id: Buffer;
-  data: Uint8Array;
-}
-
-/** Collects chunks into batches and hands them to the pool. */
-export class SealBatcher {
-  private batch: Pending[] = [];
-  private batchBytes = 0;
-  private readonly inFlight = new Set<Promise<void>>();
-  private error: Error | undefined;
-
-  constructor(
-    private readonly pool: SealPool,
-    private readonly key: Buffer,
-    private readonly onRecord: OnRecord,
-  ) {}
-
-  /**
-   * Queues a chunk. `data` must stay valid until the returned promise resolves (the bytes are
-   * copied into a shared buffer by then).
-   */
-  async add(key: string, id: Buffer, data: Uint8Array): Promise<void> {
-    if (this.batchBytes + data.length > BATCH_BYTES || this.batch.length >= BATCH_CHUNKS)
-      await this.dispatch();
-    this.batch.push({ key, id, data });
-    this.batchBytes += data.length;
-  }
-
-  /** Dispatches the current batch; resolves once its bytes are copied (not sealed). */
-  async dispatch(): Promise<void> {
-    if (this.error) throw this.error;
-    if (this.batch.length === 0) return;
-    const items = this.batch;
-    this.batch = [];
-    this.batchBytes = 0;
-    const { done: p } = await this.pool.run(
-      this.key,
-      (slot) => {
-        const meta = new Int32Array(items.length * 2);
-        const ids = new Uint8Array(items.length * CHUNK_ID_BYTES);
-        let at = 0;
-        for (const [i, it] of items.entries()) {
-          slot.input.set(it.data, at);
-          meta[i * 2] = at;
-          meta[i * 2 + 1] = it.data.length;
-          ids.set(it.id, i * CHUNK_ID_BYTES);
-          at += it.data.length;
-        }
-        return { count: items.length, meta, ids };
-      },
-      (slot, out) => {
-        for (const [i, it] of items.entries()) {
-          const off = out[i * 2]!;
-          const len = out[i * 2 + 1]!;
-          this.onRecord(it.key, it.id, Buffer.from(slot.output.subarray(off, off + len)), it.data.length);
-        }
-      },
-    );
-    this.inFlight.add(p);
-    p.then(
-      () => this.inFlight.delete(p),
-      (e: unknown) => {
-        this.inFlight.delete(p);
-        this.error ??= e instanceof Error ? e : new Error(String(e));
-      },
-    );
-  }
-
-  /** Dispatches what is left and waits for every record to arrive. */
-  async flush(): Promise<void> {
-    await this.dispatch();
-    await Promise.all([...this.inFlight]);
-    if (this.error) throw this.error;
+    this.free.clear();
   }
 }
