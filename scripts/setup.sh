@@ -127,4 +127,11 @@ write_if_changed "$BINDIR/checkpointctl" "#!/bin/sh
 P=${PREFIX}
 exec \"\$P/${LOADER}\" --argv0 checkpointctl --library-path \"\$P/usr/lib/${TRIPLET}\" \"\$P/usr/bin/checkpointctl\" \"\$@\""
 
+# 4. Native helpers (dormant-cuda-ckpt for GPU sandboxes, docs/GPU.md) into /opt/dormant/bin.
+if command -v gcc >/dev/null 2>&1; then
+  bash "$(cd "$(dirname "$0")" && pwd)/build-native.sh" /opt/dormant/bin
+else
+  log "no gcc: dormant-cuda-ckpt not built (only GPU sandboxes with the checkpoint policy need it)"
+fi
+
 log "ready: $("$BINDIR/criu" --version | head -n1 | tr -d '\n'), runc $(runc --version | sed -n 's/^runc version //p')"

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { getCriu } from '../criu/criu.js';
 import { cgroupUsage } from '../sys/cgroup.js';
+import type { GpuNode } from '../control/gpu.js';
 import { cpuFacts, diskFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { openVault, type Vault } from '../vault/index.js';
@@ -50,6 +51,8 @@ export interface DaemonOptions {
   proxy?: ProxyConfig | false;
   /** The idle policy loop (default: every 5 s); false: none. */
   policy?: PolicyConfig | false;
+  /** This node's GPUs (tests describe one they do not run on). Default: the real node. */
+  gpu?: GpuNode;
 }
 
 export interface Daemon {
@@ -121,6 +124,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
     ...(opts.lazyRestore ? { lazyRestore: true } : {}),
+    ...(opts.gpu ? { gpu: opts.gpu } : {}),
     // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
     usage: (id) => cgroupUsage(`/dormant/${id}`),
     platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),

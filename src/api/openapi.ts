@@ -8,6 +8,7 @@
  * to document; a table here plus z.toJSONSchema documents exactly what is validated, with no
  * second schema language and no plugin.
  */
+import { GPU_POLICIES } from '../domain/gpu.js';
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import {
@@ -54,6 +55,9 @@ export const SandboxSchema = z.object({
   checkpointId: z.string().nullable(),
   lastError: z.string().nullable(),
   policy: z.record(z.string(), z.unknown()),
+  /** GPUs it was created with (`all`, `0,1`), or null. */
+  gpus: z.string().nullable(),
+  gpuPolicy: z.enum(GPU_POLICIES),
 });
 
 export const CheckpointSchema = z.object({

@@ -1,6 +1,7 @@
 /** Request and response shapes of the HTTP API: one zod schema validates and documents each. */
 import { z } from 'zod';
 import { parseDurationMs, parseSizeBytes } from '../domain/units.js';
+import { GPU_POLICIES } from '../domain/gpu.js';
 
 /** A duration in milliseconds, or a human one (`15m`, `7d`). */
 const duration = z.union([z.number().int().nonnegative(), z.string().max(32)]).transform((v, ctx) => {
@@ -50,6 +51,13 @@ export const CreateSandboxBody = z.strictObject({
   archiveAfter: duration.optional(),
   lifetime: duration.optional(),
   onResume: z.array(z.string().max(65_536)).min(1).max(1024).optional(),
+  /** GPUs: `all`, or device indexes like `0,1`. */
+  gpus: z
+    .union([z.string().max(64), z.array(z.number().int().min(0).max(255)).max(64)])
+    .transform((v) => (typeof v === 'string' ? v : v.join(',')))
+    .optional(),
+  /** What hibernate does when the sandbox holds GPU state. Default keep-running. */
+  gpuPolicy: z.enum(GPU_POLICIES).optional(),
 });
 export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
 

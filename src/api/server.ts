@@ -3,6 +3,7 @@
  * schemas.ts, and answers errors as `{ error: { code, message, hint } }` with a stable code.
  * Another tenant's sandbox answers 404, exactly like one that does not exist.
  */
+import { DEFAULT_GPU_POLICY } from '../domain/gpu.js';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
@@ -62,6 +63,8 @@ export function sandboxView(s: Sandbox) {
     checkpointId: s.checkpointId ?? null,
     lastError: s.lastError ?? null,
     policy: s.spec.policy,
+    gpus: s.gpus ?? null,
+    gpuPolicy: s.gpuPolicy ?? DEFAULT_GPU_POLICY,
   };
 }
 
@@ -168,6 +171,8 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.memory !== undefined ? { memoryBytes: b.memory } : {}),
       ...(b.cpus !== undefined ? { cpus: b.cpus } : {}),
       ...(b.onResume !== undefined ? { onResume: b.onResume } : {}),
+      ...(b.gpus !== undefined ? { gpus: b.gpus } : {}),
+      ...(b.gpuPolicy !== undefined ? { gpuPolicy: b.gpuPolicy } : {}),
       policy: {
         ...(b.idle !== undefined ? { hibernateAfterMs: b.idle } : {}),
         ...(b.pauseAfter !== undefined ? { pauseAfterMs: b.pauseAfter } : {}),

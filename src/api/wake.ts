@@ -144,6 +144,7 @@ export async function startWakeServices(o: {
       remove: (id, tenant) => controller.remove(id, tenant),
       usage: (id) => controller.usage(id),
       touch: (id) => touchKeepingLease(controller, clock, id),
+      note: (id, reason) => controller.note(id, reason),
     };
     const lo: PolicyLoopOptions = {
       target,

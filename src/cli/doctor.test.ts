@@ -61,6 +61,8 @@ describe('dormant doctor', () => {
       'podman',
       'checkpointctl',
       'nvidia',
+      'cuda-checkpoint',
+      'cuda-helper',
       'data-dir',
     ]) {
       const r = row(report, id);

@@ -16,6 +16,7 @@ import {
   locateCriu,
 } from '../criu/criu.js';
 import { run, which } from '../sys/exec.js';
+import { cudaHelperCandidates, cudaInfo, locateCudaHelper } from '../sys/gpu.js';
 import {
   cgroupFacts,
   cpuFacts,
@@ -247,83 +248,138 @@ async function toolRow(
   };
 }
 
-function nvidiaRow(f: Awaited<ReturnType<typeof nvidiaFacts>>): DoctorRow {
+/** The GPU rows: NVIDIA driver, the CUDA checkpoint API, and dormant's helper for it. */
+export async function gpuRows(
+  f: Awaited<ReturnType<typeof nvidiaFacts>>,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<DoctorRow[]> {
+  const helper = await locateCudaHelper(env);
+  const helperRow: DoctorRow = helper
+    ? {
+        id: 'cuda-helper',
+        name: 'CUDA checkpoint helper',
+        status: 'supported',
+        value: `built at ${helper}`,
+        required: false,
+      }
+    : {
+        id: 'cuda-helper',
+        name: 'CUDA checkpoint helper',
+        status: 'missing',
+        value: 'not built',
+        detail: `looked in ${cudaHelperCandidates(env).join(', ')}`,
+        fix: 'npm run build (or scripts/setup.sh, which installs it in /opt/dormant/bin); needs gcc',
+        required: false,
+      };
   if (f.driverVersion === undefined) {
-    return {
-      id: 'nvidia',
-      name: 'NVIDIA GPU checkpointing',
-      status: 'missing',
-      value: 'no NVIDIA driver',
-      detail: 'GPU sandboxes cannot be created here; CPU sandboxes are unaffected',
-      required: false,
-    };
+    return [
+      {
+        id: 'nvidia',
+        name: 'NVIDIA driver',
+        status: 'missing',
+        value: 'no NVIDIA driver',
+        detail: 'GPU sandboxes cannot be created here; CPU sandboxes are unaffected',
+        required: false,
+      },
+      {
+        id: 'cuda-checkpoint',
+        name: 'CUDA checkpoint API',
+        status: 'missing',
+        value: 'unavailable (no driver)',
+        detail: 'GPU sandboxes with --gpu-policy checkpoint would be refused here',
+        required: false,
+      },
+      helperRow,
+    ];
   }
   const major = Number.parseInt(f.driverVersion, 10);
   const api = f.checkpointApi && major >= 570;
-  const tool = major >= 550;
-  return {
-    id: 'nvidia',
-    name: 'NVIDIA GPU checkpointing',
-    status: api ? 'supported' : tool ? 'degraded' : 'missing',
-    value: `driver ${f.driverVersion}; ${api ? 'cuCheckpointProcess* API in libcuda' : tool ? 'cuda-checkpoint era driver (550+), no driver API' : 'no CUDA checkpoint support'}`,
-    ...(api ? {} : { fix: 'NVIDIA driver 570 or newer for the cuCheckpointProcess* driver API' }),
-    ...(f.libcuda ? { detail: `libcuda at ${f.libcuda}` } : {}),
-    required: false,
-  };
+  let devices = '';
+  if (helper) {
+    devices = await cudaInfo(helper)
+      .then((i) => i.devices.map((d) => `${d.name} (${formatBytes(d.memoryBytes)})`).join(', '))
+      .catch(
+        (e: unknown) => `the helper could not read the GPUs: ${e instanceof Error ? e.message : String(e)}`,
+      );
+  }
+  return [
+    {
+      id: 'nvidia',
+      name: 'NVIDIA driver',
+      status: 'supported',
+      value: `driver ${f.driverVersion}`,
+      ...(f.libcuda || devices
+        ? { detail: [f.libcuda && `libcuda at ${f.libcuda}`, devices].filter(Boolean).join('; ') }
+        : {}),
+      required: false,
+    },
+    {
+      id: 'cuda-checkpoint',
+      name: 'CUDA checkpoint API',
+      status: api ? 'supported' : 'missing',
+      value: api ? 'cuCheckpointProcess* in libcuda' : 'unavailable',
+      ...(api
+        ? {}
+        : {
+            detail: `driver ${f.driverVersion}${f.checkpointApi ? '' : ' exports no cuCheckpointProcessLock'}; GPU sandboxes keep running or are archived, never hibernated`,
+            fix: 'NVIDIA driver 570 or newer for the cuCheckpointProcess* driver API',
+          }),
+      required: false,
+    },
+    helperRow,
+  ];
 }
 
 export async function runDoctor(opts: DoctorOptions): Promise<DoctorReport> {
   const env = opts.env ?? process.env;
-  const [cpu, cgroups, freezer, criu, disk, nvidia, runcRow, iptRow, podmanRow, cpctlRow] = await Promise.all(
-    [
-      cpuFacts(),
-      cgroupFacts(),
-      probeFreezer(),
-      criuRows(env),
-      diskFacts(opts.dataDir),
-      nvidiaFacts(),
-      toolRow(env, {
-        id: 'runc',
-        name: 'runc',
-        program: 'runc',
-        args: ['--version'],
-        re: /runc version (\S+)/,
-        required: true,
-        fix: `${SETUP} (installs Debian's runc)`,
-        why: 'sandboxes run as OCI containers on runc',
-      }),
-      toolRow(env, {
-        id: 'iptables',
-        name: 'iptables-restore',
-        program: 'iptables-restore',
-        args: ['--version'],
-        re: /v(\d+(?:\.\d+)+)/,
-        required: true,
-        fix: `${SETUP} (installs Debian's iptables)`,
-        why: "CRIU locks a sandbox's network namespace with iptables-restore while it dumps",
-      }),
-      toolRow(env, {
-        id: 'podman',
-        name: 'podman',
-        program: 'podman',
-        args: ['--version'],
-        re: /version (\S+)/,
-        required: false,
-        fix: 'optional, used to compare with and import from podman: apt-get install podman/trixie (pulls trixie libc6 and systemd)',
-        why: 'optional: checkpoint import/export works without it',
-      }),
-      toolRow(env, {
-        id: 'checkpointctl',
-        name: 'checkpointctl',
-        program: 'checkpointctl',
-        args: ['--version'],
-        re: /version (\S+)/,
-        required: false,
-        fix: `${SETUP} (installs checkpointctl next to criu)`,
-        why: 'optional: the reference reader dormant compares its checkpoint inspection with',
-      }),
-    ],
-  );
+  const [cpu, cgroups, freezer, criu, disk, gpu, runcRow, iptRow, podmanRow, cpctlRow] = await Promise.all([
+    cpuFacts(),
+    cgroupFacts(),
+    probeFreezer(),
+    criuRows(env),
+    diskFacts(opts.dataDir),
+    nvidiaFacts().then((f) => gpuRows(f, env)),
+    toolRow(env, {
+      id: 'runc',
+      name: 'runc',
+      program: 'runc',
+      args: ['--version'],
+      re: /runc version (\S+)/,
+      required: true,
+      fix: `${SETUP} (installs Debian's runc)`,
+      why: 'sandboxes run as OCI containers on runc',
+    }),
+    toolRow(env, {
+      id: 'iptables',
+      name: 'iptables-restore',
+      program: 'iptables-restore',
+      args: ['--version'],
+      re: /v(\d+(?:\.\d+)+)/,
+      required: true,
+      fix: `${SETUP} (installs Debian's iptables)`,
+      why: "CRIU locks a sandbox's network namespace with iptables-restore while it dumps",
+    }),
+    toolRow(env, {
+      id: 'podman',
+      name: 'podman',
+      program: 'podman',
+      args: ['--version'],
+      re: /version (\S+)/,
+      required: false,
+      fix: 'optional, used to compare with and import from podman: apt-get install podman/trixie (pulls trixie libc6 and systemd)',
+      why: 'optional: checkpoint import/export works without it',
+    }),
+    toolRow(env, {
+      id: 'checkpointctl',
+      name: 'checkpointctl',
+      program: 'checkpointctl',
+      args: ['--version'],
+      re: /version (\S+)/,
+      required: false,
+      fix: `${SETUP} (installs checkpointctl next to criu)`,
+      why: 'optional: the reference reader dormant compares its checkpoint inspection with',
+    }),
+  ]);
 
   const archOk = cpu.arch === 'x64' || cpu.arch === 'arm64';
   const rows: DoctorRow[] = [
@@ -363,7 +419,7 @@ export async function runDoctor(opts: DoctorOptions): Promise<DoctorReport> {
     iptRow,
     podmanRow,
     cpctlRow,
-    nvidiaRow(nvidia),
+    ...gpu,
     {
       id: 'data-dir',
       name: 'data directory',

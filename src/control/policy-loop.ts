@@ -6,7 +6,7 @@
  * was, without forgetting a sandbox that was due nor repeating a step that was done (the
  * step moved the sandbox to another state, and `decide` starts the next countdown from it).
  */
-import { asError } from '../domain/errors.js';
+import { asError, isDormantError } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
 import {
   decide,
@@ -28,6 +28,8 @@ export interface PolicyTarget {
   remove(id: string, tenant?: string): Promise<unknown>;
   usage(id: string): Promise<{ cpuUsageUsec: number } | undefined>;
   touch(id: string): void;
+  /** Records an event on the sandbox without changing its state (why a step was skipped). */
+  note?(id: string, reason: string): void;
 }
 
 export interface PolicyLoopOptions {
@@ -57,6 +59,8 @@ export interface PolicyStep {
   reason: string;
   at: number;
   error?: string;
+  /** The step was not taken, and why (a GPU sandbox whose policy forbids hibernating it). */
+  skipped?: string;
 }
 
 const MAX_RETRY_MS = 30 * 60_000;
@@ -68,6 +72,8 @@ export class PolicyLoop {
   private readonly inFlight = new Map<string, Promise<void>>();
   private readonly cpu = new Map<string, { usec: number; at: number }>();
   private readonly backoff = new Map<string, { until: number; failures: number }>();
+  /** The last skip recorded per sandbox, so an unchanged reason is recorded once, not every tick. */
+  private readonly noted = new Map<string, string>();
   private readonly waiting: (() => void)[] = [];
   private running = 0;
   private closed = false;
@@ -129,6 +135,7 @@ export class PolicyLoop {
     }
     for (const id of this.cpu.keys()) if (!seen.has(id)) this.cpu.delete(id);
     for (const id of this.backoff.keys()) if (!seen.has(id)) this.backoff.delete(id);
+    for (const id of this.noted.keys()) if (!seen.has(id)) this.noted.delete(id);
     return started;
   }
 
@@ -173,6 +180,38 @@ export class PolicyLoop {
     };
   }
 
+  /**
+   * Hibernates, unless the sandbox's GPU policy says otherwise: `filesystem-only` archives it
+   * instead; `keep-running` (or `checkpoint` on a node that cannot) leaves it running, records
+   * why as an event on the sandbox once, and looks again after `retryAfterMs` (its processes
+   * may have let go of the GPU by then).
+   */
+  private async hibernateOrNot(step: PolicyStep): Promise<void> {
+    const t = this.opts.target;
+    const id = step.sandboxId;
+    try {
+      await t.hibernate(id, undefined, step.reason);
+    } catch (e) {
+      if (isDormantError(e, 'GPU_FILESYSTEM_ONLY')) {
+        step.action = 'archive';
+        step.reason = `${step.reason}; GPU policy filesystem-only: archived instead of hibernated`;
+        await t.archive(id, undefined, step.reason);
+        return;
+      }
+      if (isDormantError(e, 'GPU_KEEP_RUNNING') || isDormantError(e, 'GPU_CHECKPOINT_UNSUPPORTED')) {
+        step.skipped = e.message;
+        const why = `${step.reason}; not hibernated: ${e.message}`;
+        if (this.noted.get(id) !== e.code) {
+          this.noted.set(id, e.code);
+          t.note?.(id, why);
+        }
+        this.backoff.set(id, { until: this.clock.now() + (this.opts.retryAfterMs ?? 60_000), failures: 0 });
+        return;
+      }
+      throw e;
+    }
+  }
+
   private apply(id: string, first: PolicyStep['action']): Promise<PolicyStep | undefined> {
     let done!: () => void;
     this.inFlight.set(id, new Promise<void>((r) => (done = r)));
@@ -187,10 +226,13 @@ export class PolicyLoop {
         const t = this.opts.target;
         try {
           if (d.action === 'pause') await t.pause(id, undefined, d.reason);
-          else if (d.action === 'hibernate') await t.hibernate(id, undefined, d.reason);
+          else if (d.action === 'hibernate') await this.hibernateOrNot(step);
           else if (d.action === 'archive') await t.archive(id, undefined, d.reason);
           else await t.remove(id);
-          this.backoff.delete(id);
+          if (step.skipped === undefined) {
+            this.backoff.delete(id);
+            this.noted.delete(id);
+          }
         } catch (e) {
           step.error = asError(e).message;
           const failures = (this.backoff.get(id)?.failures ?? 0) + 1;

@@ -29,6 +29,36 @@ import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
 import { FS_DIFF, FS_META, emptyFolder, packFilesystem, unpackFilesystem } from './filesystem.js';
 import { restoreProblems, type PlatformFacts } from '../domain/compat.js';
+import {
+  DEFAULT_GPU_POLICY,
+  gpuRestoreProblems,
+  parseGpuPolicy,
+  parseGpus,
+  type GpuCheckpointFacts,
+  type GpuPolicy,
+} from '../domain/gpu.js';
+import type { GpuHolder } from '../sys/gpu.js';
+import { checkpointUnsupported, systemGpuNode, type GpuNode } from './gpu.js';
+
+/** What a GPU checkpoint records besides the node's GPUs: the processes whose CUDA state it holds. */
+type GpuMeta = GpuCheckpointFacts & { nsPids: number[] };
+
+function describeHolders(holders: readonly GpuHolder[]): string {
+  return holders
+    .slice(0, 3)
+    .map((h) => `pid ${h.nsPid}: ${h.evidence[0] ?? '?'}`)
+    .concat(holders.length > 3 ? [`${holders.length - 3} more`] : [])
+    .join('; ');
+}
+
+function gpuMetaOf(m: Record<string, unknown>): GpuMeta | undefined {
+  const g = m.gpu;
+  if (typeof g !== 'object' || g === null) return undefined;
+  const v = g as Partial<GpuMeta>;
+  if (typeof v.driverApiVersion !== 'number' || !Array.isArray(v.devices) || !Array.isArray(v.nsPids))
+    return undefined;
+  return v as GpuMeta;
+}
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
 export interface CheckpointVault {
@@ -87,6 +117,8 @@ export interface ControllerOptions {
   platform?: () => Promise<PlatformFacts>;
   /** Resource use of a sandbox's cgroup right now (undefined: no processes). */
   usage?: (sandboxId: string) => Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
+  /** This node's GPUs and the CUDA checkpoint steps. Default: the real node (systemGpuNode). */
+  gpu?: GpuNode;
 }
 
 export interface CreateSandboxInput {
@@ -101,6 +133,10 @@ export interface CreateSandboxInput {
   cpus?: number;
   policy?: SandboxPolicy;
   onResume?: string[];
+  /** GPUs: `all` or indexes like `0,1`. Refused on a node without an NVIDIA driver. */
+  gpus?: string;
+  /** What hibernate does when the sandbox holds GPU state. Default keep-running. */
+  gpuPolicy?: GpuPolicy;
 }
 
 const DEFAULT_MEMORY = 512 * 1024 ** 2;
@@ -116,9 +152,11 @@ export class SandboxController {
   private readonly clock: Clock;
   private readonly locks = new KeyedMutex();
   private readonly opts: ControllerOptions;
+  private readonly gpu: GpuNode;
 
   constructor(opts: ControllerOptions) {
     this.opts = opts;
+    this.gpu = opts.gpu ?? systemGpuNode();
     this.store = opts.store;
     this.runtime = opts.runtime;
     this.vault = opts.vault;
@@ -262,12 +300,17 @@ export class SandboxController {
     for (const p of ports)
       if (!Number.isInteger(p.port) || p.port < 1 || p.port > 65535)
         throw invalid(`invalid port ${String(p.port)}`);
+    const gpus = input.gpus === undefined ? undefined : parseGpus(input.gpus);
+    const gpuPolicy = input.gpuPolicy === undefined ? DEFAULT_GPU_POLICY : parseGpuPolicy(input.gpuPolicy);
+    if (gpus !== undefined) await this.checkGpusAvailable(gpus);
     const now = this.clock.now();
     const sandbox: Sandbox = {
       id,
       tenant: input.tenant,
       name,
       state: 'creating',
+      ...(gpus !== undefined ? { gpus } : {}),
+      gpuPolicy,
       spec: {
         source,
         command,
@@ -357,15 +400,32 @@ export class SandboxController {
       assertLegal('hibernate', s.state, id);
       if (isNoop('hibernate', s.state)) return s;
       const before = s.state;
+      // Refusals happen here, before anything changes: the sandbox stays as it is.
+      const holders = await this.gpuGate(s, 'hibernate');
+      const gpuFacts = holders.length > 0 ? await this.gpu.checkpointFacts() : undefined;
       const ckId = newId('ck', randomBytes);
       const dir = this.staging(ckId);
       this.store.transition(id, before, 'hibernating', reason, this.clock.now());
       let committed = false;
+      const cudaDone: { pid: number; step: 'lock' | 'checkpoint' }[] = [];
       try {
         await mkdir(dir, { recursive: true, mode: 0o700 });
+        let gpuMeta: GpuMeta | undefined;
+        if (gpuFacts !== undefined) {
+          // The driver's lock and checkpoint need the processes running: thaw a paused sandbox.
+          if (before === 'paused') await this.runtime.thaw(id);
+          for (const h of holders) {
+            await this.gpu.step('lock', h.pid);
+            cudaDone.push({ pid: h.pid, step: 'lock' });
+            await this.gpu.step('checkpoint', h.pid);
+            cudaDone[cudaDone.length - 1]!.step = 'checkpoint';
+          }
+          gpuMeta = { ...gpuFacts, nsPids: holders.map((h) => h.nsPid) };
+          this.step('hibernate:gpu-checkpointed');
+        }
         await this.runtime.freeze(id);
         this.step('hibernate:frozen');
-        const rec = await this.dumpToVault(s, ckId, dir, 'hibernate');
+        const rec = await this.dumpToVault(s, ckId, dir, 'hibernate', gpuMeta);
         this.store.insertCheckpoint(rec);
         this.store.updateSandbox(id, { checkpointId: ckId });
         committed = true;
@@ -373,14 +433,20 @@ export class SandboxController {
       } catch (e) {
         await this.wipe(dir);
         if (committed) throw e;
-        // Not committed: the sandbox goes back to what it was, running or paused.
-        if (before === 'running') await this.runtime.thaw(id).catch(() => undefined);
+        // Not committed: the sandbox goes back to what it was, running or paused, its CUDA
+        // state back on the GPU.
+        let undo = '';
+        if (before === 'running' || cudaDone.length > 0) await this.runtime.thaw(id).catch(() => undefined);
+        if (cudaDone.length > 0) {
+          undo = await this.cudaUndo(cudaDone);
+          if (before === 'paused') await this.runtime.freeze(id).catch(() => undefined);
+        }
         this.store.transition(id, 'hibernating', before, 'hibernate failed', this.clock.now(), {
-          lastError: asError(e).message,
+          lastError: `${asError(e).message}${undo}`,
         });
         throw new DormantError(
           'HIBERNATE_FAILED',
-          `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}`,
+          `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}${undo}`,
           {
             status: 500,
             cause: e,
@@ -408,6 +474,7 @@ export class SandboxController {
     ckId: string,
     dir: string,
     stepPrefix: string,
+    gpuMeta?: GpuMeta,
   ): Promise<CheckpointRecord> {
     const images = join(dir, 'images');
     await this.runtime.checkpoint(s.id, {
@@ -425,6 +492,7 @@ export class SandboxController {
       kind: 'memory',
       [FS_META]: 'tar',
       ...(platform.criuVersion !== undefined ? { criuVersion: platform.criuVersion } : {}),
+      ...(gpuMeta !== undefined ? { gpu: JSON.stringify(gpuMeta) } : {}),
     };
     const put = await this.vault.putCheckpoint({
       tenant: s.tenant,
@@ -443,8 +511,137 @@ export class SandboxController {
       kind: 'memory',
       logicalBytes: put.logicalBytes,
       storedBytes: put.storedBytes,
-      meta: { ...meta, ...(platform.cpuFlags !== undefined ? { cpuFlags: platform.cpuFlags } : {}) },
+      meta: {
+        ...meta,
+        ...(platform.cpuFlags !== undefined ? { cpuFlags: platform.cpuFlags } : {}),
+        ...(gpuMeta !== undefined ? { gpu: gpuMeta } : {}),
+      },
     };
+  }
+
+  /** Refuses GPUs on a node without an NVIDIA driver. */
+  private async checkGpusAvailable(gpus: string): Promise<void> {
+    const sup = await this.gpu.support();
+    if (sup.driverVersion === undefined) {
+      throw new DormantError(
+        'GPU_UNAVAILABLE',
+        `cannot create a sandbox with GPUs (${gpus}): this node has no NVIDIA driver (/proc/driver/nvidia/version is missing)`,
+        {
+          status: 409,
+          hint: 'create it without --gpus, or on a node where dormant doctor shows an NVIDIA driver',
+        },
+      );
+    }
+  }
+
+  /** The sandbox's processes that hold GPU state now (none when it has no processes). */
+  async gpuHolders(id: string): Promise<GpuHolder[]> {
+    const st = await this.runtime.state(id).catch(() => undefined);
+    if (st?.pid === undefined) return [];
+    return this.gpu.holders(st.pid);
+  }
+
+  /**
+   * What the sandbox's GPU policy allows before its processes are checkpointed: throws the
+   * refusal (nothing has changed yet), or returns the processes whose CUDA state must be
+   * checkpointed first (empty: CRIU alone is enough).
+   */
+  private async gpuGate(s: Sandbox, op: 'hibernate' | 'fork'): Promise<GpuHolder[]> {
+    const holders = await this.gpuHolders(s.id);
+    if (holders.length === 0 && s.gpus === undefined) return [];
+    const policy = s.gpuPolicy ?? DEFAULT_GPU_POLICY;
+    const what =
+      holders.length > 0
+        ? `holds GPU state (${describeHolders(holders)})`
+        : `was created with GPUs (${s.gpus ?? ''})`;
+    if (op === 'fork' && holders.length > 0) {
+      throw new DormantError('GPU_FORK_UNSUPPORTED', `cannot fork sandbox ${s.id}: it ${what}`, {
+        status: 409,
+        hint: 'two copies of one CUDA process cannot share its GPU state; fork it while no process uses the GPU',
+      });
+    }
+    if (op === 'fork') return [];
+    if (policy === 'keep-running') {
+      throw new DormantError(
+        'GPU_KEEP_RUNNING',
+        `sandbox ${s.id} ${what} and its GPU policy is keep-running: it is not hibernated`,
+        {
+          status: 409,
+          hint: `it keeps running; to stop it keeping only its files: dormant archive ${s.id}. GPU sandboxes created with --gpu-policy checkpoint hibernate where dormant doctor shows CUDA checkpointing`,
+          details: { sandboxId: s.id, gpuPolicy: policy, pids: holders.map((h) => h.nsPid) },
+        },
+      );
+    }
+    if (policy === 'filesystem-only') {
+      throw new DormantError(
+        'GPU_FILESYSTEM_ONLY',
+        `sandbox ${s.id} ${what} and its GPU policy is filesystem-only: its processes are not checkpointed`,
+        {
+          status: 409,
+          hint: `archive it instead (its files are kept, its processes end): dormant archive ${s.id}`,
+          details: { sandboxId: s.id, gpuPolicy: policy, pids: holders.map((h) => h.nsPid) },
+        },
+      );
+    }
+    if (holders.length === 0) return [];
+    const why = checkpointUnsupported(await this.gpu.support());
+    if (why !== undefined) {
+      throw new DormantError(
+        'GPU_CHECKPOINT_UNSUPPORTED',
+        `sandbox ${s.id} ${what} and its GPU policy is checkpoint, but ${why}: it is not hibernated`,
+        {
+          status: 409,
+          hint: 'dormant doctor shows the GPU rows; the sandbox keeps running',
+          details: { sandboxId: s.id, gpuPolicy: policy, pids: holders.map((h) => h.nsPid) },
+        },
+      );
+    }
+    return holders;
+  }
+
+  /** Puts CUDA state back after a failed hibernate; returns what could not be undone, if anything. */
+  private async cudaUndo(done: readonly { pid: number; step: 'lock' | 'checkpoint' }[]): Promise<string> {
+    const failed: string[] = [];
+    for (const d of done) {
+      try {
+        if (d.step === 'checkpoint') await this.gpu.step('restore', d.pid);
+        await this.gpu.step('unlock', d.pid);
+      } catch (e) {
+        failed.push(`pid ${d.pid}: ${asError(e).message}`);
+      }
+    }
+    return failed.length > 0 ? `; CUDA state could not be put back: ${failed.join('; ')}` : '';
+  }
+
+  /** After CRIU restored the processes: their device memory back onto the GPU, CUDA unlocked. */
+  private async cudaRestore(id: string, meta: GpuMeta): Promise<void> {
+    const st = await this.runtime.state(id);
+    const procs = st.pid === undefined ? [] : await this.gpu.processes(st.pid);
+    try {
+      for (const nsPid of meta.nsPids) {
+        const p = procs.find((x) => x.nsPid === nsPid);
+        if (!p) throw new Error(`restored process ${nsPid} (pid inside the sandbox) is missing`);
+        await this.gpu.step('restore', p.pid);
+        await this.gpu.step('unlock', p.pid);
+      }
+      this.step('resume:gpu-restored');
+    } catch (e) {
+      // Half-restored GPU processes are of no use: end them; the checkpoint stays.
+      await this.runtime.stop(id).catch(() => undefined);
+      throw new DormantError(
+        'GPU_RESTORE_FAILED',
+        `CUDA restore of sandbox ${id} failed: ${asError(e).message}`,
+        {
+          status: 500,
+          cause: e,
+        },
+      );
+    }
+  }
+
+  /** Records an event on the sandbox without changing its state (why the idle policy skipped it). */
+  note(id: string, reason: string): void {
+    this.store.note(id, reason, this.clock.now());
   }
 
   /** The node's facts; without a `platform` option only the architecture is known. */
@@ -475,6 +672,15 @@ export class SandboxController {
       },
       { arch: node.arch, criuVersion: node.criuVersion ?? '0', cpuFlags: node.cpuFlags ?? [] },
     );
+    const gpuMeta = gpuMetaOf(m);
+    if (gpuMeta !== undefined) {
+      const why = checkpointUnsupported(await this.gpu.support());
+      if (why !== undefined) problems.push(`the checkpoint holds CUDA state and ${why}`);
+      else
+        problems.push(
+          ...gpuRestoreProblems(gpuMeta, await this.gpu.checkpointFacts().catch(() => undefined)),
+        );
+    }
     if (problems.length > 0) {
       throw new DormantError(
         'RESTORE_INCOMPATIBLE',
@@ -523,6 +729,7 @@ export class SandboxController {
         assertLegal('fork', cur.state, src.id);
         let ck = cur.checkpointId;
         if (cur.state === 'running' || cur.state === 'paused') {
+          await this.gpuGate(cur, 'fork');
           ck = newId('ck', randomBytes);
           await this.runtime.freeze(src.id);
           try {
@@ -782,7 +989,9 @@ export class SandboxController {
     let unpacked = false;
     let restored = false;
     try {
-      await this.checkCompatible(s.id, this.store.getCheckpoint(ckId));
+      const ck = this.store.getCheckpoint(ckId);
+      await this.checkCompatible(s.id, ck);
+      const gpuMeta = ck && gpuMetaOf(ck.meta);
       await mkdir(dir, { recursive: true, mode: 0o700 });
       const images = join(dir, 'images');
       await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images });
@@ -792,13 +1001,15 @@ export class SandboxController {
       const r = await this.runtime.restore(s.id, {
         imagesDir: images,
         workDir: join(dir, 'work'),
-        lazyPages: lazy,
+        // CUDA's restore reads the whole host copy of device memory at once: no lazy pages.
+        lazyPages: lazy && gpuMeta === undefined,
       });
+      if (gpuMeta !== undefined) await this.cudaRestore(s.id, gpuMeta);
       restored = true;
       if (ckId !== s.checkpointId) this.store.updateSandbox(s.id, { checkpointId: ckId });
-      keep = lazy;
+      keep = lazy && gpuMeta === undefined;
       // Wrapped: awaiting a returned promise directly would wait for the pages too.
-      return { pagesLoaded: lazy ? r.pagesLoaded : undefined };
+      return { pagesLoaded: keep ? r.pagesLoaded : undefined };
     } finally {
       if (!keep) await this.wipe(dir);
       // A failed restore stays hibernated: its diff goes back to living only in the vault.

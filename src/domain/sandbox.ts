@@ -3,6 +3,7 @@
  * rules for which operation is legal in which state. No I/O here.
  */
 import { DormantError } from './errors.js';
+import type { GpuPolicy } from './gpu.js';
 
 export const SANDBOX_STATES = [
   'creating',
@@ -175,6 +176,13 @@ export interface Sandbox {
   memoryBytes: number;
   /** The sandbox's address on the host side of its network namespace. */
   address?: string;
+  /** GPUs it was created with: `all` or indexes like `0,1`; absent: none. */
+  gpus?: string;
+  /**
+   * What hibernate does when its processes hold GPU state (declared GPUs or not). The store
+   * always fills it in; absent (an object made elsewhere) means the default, keep-running.
+   */
+  gpuPolicy?: GpuPolicy;
 }
 
 export interface Transition {

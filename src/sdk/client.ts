@@ -31,6 +31,10 @@ export interface SandboxInfo {
   checkpointId: string | null;
   lastError: string | null;
   policy: Record<string, number | undefined>;
+  /** GPUs it was created with (`all`, `0,1`), or null. */
+  gpus: string | null;
+  /** What hibernate does when it holds GPU state: keep-running, filesystem-only or checkpoint. */
+  gpuPolicy: string;
 }
 
 export interface CheckpointInfo {
@@ -81,6 +85,10 @@ export interface CreateSandboxOptions {
   archiveAfter?: number | string;
   lifetime?: number | string;
   onResume?: string[];
+  /** GPUs: `all`, or device indexes like `0,1`. Refused on a node without an NVIDIA driver. */
+  gpus?: string;
+  /** keep-running (default), filesystem-only or checkpoint: see docs/GPU.md. */
+  gpuPolicy?: 'keep-running' | 'filesystem-only' | 'checkpoint';
 }
 
 /** An API token as listed: never the token itself, which is shown once at creation. */

@@ -182,3 +182,61 @@ describe('metering facts in SQLite', () => {
     }
   });
 });
+
+describe('GPU columns', () => {
+  test('a database from before GPU sandboxes keeps its rows: no GPUs, policy keep-running', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'dormant-state-gpu-'));
+    try {
+      const file = join(dir, 'state.db');
+      // A database as the previous release left it: three migrations, one sandbox.
+      const Database = (await import('better-sqlite3')).default;
+      const old = new Database(file);
+      old.exec(`CREATE TABLE sandboxes (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, name TEXT NOT NULL,
+        state TEXT NOT NULL, spec TEXT NOT NULL, created_at INTEGER NOT NULL, state_since INTEGER NOT NULL,
+        last_active_at INTEGER NOT NULL, checkpoint_id TEXT, last_error TEXT,
+        memory_bytes INTEGER NOT NULL DEFAULT 0, address TEXT, UNIQUE (tenant, name));
+        CREATE TABLE transitions (id INTEGER PRIMARY KEY AUTOINCREMENT, sandbox_id TEXT NOT NULL,
+        tenant TEXT NOT NULL, from_state TEXT, to_state TEXT NOT NULL, at INTEGER NOT NULL, reason TEXT NOT NULL);
+        CREATE TABLE checkpoints (id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, tenant TEXT NOT NULL,
+        created_at INTEGER NOT NULL, kind TEXT NOT NULL, logical_bytes INTEGER NOT NULL,
+        stored_bytes INTEGER NOT NULL, meta TEXT NOT NULL);
+        CREATE TABLE tokens (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, admin INTEGER NOT NULL,
+        created_at INTEGER NOT NULL, revoked_at INTEGER);
+        CREATE TABLE samples (sandbox_id TEXT NOT NULL, at INTEGER NOT NULL, memory_bytes INTEGER NOT NULL,
+        cpu_usage_usec INTEGER NOT NULL);
+        ALTER TABLE checkpoints ADD COLUMN deleted_at INTEGER;`);
+      const s = sandbox('sb-old');
+      old
+        .prepare(
+          'INSERT INTO sandboxes (id, tenant, name, state, spec, created_at, state_since, last_active_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+        )
+        .run(s.id, s.tenant, s.name, 'running', JSON.stringify(s.spec), 1, 1, 1);
+      old.pragma('user_version = 3');
+      old.close();
+
+      const db = new SqliteStateStore(file);
+      const got = db.getSandbox('sb-old');
+      assert.equal(got?.state, 'running');
+      assert.equal(got.gpuPolicy, 'keep-running');
+      assert.equal(got.gpus, undefined);
+      db.insertSandbox({ ...sandbox('sb-gpu'), gpus: '0,1', gpuPolicy: 'filesystem-only' }, 'create');
+      assert.deepEqual(
+        [db.getSandbox('sb-gpu')?.gpus, db.getSandbox('sb-gpu')?.gpuPolicy],
+        ['0,1', 'filesystem-only'],
+      );
+      db.updateSandbox('sb-gpu', { gpuPolicy: 'checkpoint' });
+      assert.equal(db.getSandbox('sb-gpu')?.gpuPolicy, 'checkpoint');
+      // A note is an event without a state change.
+      db.note('sb-old', 'policy: not hibernated (GPU)', 5);
+      const last = db.transitions({ sandboxId: 'sb-old' }).at(-1);
+      assert.deepEqual(
+        [last?.from, last?.to, last?.reason],
+        ['running', 'running', 'policy: not hibernated (GPU)'],
+      );
+      assert.equal(db.getSandbox('sb-old')?.stateSince, 1, 'a note does not restart the state clock');
+      db.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -7,6 +7,7 @@ import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
 import type { MeterSample } from '../domain/cost.js';
+import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
 import type { CheckpointRecord, StateStore, TokenRow } from './store.js';
 
 const MIGRATIONS: string[] = [
@@ -61,6 +62,9 @@ const MIGRATIONS: string[] = [
    );
    CREATE INDEX samples_at ON samples (at);
    ALTER TABLE checkpoints ADD COLUMN deleted_at INTEGER;`,
+  // GPU sandboxes: rows from before have no GPUs and the default policy.
+  `ALTER TABLE sandboxes ADD COLUMN gpus TEXT;
+   ALTER TABLE sandboxes ADD COLUMN gpu_policy TEXT NOT NULL DEFAULT 'keep-running';`,
 ];
 
 interface SandboxRow {
@@ -76,6 +80,8 @@ interface SandboxRow {
   last_error: string | null;
   memory_bytes: number;
   address: string | null;
+  gpus: string | null;
+  gpu_policy: string;
 }
 
 interface TransitionRow {
@@ -110,7 +116,9 @@ function toSandbox(r: SandboxRow): Sandbox {
     stateSince: r.state_since,
     lastActiveAt: r.last_active_at,
     memoryBytes: r.memory_bytes,
+    gpuPolicy: r.gpu_policy as GpuPolicy,
   };
+  if (r.gpus !== null) s.gpus = r.gpus;
   if (r.checkpoint_id !== null) s.checkpointId = r.checkpoint_id;
   if (r.last_error !== null) s.lastError = r.last_error;
   if (r.address !== null) s.address = r.address;
@@ -141,6 +149,8 @@ const COLUMNS: Record<string, string> = {
   lastError: 'last_error',
   memoryBytes: 'memory_bytes',
   address: 'address',
+  gpus: 'gpus',
+  gpuPolicy: 'gpu_policy',
 };
 
 function patchColumns(patch: Partial<Sandbox>): { sql: string; values: unknown[] } {
@@ -197,8 +207,8 @@ export class SqliteStateStore implements StateStore {
     this.db.transaction(() => {
       this.db
         .prepare(
-          `INSERT INTO sandboxes (id, tenant, name, state, spec, created_at, state_since, last_active_at, checkpoint_id, last_error, memory_bytes, address)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+          `INSERT INTO sandboxes (id, tenant, name, state, spec, created_at, state_since, last_active_at, checkpoint_id, last_error, memory_bytes, address, gpus, gpu_policy)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         )
         .run(
           s.id,
@@ -213,6 +223,8 @@ export class SqliteStateStore implements StateStore {
           s.lastError ?? null,
           s.memoryBytes,
           s.address ?? null,
+          s.gpus ?? null,
+          s.gpuPolicy ?? DEFAULT_GPU_POLICY,
         );
       this.recordTransition(s.id, s.tenant, null, s.state, reason, s.stateSince);
     })();
@@ -276,6 +288,12 @@ export class SqliteStateStore implements StateStore {
       // 'deleted' is not a state a sandbox rests in; the transition records the end.
       this.recordTransition(id, cur.tenant, cur.state, 'deleting', reason, at);
     })();
+  }
+
+  note(id: string, reason: string, at: number): void {
+    const cur = this.db.prepare('SELECT tenant, state FROM sandboxes WHERE id = ?').get(id) as
+      { tenant: string; state: SandboxState } | undefined;
+    if (cur) this.recordTransition(id, cur.tenant, cur.state, cur.state, reason, at);
   }
 
   transitions(opts: { sinceId?: number; sandboxId?: string; limit?: number } = {}): Transition[] {

@@ -49,6 +49,11 @@ export interface StateStore {
   ): boolean;
   updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): void;
   deleteSandbox(id: string, reason: string, at: number): void;
+  /**
+   * Records something that happened to a sandbox without changing its state (the idle policy
+   * skipped it, and why): a transition from its state to the same state, seen in the events.
+   */
+  note(id: string, reason: string, at: number): void;
   transitions(opts?: { sinceId?: number; sandboxId?: string; limit?: number }): Transition[];
   insertCheckpoint(c: CheckpointRecord): void;
   getCheckpoint(id: string): CheckpointRecord | undefined;

@@ -1,4 +1,5 @@
 /** The sandbox lifecycle commands of INTERFACE.md, over the HTTP API. */
+import { GPU_POLICIES, type GpuPolicy } from '../../domain/gpu.js';
 import { Option, type Command } from '@commander-js/extra-typings';
 import Table from 'cli-table3';
 import pc from 'picocolors';
@@ -31,7 +32,7 @@ function age(iso: string): string {
 function sandboxTable(list: SandboxInfo[]): string {
   if (list.length === 0) return 'no sandboxes\n';
   const t = new Table({
-    head: ['id', 'name', 'state', 'for', 'memory', 'ports', 'address'].map((h) => pc.bold(h)),
+    head: ['id', 'name', 'state', 'for', 'memory', 'ports', 'address', 'gpu'].map((h) => pc.bold(h)),
     style: { head: [], border: [] },
   });
   for (const s of list) {
@@ -44,6 +45,7 @@ function sandboxTable(list: SandboxInfo[]): string {
       s.memoryBytes > 0 ? formatBytes(s.memoryBytes) : '-',
       s.ports.map((p) => p.port).join(',') || '-',
       s.address ?? '-',
+      s.gpus === null ? '-' : `${s.gpus} (${s.gpuPolicy})`,
     ]);
   }
   return `${t.toString()}\n`;
@@ -64,6 +66,8 @@ function sandboxDetail(s: SandboxInfo): string {
     ['created', s.createdAt],
     ['last active', `${s.lastActiveAt} (${age(s.lastActiveAt)} ago)`],
     ['checkpoint', s.checkpointId ?? '-'],
+    ['gpus', s.gpus ?? 'none'],
+    ['gpu policy', s.gpuPolicy],
   ];
   if (s.lastError) rows.push(['last error', s.lastError]);
   return `${rows.map(([k, v]) => `${pc.bold(k.padEnd(12))} ${v}`).join('\n')}\n`;
@@ -96,6 +100,11 @@ export function registerSandboxes(program: Command): void {
     .option('--archive-after <duration>', 'archive after this long hibernated (default: 7d)')
     .option('--lifetime <duration>', 'end the sandbox after this long')
     .option('--on-resume <cmd>', 'shell command run inside after every resume')
+    .option('--gpus <list>', 'GPUs for the sandbox: all, or indexes like 0,1 (needs an NVIDIA driver)')
+    .option(
+      '--gpu-policy <policy>',
+      'when it holds GPU state: keep-running (never hibernate), filesystem-only (archive instead), checkpoint (CUDA checkpoint)',
+    )
     .option('--json', 'print the sandbox as JSON')
     .argument('[command...]', "the command to run, after -- (default with --image: the image's entrypoint)")
     .addHelpText(
@@ -116,6 +125,8 @@ export function registerSandboxes(program: Command): void {
           throw usage(`--port ${p}: expected a port number 1-65535`);
         return n;
       });
+      if (o.gpuPolicy !== undefined && !(GPU_POLICIES as readonly string[]).includes(o.gpuPolicy))
+        throw usage(`--gpu-policy ${o.gpuPolicy}: expected one of ${GPU_POLICIES.join(', ')}`);
       const cpus = Number(o.cpus);
       if (!(cpus > 0)) throw usage(`--cpus ${o.cpus}: expected a positive number`);
       const s = await withProgress('creating', !!o.json, () =>
@@ -132,6 +143,8 @@ export function registerSandboxes(program: Command): void {
           ...(o.archiveAfter !== undefined ? { archiveAfter: o.archiveAfter } : {}),
           ...(o.lifetime ? { lifetime: o.lifetime } : {}),
           ...(o.onResume ? { onResume: ['sh', '-c', o.onResume] } : {}),
+          ...(o.gpus !== undefined ? { gpus: o.gpus } : {}),
+          ...(o.gpuPolicy !== undefined ? { gpuPolicy: o.gpuPolicy as GpuPolicy } : {}),
         }),
       );
       if (o.json) printJson(s);
