@@ -9,21 +9,13 @@
  * The proxy sits below the controller: it knows sandboxes only through `WakeTarget`, which the
  * daemon implements with the controller and the token store.
  */
-import {
-  Agent,
-  createServer,
-  request,
-  type IncomingMessage,
-  type OutgoingHttpHeaders,
-  type Server,
-  type ServerResponse,
-} from 'node:http';
 import { connect, createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { open, readFile, rename } from 'node:fs/promises';
 import { formatDurationMs } from '../domain/units.js';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
-import { TOKEN_COOKIE, extractCredentials, hostFor, parseHost, type Credentials } from './routing.js';
+import { TOKEN_COOKIE, hostFor, parseHost, type Credentials } from './routing.js';
+import { HttpRelay, ProxyError, type RelayHost } from './relay.js';
 
 /** A sandbox as the proxy needs it. */
 export type ProxiedSandbox = Pick<Sandbox, 'id' | 'name' | 'tenant' | 'state' | 'address'> & {
@@ -84,30 +76,6 @@ export interface SandboxUrl {
   public: boolean;
 }
 
-class ProxyError extends Error {
-  constructor(
-    readonly status: number,
-    readonly code: string,
-    message: string,
-    readonly hint?: string,
-    readonly retryAfterS?: number,
-  ) {
-    super(message);
-  }
-}
-
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-connection',
-  'proxy-authenticate',
-  'proxy-authorization',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-]);
-
 function isLoopback(host: string): boolean {
   return host === 'localhost' || host === '::1' || host.startsWith('127.');
 }
@@ -124,12 +92,8 @@ export class WakeProxy {
   port = 0;
   private readonly opts: ProxyOptions;
   private readonly target: WakeTarget;
-  private readonly server: Server;
-  private readonly agent = new Agent({ keepAlive: true, maxSockets: 512, keepAliveMsecs: 1000 });
-  private readonly noDelay = (s: Socket): void => {
-    // Small requests and responses must not wait out Nagle and a delayed ACK on each hop.
-    s.setNoDelay(true);
-  };
+  private readonly server: TcpServer;
+  private readonly relayHost: RelayHost;
   private readonly wakes = new Map<string, Promise<string>>();
   private readonly open = new Map<string, number>();
   private readonly touched = new Map<string, number>();
@@ -147,11 +111,17 @@ export class WakeProxy {
     this.target = opts.target;
     this.domain = (opts.domain ?? 'dormant.localhost').toLowerCase();
     this.host = parseListen(opts.listen ?? '127.0.0.1:7421').host;
-    this.server = createServer((req, res) => void this.onRequest(req, res));
-    this.server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
-      void this.onUpgrade(req, socket, head);
-    });
-    this.server.on('connection', (s: Socket) => this.track(s));
+    this.relayHost = {
+      route: (host, creds) => this.resolve(host, creds),
+      ready: (s, port, via) => this.ready(s, port, via),
+      find: (id) => this.target.find(id).find((x) => x.id === id),
+      begin: (id) => this.begin(id),
+      touch: (id) => this.touch(id),
+      track: (s) => this.track(s),
+    };
+    // HTTP is relayed on plain sockets: each request head is parsed, routed and checked, and
+    // the bytes of a keep-alive connection flow through (see relay.ts).
+    this.server = createTcpServer((c) => new HttpRelay(this.relayHost, c));
   }
 
   /** Starts listening (HTTP, then a TCP listener per declared port). */
@@ -219,12 +189,12 @@ export class WakeProxy {
       closing.push(new Promise<void>((r) => server.close(() => r())));
     this.tcp.clear();
     for (const s of this.sockets) s.destroy();
-    this.agent.destroy();
     await Promise.all(closing);
   }
 
   private track(s: Socket): void {
-    this.noDelay(s);
+    // Small requests and responses must not wait out Nagle and a delayed ACK on each hop.
+    s.setNoDelay(true);
     this.sockets.add(s);
     s.once('close', () => this.sockets.delete(s));
   }
@@ -392,155 +362,6 @@ export class WakeProxy {
       if (ok) return;
       if (Date.now() > deadline) throw new Error('not accepting');
       await new Promise((r) => setTimeout(r, 50));
-    }
-  }
-
-  private sendError(res: ServerResponse, e: unknown): void {
-    const pe =
-      e instanceof ProxyError
-        ? e
-        : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
-    if (res.headersSent) {
-      res.destroy();
-      return;
-    }
-    const body = JSON.stringify({
-      error: { code: pe.code, message: pe.message, ...(pe.hint !== undefined ? { hint: pe.hint } : {}) },
-    });
-    res.writeHead(pe.status, {
-      'content-type': 'application/json',
-      'content-length': Buffer.byteLength(body),
-      ...(pe.retryAfterS !== undefined ? { 'retry-after': String(pe.retryAfterS) } : {}),
-    });
-    res.end(body);
-  }
-
-  private forwardHeaders(
-    req: IncomingMessage,
-    creds: Credentials,
-    keepUpgrade: boolean,
-  ): OutgoingHttpHeaders {
-    const h: OutgoingHttpHeaders = {};
-    for (const [k, v] of Object.entries(req.headers)) {
-      if (v === undefined) continue;
-      if (!keepUpgrade && HOP_BY_HOP.has(k)) continue;
-      h[k] = v;
-    }
-    for (const k of creds.rewrite) h[k] = creds.headers[k];
-    for (const k of creds.rewrite) if (h[k] === undefined) Reflect.deleteProperty(h, k);
-    const ip = req.socket.remoteAddress ?? '';
-    const xff = req.headers['x-forwarded-for'];
-    h['x-forwarded-for'] = xff ? `${String(xff)}, ${ip}` : ip;
-    h['x-forwarded-host'] = req.headers.host ?? '';
-    h['x-forwarded-proto'] = 'http';
-    return h;
-  }
-
-  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    let end: (() => void) | undefined;
-    try {
-      const creds = extractCredentials(req.url ?? '/', req.headers);
-      const { s, port } = this.resolve(req.headers.host, creds);
-      end = this.begin(s.id);
-      res.once('close', end);
-      const address = await this.ready(s, port, `${req.method ?? 'GET'} request`);
-      const headers = this.forwardHeaders(req, creds, false);
-      const cookie =
-        creds.from === 'query' && creds.token !== undefined
-          ? `${TOKEN_COOKIE}=${encodeURIComponent(creds.token)}; Path=/; HttpOnly; SameSite=Lax`
-          : undefined;
-      const bodyless = req.method === 'GET' || req.method === 'HEAD' || req.method === 'OPTIONS';
-      const send = (attempt: number, to: string): void => {
-        const up = request(
-          { host: to, port, method: req.method, path: creds.path, headers, agent: this.agent },
-          (ur) => {
-            const out: OutgoingHttpHeaders = {};
-            for (const [k, v] of Object.entries(ur.headers))
-              if (v !== undefined && !HOP_BY_HOP.has(k)) out[k] = v;
-            if (cookie !== undefined) {
-              out['set-cookie'] = [...(ur.headers['set-cookie'] ?? []), cookie];
-            }
-            res.writeHead(ur.statusCode ?? 502, ur.statusMessage, out);
-            ur.on('data', () => this.touch(s.id));
-            ur.pipe(res);
-            ur.once('error', () => res.destroy());
-          },
-        );
-        up.once('socket', this.noDelay);
-        up.once('error', (e) => {
-          const code = errnoCode(e);
-          if (attempt > 0 || !bodyless || res.headersSent) {
-            this.sendError(res, e);
-            return;
-          }
-          // A pooled connection the sandbox closed while idle: retry at once.
-          if (up.reusedSocket && code === 'ECONNRESET') {
-            send(1, to);
-            return;
-          }
-          // The policy put the sandbox to sleep just as this request went in: wake it again
-          // and retry, as if the request had arrived a moment later.
-          if (code === 'ECONNRESET' || code === 'ECONNREFUSED' || code === 'EHOSTUNREACH') {
-            const now = this.target.find(s.id)[0];
-            if (now && now.state !== 'running') {
-              this.ready(now, port, `${req.method ?? 'GET'} request`).then(
-                (again) => send(1, again),
-                (err: unknown) => this.sendError(res, err),
-              );
-              return;
-            }
-          }
-          this.sendError(res, e);
-        });
-        res.once('close', () => {
-          if (!res.writableFinished) up.destroy();
-        });
-        if (attempt === 0) req.pipe(up);
-        else up.end();
-      };
-      send(0, address);
-    } catch (e) {
-      this.sendError(res, e);
-      end?.();
-    }
-  }
-
-  private async onUpgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
-    socket.on('error', () => socket.destroy());
-    let end: (() => void) | undefined;
-    try {
-      const creds = extractCredentials(req.url ?? '/', req.headers);
-      const { s, port } = this.resolve(req.headers.host, creds);
-      end = this.begin(s.id);
-      socket.once('close', end);
-      const address = await this.ready(s, port, 'upgrade');
-      const up = connect({ host: address, port });
-      this.track(up);
-      up.once('error', () => socket.destroy());
-      socket.once('close', () => up.destroy());
-      up.once('close', () => socket.destroy());
-      up.once('connect', () => {
-        const lines = [`${req.method ?? 'GET'} ${creds.path} HTTP/1.1`];
-        for (const [k, v] of Object.entries(this.forwardHeaders(req, creds, true))) {
-          if (v === undefined) continue;
-          for (const one of Array.isArray(v) ? v : [v]) lines.push(`${k}: ${String(one)}`);
-        }
-        up.write(`${lines.join('\r\n')}\r\n\r\n`);
-        if (head.length > 0) up.write(head);
-        up.on('data', () => this.touch(s.id));
-        socket.on('data', () => this.touch(s.id));
-        up.pipe(socket);
-        socket.pipe(up);
-      });
-    } catch (e) {
-      const pe =
-        e instanceof ProxyError ? e : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, asError(e).message);
-      const body = JSON.stringify({ error: { code: pe.code, message: pe.message } });
-      socket.end(
-        `HTTP/1.1 ${pe.status} ${pe.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
-          `${pe.retryAfterS !== undefined ? `retry-after: ${pe.retryAfterS}\r\n` : ''}connection: close\r\n\r\n${body}`,
-      );
-      end?.();
     }
   }
 
