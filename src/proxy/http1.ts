@@ -41,7 +41,6 @@ export interface RequestHead {
 
 export interface ResponseHead {
   status: number;
-  headers: Header[];
   body: BodyKind;
   close: boolean;
 }
@@ -54,7 +53,6 @@ export type BodyKind =
   | { kind: 'close' };
 
 const CRLFCRLF = Buffer.from('\r\n\r\n');
-const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 // Field values: visible characters, spaces, tabs and obs-text; no CR, LF or NUL.
 const BAD_VALUE = /[\0\r\n]/;
 
@@ -64,18 +62,38 @@ export function headEnd(buf: Buffer, from = 0): number {
   return i < 0 ? -1 : i + 4;
 }
 
-function parseFields(lines: string[]): Header[] {
+/** Characters of a token (RFC 9110 tchar), by code. */
+const TCHAR = new Uint8Array(128);
+for (const c of "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") {
+  TCHAR[c.charCodeAt(0)] = 1;
+}
+
+function isToken(s: string): boolean {
+  if (s.length === 0) return false;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c >= 128 || TCHAR[c] === 0) return false;
+  }
+  return true;
+}
+
+/** The header fields of `text` from `start` (lines separated by CRLF, no blank line). */
+function parseFields(text: string, start: number): Header[] {
   const out: Header[] = [];
-  for (const line of lines) {
-    if (line === '') continue;
-    if (line.startsWith(' ') || line.startsWith('\t')) throw new HttpParseError('folded header line');
-    const colon = line.indexOf(':');
-    if (colon <= 0) throw new HttpParseError('header line without a name');
-    const name = line.slice(0, colon);
-    if (!TOKEN.test(name)) throw new HttpParseError(`bad header name "${name.slice(0, 40)}"`);
-    const value = line.slice(colon + 1).trim();
+  let i = start;
+  while (i < text.length) {
+    let eol = text.indexOf('\r\n', i);
+    if (eol < 0) eol = text.length;
+    const c = text.charCodeAt(i);
+    if (c === 0x20 || c === 0x09) throw new HttpParseError('folded header line');
+    const colon = text.indexOf(':', i);
+    if (colon <= i || colon > eol) throw new HttpParseError('header line without a name');
+    const name = text.slice(i, colon);
+    if (!isToken(name)) throw new HttpParseError(`bad header name "${name.slice(0, 40)}"`);
+    const value = text.slice(colon + 1, eol).trim();
     if (BAD_VALUE.test(value)) throw new HttpParseError(`bad value in header ${name}`);
     out.push({ name: name.toLowerCase(), value });
+    i = eol + 2;
   }
   return out;
 }
@@ -116,10 +134,12 @@ function framing(headers: Header[]): BodyKind | undefined {
 
 /** Parses a request head, `buf` holding exactly the head (through its blank line). */
 export function parseRequestHead(buf: Buffer): RequestHead {
-  const lines = buf.toString('latin1', 0, buf.length - 4).split('\r\n');
-  const m = /^([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) (HTTP\/1\.[01])$/.exec(lines[0] ?? '');
+  const text = buf.toString('latin1', 0, buf.length - 4);
+  let eol = text.indexOf('\r\n');
+  if (eol < 0) eol = text.length;
+  const m = /^([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ([^\0-\x20\x7f]+) (HTTP\/1\.[01])$/.exec(text.slice(0, eol));
   if (!m) throw new HttpParseError('malformed request line');
-  const headers = parseFields(lines.slice(1));
+  const headers = parseFields(text, eol + 2);
   let host: string | undefined;
   for (const h of headers) {
     if (h.name !== 'host') continue;
@@ -144,32 +164,54 @@ export function parseRequestHead(buf: Buffer): RequestHead {
   };
 }
 
-/** Parses a response head to a request of `method`, `buf` holding exactly the head. */
+const KEYS: Record<string, string> = {
+  'content-length': '\r\ncontent-length',
+  'transfer-encoding': '\r\ntransfer-encoding',
+  connection: '\r\nconnection',
+};
+
+/** The values of field `name` (lower case) in a head lowered to `low`. */
+function fieldsNamed(low: string, name: string, out: Header[]): void {
+  const key = KEYS[name] ?? `\r\n${name}`;
+  for (let i = low.indexOf(key); i >= 0; i = low.indexOf(key, i + key.length)) {
+    let j = i + key.length;
+    while (low.charCodeAt(j) === 0x20 || low.charCodeAt(j) === 0x09) j++;
+    if (low.charCodeAt(j) !== 0x3a /* : */) continue;
+    let eol = low.indexOf('\r\n', j);
+    if (eol < 0) eol = low.length;
+    out.push({ name, value: low.slice(j + 1, eol).trim() });
+  }
+}
+
+/**
+ * Parses a response head to a request of `method`, `buf` holding exactly the head. Reads only
+ * the status and the fields that frame the body: the response goes to the client as it came.
+ */
 export function parseResponseHead(buf: Buffer, method: string): ResponseHead {
-  const lines = buf.toString('latin1', 0, buf.length - 4).split('\r\n');
-  const m = /^HTTP\/1\.([01]) (\d{3})(?: .*)?$/.exec(lines[0] ?? '');
+  const text = buf.toString('latin1', 0, buf.length - 2);
+  const m = /^HTTP\/1\.([01]) (\d{3})(?:[ \r])/.exec(text);
   if (!m) throw new HttpParseError('malformed status line', 502);
   const status = Number(m[2]);
-  let headers: Header[];
-  try {
-    headers = parseFields(lines.slice(1));
-  } catch (e) {
-    throw new HttpParseError((e as Error).message, 502);
-  }
+  // Only the fields that frame the body are read; the response goes to the client as it came.
+  const low = text.toLowerCase();
+  const fields: Header[] = [];
+  fieldsNamed(low, 'content-length', fields);
+  fieldsNamed(low, 'transfer-encoding', fields);
+  fieldsNamed(low, 'connection', fields);
   const close =
-    hasToken(headers, 'connection', 'close') ||
-    (m[1] === '0' && !hasToken(headers, 'connection', 'keep-alive'));
+    hasToken(fields, 'connection', 'close') ||
+    (m[1] === '0' && !hasToken(fields, 'connection', 'keep-alive'));
   if (method === 'HEAD' || status < 200 || status === 204 || status === 304) {
-    return { status, headers, body: { kind: 'none' }, close };
+    return { status, body: { kind: 'none' }, close };
   }
   let f: BodyKind | undefined;
   try {
-    f = framing(headers);
+    f = framing(fields);
   } catch (e) {
     throw new HttpParseError((e as Error).message, 502);
   }
   const body = f ?? { kind: 'close' };
-  return { status, headers, body, close: close || body.kind === 'close' };
+  return { status, body, close: close || body.kind === 'close' };
 }
 
 /** States of the chunked scanner. */

@@ -165,9 +165,10 @@ export class HttpRelay {
     this.pump();
   }
 
+  /** Strings are heads, latin1 as they were read. */
   private toUp(b: Buffer | string): void {
     const up = this.up!;
-    if (!up.write(b) && !this.busy) {
+    if (!(typeof b === 'string' ? up.write(b, 'latin1') : up.write(b)) && !this.busy) {
       this.client.pause();
       up.once('drain', () => {
         if (!this.busy) this.client.resume();
@@ -185,8 +186,6 @@ export class HttpRelay {
 
   /** Relays what the client sent, as far as it can go without waiting. */
   private pump(): void {
-    const up = this.up;
-    up?.cork();
     try {
       while (this.inbuf && !this.busy && !this.done) {
         const b = this.inbuf;
@@ -218,8 +217,6 @@ export class HttpRelay {
       }
     } catch (err) {
       this.refuse(err);
-    } finally {
-      up?.uncork();
     }
   }
 
@@ -373,7 +370,7 @@ export class HttpRelay {
       this.answering = false;
       this.setActive(true);
     }
-    this.toUp(Buffer.from(head, 'latin1'));
+    this.toUp(head);
     if (req.body.kind !== 'none') this.body = new BodyTracker(req.body);
     if (req.upgrade) this.awaitingUpgrade = true;
     if (req.close) this.clientClose = true;
@@ -386,20 +383,19 @@ export class HttpRelay {
       this.toClient(d);
       return;
     }
-    this.answering = this.sent.length > 0;
     const b = this.rbuf ? Buffer.concat([this.rbuf, d]) : d;
     this.rbuf = undefined;
-    this.client.cork();
+    // Bytes from `from` to `pos` go to the client as they are, in one write where possible.
+    let from = 0;
+    let pos = 0;
     try {
-      let pos = 0;
       while (pos < b.length) {
         if (this.rbody) {
           const end = this.rbody.scan(b, pos);
           if (end < 0) {
-            this.toClient(pos === 0 ? b : b.subarray(pos));
-            return;
+            pos = b.length;
+            break;
           }
-          if (end > pos) this.toClient(b.subarray(pos, end));
           pos = end;
           this.rbody = undefined;
           this.answered();
@@ -411,40 +407,42 @@ export class HttpRelay {
         if (e < 0) {
           if (b.length - pos > MAX_HEAD_BYTES) throw new HttpParseError('response head too large', 502);
           this.rbuf = b.subarray(pos);
-          return;
+          break;
         }
-        const headBuf = b.subarray(pos, e);
-        pos = e;
-        const res = parseResponseHead(headBuf, sent.method);
+        const res = parseResponseHead(b.subarray(pos, e), sent.method);
         if (res.status === 101 && sent.upgrade) {
-          this.toClient(headBuf);
-          if (pos < b.length) this.toClient(b.subarray(pos));
+          pos = b.length;
+          this.flushToClient(b, from, pos);
+          from = pos;
           this.startTunnel();
           return;
         }
-        if (res.status < 200) {
-          this.toClient(headBuf); // an interim answer (100 Continue): the real one follows
-          continue;
-        }
-        if (sent.cookie !== undefined) {
+        if (res.status >= 200 && sent.cookie !== undefined) {
+          this.flushToClient(b, from, pos);
           this.toClient(
             Buffer.concat([
-              headBuf.subarray(0, headBuf.length - 2),
+              b.subarray(pos, e - 2),
               Buffer.from(`set-cookie: ${sent.cookie}\r\n\r\n`, 'latin1'),
             ]),
           );
-        } else {
-          this.toClient(headBuf);
+          from = e;
         }
+        pos = e;
+        // An interim answer (100 Continue) goes through; the real one follows.
+        if (res.status < 200) continue;
         if (res.body.kind === 'none') this.answered();
         else this.rbody = new BodyTracker(res.body);
       }
+      this.flushToClient(b, from, pos);
+      this.answering = this.rbody !== undefined || this.rbuf !== undefined;
     } catch {
       // The sandbox broke HTTP: nothing sensible can follow on this connection.
       this.finish();
-    } finally {
-      this.client.uncork();
     }
+  }
+
+  private flushToClient(b: Buffer, from: number, to: number): void {
+    if (to > from) this.toClient(from === 0 && to === b.length ? b : b.subarray(from, to));
   }
 
   /** The oldest outstanding response is complete. */
@@ -460,7 +458,8 @@ export class HttpRelay {
     if (this.sent.length === 0) {
       this.setActive(false);
       for (const w of this.idleWaiters.splice(0)) w();
-      if (this.clientClose && !this.inbuf) this.client.end();
+      // After what this chunk still has for the client has been written.
+      if (this.clientClose && !this.inbuf) queueMicrotask(() => this.client.end());
     }
   }
 
@@ -531,7 +530,7 @@ export class HttpRelay {
       if (this.done) return;
       this.setActive(true);
       this.busy = false;
-      for (const x of this.sent) this.toUp(Buffer.from(x.resend!, 'latin1'));
+      for (const x of this.sent) this.toUp(x.resend!);
       this.client.resume();
       this.pump();
     } catch (e) {
