@@ -300,6 +300,7 @@ export class ChunkedScanner {
           i++;
           break;
         case C.TrailerStart:
+          if (c === 0x0a) throw new HttpParseError('bare LF in trailers');
           if (c === 0x0d) {
             this.state = C.FinalLf;
           } else {
@@ -310,6 +311,7 @@ export class ChunkedScanner {
           break;
         case C.Trailer:
           if (c === 0x0d) this.state = C.TrailerLf;
+          else if (c === 0x0a) throw new HttpParseError('bare LF in trailers');
           else if (++this.lineBytes > 8192) throw new HttpParseError('trailer too long');
           i++;
           break;
