@@ -62,6 +62,8 @@ export interface ProxyOptions {
   tcp?: 'all' | 'public' | 'off';
   /** Where TCP host ports are remembered across restarts (JSON). Default: not remembered. */
   tcpPortsFile?: string;
+  /** An idle keep-alive HTTP connection is closed after one to two of these. Default 60 s. */
+  idleConnectionMs?: number;
   /** How often TCP listeners follow created and removed sandboxes. Default 1 s. */
   tcpSyncMs?: number;
 }
@@ -94,6 +96,8 @@ export class WakeProxy {
   private readonly target: WakeTarget;
   private readonly server: TcpServer;
   private readonly relayHost: RelayHost;
+  private readonly relays = new Set<HttpRelay>();
+  private sweepTimer: NodeJS.Timeout | undefined;
   private readonly wakes = new Map<string, Promise<string>>();
   private readonly open = new Map<string, number>();
   private readonly touched = new Map<string, number>();
@@ -118,10 +122,11 @@ export class WakeProxy {
       begin: (id) => this.begin(id),
       touch: (id) => this.touch(id),
       track: (s) => this.track(s),
+      gone: (r) => this.relays.delete(r),
     };
     // HTTP is relayed on plain sockets: each request head is parsed, routed and checked, and
     // the bytes of a keep-alive connection flow through (see relay.ts).
-    this.server = createTcpServer((c) => new HttpRelay(this.relayHost, c));
+    this.server = createTcpServer((c) => this.relays.add(new HttpRelay(this.relayHost, c)));
   }
 
   /** Starts listening (HTTP, then a TCP listener per declared port). */
@@ -146,6 +151,11 @@ export class WakeProxy {
       }
     }
     await p.sync();
+    // Keep-alive connections with nothing pending and no bytes for one to two periods close.
+    p.sweepTimer = setInterval(() => {
+      for (const r of p.relays) r.sweep();
+    }, opts.idleConnectionMs ?? 60_000);
+    p.sweepTimer.unref();
     const every = opts.tcpSyncMs ?? 1000;
     if (every > 0) {
       p.syncTimer = setInterval(() => void p.sync().catch(() => undefined), every);
@@ -181,6 +191,7 @@ export class WakeProxy {
   async close(): Promise<void> {
     this.closed = true;
     if (this.syncTimer) clearInterval(this.syncTimer);
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
     for (const t of this.trailing.values()) clearTimeout(t);
     this.trailing.clear();
     await this.syncing?.catch(() => undefined);
@@ -435,7 +446,7 @@ export class WakeProxy {
   private async onTcp(id: string, port: number, client: Socket): Promise<void> {
     this.track(client);
     client.on('error', () => client.destroy());
-    const s = this.target.list().find((x) => x.id === id);
+    const s = this.target.find(id).find((x) => x.id === id);
     if (!s) {
       client.destroy();
       return;
@@ -453,14 +464,29 @@ export class WakeProxy {
       up.once('close', () => client.destroy());
       client.once('close', () => up.destroy());
       up.once('connect', () => {
-        up.on('data', () => this.touch(id));
-        client.on('data', () => this.touch(id));
-        up.pipe(client);
-        client.pipe(up);
+        const touch = (): void => this.touch(id);
+        relayBytes(up, client, touch);
+        relayBytes(client, up, touch);
         client.resume();
       });
     } catch {
       client.destroy();
     }
   }
+}
+
+/**
+ * Copies what `from` reads to `to`, pausing while `to` is full; one listener per read, which
+ * also records activity (cheaper than pipe() plus a listener of its own).
+ */
+function relayBytes(from: Socket, to: Socket, touch: () => void): void {
+  const resume = (): void => void from.resume();
+  from.on('data', (d: Buffer) => {
+    touch();
+    if (!to.write(d)) {
+      from.pause();
+      to.once('drain', resume);
+    }
+  });
+  from.once('end', () => to.end());
 }

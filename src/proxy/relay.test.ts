@@ -29,6 +29,10 @@ function upstream(name: string, seen: Seen[]): Server {
     req.on('data', (c: string) => (body += c));
     req.on('end', () => {
       seen.push({ server: name, method: req.method ?? '', url: req.url ?? '', headers: req.headers, body });
+      if (req.url === '/wait') {
+        setTimeout(() => res.end('waited'), 300);
+        return;
+      }
       if (req.url === '/chunked') {
         res.write(`${name} part1 `);
         setTimeout(() => res.end('part2'), 5);
@@ -297,5 +301,28 @@ describe('wake proxy HTTP relay', () => {
     assert.match(got, /both Content-Length and Transfer-Encoding/);
     await new Promise<void>((r) => (s.readableEnded ? r() : s.once('end', r)));
     assert.equal(seen.length, 0);
+  });
+
+  test('an idle keep-alive connection is closed, one waiting on an answer is not', async () => {
+    const quick = await WakeProxy.start({
+      target,
+      listen: '127.0.0.1:0',
+      domain: 'relay.test',
+      tcp: 'off',
+      idleConnectionMs: 50,
+    });
+    try {
+      const s = connect({ host: '127.0.0.1', port: quick.port });
+      clients.push(s);
+      await new Promise<void>((r) => s.once('connect', r));
+      s.write(`GET /wait HTTP/1.1\r\nHost: ${ONE()}\r\nAuthorization: Bearer ${TOKEN_A}\r\n\r\n`);
+      const got = await readUntil(s, (t) => t.includes('waited'));
+      assert.match(got, /^HTTP\/1\.1 200/);
+      const t0 = Date.now();
+      await new Promise<void>((r) => (s.readableEnded ? r() : s.once('end', r)));
+      assert.ok(Date.now() - t0 < 1000);
+    } finally {
+      await quick.close();
+    }
   });
 });

@@ -49,6 +49,8 @@ export interface RelayHost {
   begin(id: string): () => void;
   touch(id: string): void;
   track(s: Socket): void;
+  /** The relay's connection is over. */
+  gone(r: HttpRelay): void;
 }
 
 interface Sent {
@@ -123,14 +125,22 @@ export class HttpRelay {
     client.on('end', () => this.onClientEnd());
     client.on('error', () => this.finish());
     client.on('close', () => this.finish());
-    client.setTimeout(120_000, () => {
-      if (this.sent.length === 0 && !this.tunnel && !this.busy) this.finish();
-    });
+  }
+
+  /** Reads and writes so far: the proxy's sweep closes connections idle between two looks. */
+  io = 0;
+  private ioSeen = -1;
+
+  /** Closes the connection if nothing moved on it since the last call and nothing is pending. */
+  sweep(): void {
+    if (this.io === this.ioSeen && this.sent.length === 0 && !this.tunnel && !this.busy) this.finish();
+    this.ioSeen = this.io;
   }
 
   private finish(): void {
     if (this.done) return;
     this.done = true;
+    this.host.gone(this);
     this.client.destroy();
     this.up?.destroy();
     this.setActive(false);
@@ -156,6 +166,7 @@ export class HttpRelay {
   }
 
   private onClientData(d: Buffer): void {
+    this.io++;
     if (this.upId !== '') this.host.touch(this.upId);
     if (this.tunnel && this.up) {
       this.toUp(d);
@@ -378,6 +389,7 @@ export class HttpRelay {
 
   private onUpData(up: Socket, d: Buffer): void {
     if (up !== this.up || this.done) return;
+    this.io++;
     this.host.touch(this.upId);
     if (this.tunnel) {
       this.toClient(d);
