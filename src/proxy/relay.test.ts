@@ -29,6 +29,12 @@ function upstream(name: string, seen: Seen[]): Server {
     req.on('data', (c: string) => (body += c));
     req.on('end', () => {
       seen.push({ server: name, method: req.method ?? '', url: req.url ?? '', headers: req.headers, body });
+      if (req.url === '/big') {
+        const out = `${name} got ${body.length} `.padEnd(4 * 1024 * 1024, 'x');
+        res.writeHead(200, { 'content-length': out.length });
+        res.end(out);
+        return;
+      }
       if (req.url === '/wait') {
         setTimeout(() => res.end('waited'), 300);
         return;
@@ -301,6 +307,22 @@ describe('wake proxy HTTP relay', () => {
     assert.match(got, /both Content-Length and Transfer-Encoding/);
     await new Promise<void>((r) => (s.readableEnded ? r() : s.once('end', r)));
     assert.equal(seen.length, 0);
+  });
+
+  test('megabytes each way, with the client slow to read, then the next request', async () => {
+    const s = await client();
+    const h = `Host: ${ONE()}\r\nAuthorization: Bearer ${TOKEN_A}\r\n`;
+    s.write(`POST /big HTTP/1.1\r\n${h}Transfer-Encoding: chunked\r\n\r\n`);
+    const piece = 'y'.repeat(256 * 1024);
+    for (let i = 0; i < 12; i++) s.write(`${piece.length.toString(16)}\r\n${piece}\r\n`);
+    s.write(`0\r\n\r\nGET /after-big HTTP/1.1\r\n${h}\r\n`);
+    s.pause();
+    await new Promise((r) => setTimeout(r, 200));
+    s.resume();
+    const got = await readUntil(s, (t) => t.includes('one GET /after-big'));
+    assert.match(got, new RegExp(`one got ${12 * 256 * 1024} x+HTTP/1\\.1 200`));
+    assert.ok(got.length > 4 * 1024 * 1024);
+    s.destroy();
   });
 
   test('an idle keep-alive connection is closed, one waiting on an answer is not', async () => {

@@ -110,6 +110,9 @@ export class HttpRelay {
   /** An upgrade request went out: hold the client's bytes until its answer. */
   private awaitingUpgrade = false;
   private retried = false;
+  /** Reading paused until the other side drains. */
+  private clientHeld = false;
+  private upHeld = false;
   private clientClose = false;
   private done = false;
   private active: (() => void) | undefined;
@@ -179,9 +182,11 @@ export class HttpRelay {
   /** Strings are heads, latin1 as they were read. */
   private toUp(b: Buffer | string): void {
     const up = this.up!;
-    if (!(typeof b === 'string' ? up.write(b, 'latin1') : up.write(b)) && !this.busy) {
+    if (!(typeof b === 'string' ? up.write(b, 'latin1') : up.write(b)) && !this.busy && !this.clientHeld) {
+      this.clientHeld = true;
       this.client.pause();
       up.once('drain', () => {
+        this.clientHeld = false;
         if (!this.busy) this.client.resume();
       });
     }
@@ -189,9 +194,13 @@ export class HttpRelay {
 
   private toClient(b: Buffer | string): void {
     const up = this.up;
-    if (!this.client.write(b) && up) {
+    if (!this.client.write(b) && up && !this.upHeld) {
+      this.upHeld = true;
       up.pause();
-      this.client.once('drain', () => up.resume());
+      this.client.once('drain', () => {
+        this.upHeld = false;
+        this.up?.resume();
+      });
     }
   }
 
