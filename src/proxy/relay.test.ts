@@ -22,8 +22,16 @@ interface Seen {
   body: string;
 }
 
+let cutOnce = false;
+
 function upstream(name: string, seen: Seen[]): Server {
   const s = createServer((req, res) => {
+    if (req.url === '/cut' && !cutOnce) {
+      // The connection dies under the request (the sandbox was checkpointed just then).
+      cutOnce = true;
+      req.socket.destroy();
+      return;
+    }
     let body = '';
     req.setEncoding('utf8');
     req.on('data', (c: string) => (body += c));
@@ -322,6 +330,22 @@ describe('wake proxy HTTP relay', () => {
     const got = await readUntil(s, (t) => t.includes('one GET /after-big'));
     assert.match(got, new RegExp(`one got ${12 * 256 * 1024} x+HTTP/1\\.1 200`));
     assert.ok(got.length > 4 * 1024 * 1024);
+    s.destroy();
+  });
+
+  test('a bodyless request cut off on a reused connection is sent once more; a POST is not', async () => {
+    const s = await client();
+    const h = `Host: ${ONE()}\r\nAuthorization: Bearer ${TOKEN_A}\r\n`;
+    s.write(`GET /first HTTP/1.1\r\n${h}\r\n`);
+    await readUntil(s, (t) => t.includes('one GET /first'));
+    cutOnce = false;
+    s.write(`GET /cut HTTP/1.1\r\n${h}\r\n`);
+    const again = await readUntil(s, (t) => t.includes('one GET /cut'));
+    assert.match(again, /^HTTP\/1\.1 200/);
+    cutOnce = false;
+    s.write(`POST /cut HTTP/1.1\r\n${h}content-length: 2\r\n\r\nhi`);
+    const failed = await readUntil(s, (t) => t.includes('}'));
+    assert.match(failed, /^HTTP\/1\.1 502/);
     s.destroy();
   });
 
