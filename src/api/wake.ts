@@ -9,7 +9,7 @@ import { z } from 'zod';
 import { DormantError, ErrorCode, isDormantError } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
 import type { StateStore } from '../state/store.js';
-import { WakeProxy, type ProxyOptions, type WakeTarget } from '../proxy/proxy.js';
+import { WakeProxy, type ProxiedSandbox, type ProxyOptions, type WakeTarget } from '../proxy/proxy.js';
 import type { TrackingController } from '../control/activity.js';
 import {
   PolicyLoop,
@@ -62,15 +62,24 @@ function touchKeepingLease(controller: TrackingController, clock: Clock, id: str
 }
 
 function wakeTarget(controller: TrackingController, store: StateStore, clock: Clock): WakeTarget {
+  // The proxy looks a sandbox up on every request, and a SQLite read costs tens of µs here:
+  // what was read stays good until the store changes a sandbox.
+  const found = new Map<string, { version: number; boxes: ProxiedSandbox[] }>();
   return {
     find: (ref) => {
+      const version = store.sandboxVersion;
+      const hit = found.get(ref);
+      if (hit?.version === version) return hit.boxes;
       const byId = store.getSandbox(ref);
-      return byId
+      const boxes = byId
         ? [byId].map(proxied)
         : store
             .listSandboxes()
             .filter((s) => s.name === ref)
             .map(proxied);
+      if (found.size >= 1000) found.clear();
+      found.set(ref, { version, boxes });
+      return boxes;
     },
     list: () => controller.list().map(proxied),
     wake: async (id, reason) => {
@@ -92,7 +101,7 @@ function wakeTarget(controller: TrackingController, store: StateStore, clock: Cl
   };
 }
 
-function proxied(s: Sandbox) {
+function proxied(s: Sandbox): ProxiedSandbox {
   return {
     id: s.id,
     name: s.name,

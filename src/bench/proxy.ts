@@ -241,8 +241,8 @@ export const proxySuite: BenchSuite = {
       title: 'wake proxy overhead and wake latency',
       description:
         `Keep-alive GET load (${connections} connections, ${durationMs / 1000} s after a 0.5 s warm-up, ${rounds} rotating round(s), median) ` +
-        'from a second Node process (src/bench/loadgen.ts) on loopback, through the wake proxy (HTTP: Host routing, token check, ' +
-        "headers rewritten; TCP: the sandbox port's host listener, bytes relayed) against straight to the sandbox's address; the upstreams are a threaded python http.server and a node http server " +
+        'from a second Node process (src/bench/loadgen.ts) on loopback, through the wake proxy (HTTP: each request head parsed, routed by Host, token-checked and rewritten, the rest of the keep-alive connection relayed as bytes; ' +
+        "TCP: the sandbox port's host listener, bytes relayed) against straight to the sandbox's address; the upstreams are a threaded python http.server and a node http server " +
         `in runc sandboxes. Then the time to first byte of a request that wakes a frozen and a hibernated sandbox (${quick ? 1 : 3} rounds, median), ` +
         'against `POST /resume` followed by the same request direct.',
       rows,

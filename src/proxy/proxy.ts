@@ -9,21 +9,13 @@
  * The proxy sits below the controller: it knows sandboxes only through `WakeTarget`, which the
  * daemon implements with the controller and the token store.
  */
-import {
-  Agent,
-  createServer,
-  request,
-  type IncomingMessage,
-  type OutgoingHttpHeaders,
-  type Server,
-  type ServerResponse,
-} from 'node:http';
 import { connect, createServer as createTcpServer, type Server as TcpServer, type Socket } from 'node:net';
 import { open, readFile, rename } from 'node:fs/promises';
 import { formatDurationMs } from '../domain/units.js';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
-import { TOKEN_COOKIE, extractCredentials, hostFor, parseHost, type Credentials } from './routing.js';
+import { TOKEN_COOKIE, hostFor, parseHost, type Credentials } from './routing.js';
+import { HttpRelay, ProxyError, type RelayHost } from './relay.js';
 
 /** A sandbox as the proxy needs it. */
 export type ProxiedSandbox = Pick<Sandbox, 'id' | 'name' | 'tenant' | 'state' | 'address'> & {
@@ -70,6 +62,8 @@ export interface ProxyOptions {
   tcp?: 'all' | 'public' | 'off';
   /** Where TCP host ports are remembered across restarts (JSON). Default: not remembered. */
   tcpPortsFile?: string;
+  /** An idle keep-alive HTTP connection is closed after one to two of these. Default 60 s. */
+  idleConnectionMs?: number;
   /** How often TCP listeners follow created and removed sandboxes. Default 1 s. */
   tcpSyncMs?: number;
 }
@@ -83,30 +77,6 @@ export interface SandboxUrl {
   /** True when the port needs no token. */
   public: boolean;
 }
-
-class ProxyError extends Error {
-  constructor(
-    readonly status: number,
-    readonly code: string,
-    message: string,
-    readonly hint?: string,
-    readonly retryAfterS?: number,
-  ) {
-    super(message);
-  }
-}
-
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-connection',
-  'proxy-authenticate',
-  'proxy-authorization',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-]);
 
 function isLoopback(host: string): boolean {
   return host === 'localhost' || host === '::1' || host.startsWith('127.');
@@ -124,12 +94,10 @@ export class WakeProxy {
   port = 0;
   private readonly opts: ProxyOptions;
   private readonly target: WakeTarget;
-  private readonly server: Server;
-  private readonly agent = new Agent({ keepAlive: true, maxSockets: 512, keepAliveMsecs: 1000 });
-  private readonly noDelay = (s: Socket): void => {
-    // Small requests and responses must not wait out Nagle and a delayed ACK on each hop.
-    s.setNoDelay(true);
-  };
+  private readonly server: TcpServer;
+  private readonly relayHost: RelayHost;
+  private readonly relays = new Set<HttpRelay>();
+  private sweepTimer: NodeJS.Timeout | undefined;
   private readonly wakes = new Map<string, Promise<string>>();
   private readonly open = new Map<string, number>();
   private readonly touched = new Map<string, number>();
@@ -147,11 +115,18 @@ export class WakeProxy {
     this.target = opts.target;
     this.domain = (opts.domain ?? 'dormant.localhost').toLowerCase();
     this.host = parseListen(opts.listen ?? '127.0.0.1:7421').host;
-    this.server = createServer((req, res) => void this.onRequest(req, res));
-    this.server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => {
-      void this.onUpgrade(req, socket, head);
-    });
-    this.server.on('connection', (s: Socket) => this.track(s));
+    this.relayHost = {
+      route: (host, creds) => this.resolve(host, creds),
+      ready: (s, port, via) => this.ready(s, port, via),
+      find: (id) => this.target.find(id).find((x) => x.id === id),
+      begin: (id) => this.begin(id),
+      touch: (id) => this.touch(id),
+      track: (s) => this.track(s),
+      gone: (r) => this.relays.delete(r),
+    };
+    // HTTP is relayed on plain sockets: each request head is parsed, routed and checked, and
+    // the bytes of a keep-alive connection flow through (see relay.ts).
+    this.server = createTcpServer((c) => this.relays.add(new HttpRelay(this.relayHost, c)));
   }
 
   /** Starts listening (HTTP, then a TCP listener per declared port). */
@@ -176,6 +151,11 @@ export class WakeProxy {
       }
     }
     await p.sync();
+    // Keep-alive connections with nothing pending and no bytes for one to two periods close.
+    p.sweepTimer = setInterval(() => {
+      for (const r of p.relays) r.sweep();
+    }, opts.idleConnectionMs ?? 60_000);
+    p.sweepTimer.unref();
     const every = opts.tcpSyncMs ?? 1000;
     if (every > 0) {
       p.syncTimer = setInterval(() => void p.sync().catch(() => undefined), every);
@@ -211,6 +191,7 @@ export class WakeProxy {
   async close(): Promise<void> {
     this.closed = true;
     if (this.syncTimer) clearInterval(this.syncTimer);
+    if (this.sweepTimer) clearInterval(this.sweepTimer);
     for (const t of this.trailing.values()) clearTimeout(t);
     this.trailing.clear();
     await this.syncing?.catch(() => undefined);
@@ -219,12 +200,12 @@ export class WakeProxy {
       closing.push(new Promise<void>((r) => server.close(() => r())));
     this.tcp.clear();
     for (const s of this.sockets) s.destroy();
-    this.agent.destroy();
     await Promise.all(closing);
   }
 
   private track(s: Socket): void {
-    this.noDelay(s);
+    // Small requests and responses must not wait out Nagle and a delayed ACK on each hop.
+    s.setNoDelay(true);
     this.sockets.add(s);
     s.once('close', () => this.sockets.delete(s));
   }
@@ -395,155 +376,6 @@ export class WakeProxy {
     }
   }
 
-  private sendError(res: ServerResponse, e: unknown): void {
-    const pe =
-      e instanceof ProxyError
-        ? e
-        : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
-    if (res.headersSent) {
-      res.destroy();
-      return;
-    }
-    const body = JSON.stringify({
-      error: { code: pe.code, message: pe.message, ...(pe.hint !== undefined ? { hint: pe.hint } : {}) },
-    });
-    res.writeHead(pe.status, {
-      'content-type': 'application/json',
-      'content-length': Buffer.byteLength(body),
-      ...(pe.retryAfterS !== undefined ? { 'retry-after': String(pe.retryAfterS) } : {}),
-    });
-    res.end(body);
-  }
-
-  private forwardHeaders(
-    req: IncomingMessage,
-    creds: Credentials,
-    keepUpgrade: boolean,
-  ): OutgoingHttpHeaders {
-    const h: OutgoingHttpHeaders = {};
-    for (const [k, v] of Object.entries(req.headers)) {
-      if (v === undefined) continue;
-      if (!keepUpgrade && HOP_BY_HOP.has(k)) continue;
-      h[k] = v;
-    }
-    for (const k of creds.rewrite) h[k] = creds.headers[k];
-    for (const k of creds.rewrite) if (h[k] === undefined) Reflect.deleteProperty(h, k);
-    const ip = req.socket.remoteAddress ?? '';
-    const xff = req.headers['x-forwarded-for'];
-    h['x-forwarded-for'] = xff ? `${String(xff)}, ${ip}` : ip;
-    h['x-forwarded-host'] = req.headers.host ?? '';
-    h['x-forwarded-proto'] = 'http';
-    return h;
-  }
-
-  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    let end: (() => void) | undefined;
-    try {
-      const creds = extractCredentials(req.url ?? '/', req.headers);
-      const { s, port } = this.resolve(req.headers.host, creds);
-      end = this.begin(s.id);
-      res.once('close', end);
-      const address = await this.ready(s, port, `${req.method ?? 'GET'} request`);
-      const headers = this.forwardHeaders(req, creds, false);
-      const cookie =
-        creds.from === 'query' && creds.token !== undefined
-          ? `${TOKEN_COOKIE}=${encodeURIComponent(creds.token)}; Path=/; HttpOnly; SameSite=Lax`
-          : undefined;
-      const bodyless = req.method === 'GET' || req.method === 'HEAD' || req.method === 'OPTIONS';
-      const send = (attempt: number, to: string): void => {
-        const up = request(
-          { host: to, port, method: req.method, path: creds.path, headers, agent: this.agent },
-          (ur) => {
-            const out: OutgoingHttpHeaders = {};
-            for (const [k, v] of Object.entries(ur.headers))
-              if (v !== undefined && !HOP_BY_HOP.has(k)) out[k] = v;
-            if (cookie !== undefined) {
-              out['set-cookie'] = [...(ur.headers['set-cookie'] ?? []), cookie];
-            }
-            res.writeHead(ur.statusCode ?? 502, ur.statusMessage, out);
-            ur.on('data', () => this.touch(s.id));
-            ur.pipe(res);
-            ur.once('error', () => res.destroy());
-          },
-        );
-        up.once('socket', this.noDelay);
-        up.once('error', (e) => {
-          const code = errnoCode(e);
-          if (attempt > 0 || !bodyless || res.headersSent) {
-            this.sendError(res, e);
-            return;
-          }
-          // A pooled connection the sandbox closed while idle: retry at once.
-          if (up.reusedSocket && code === 'ECONNRESET') {
-            send(1, to);
-            return;
-          }
-          // The policy put the sandbox to sleep just as this request went in: wake it again
-          // and retry, as if the request had arrived a moment later.
-          if (code === 'ECONNRESET' || code === 'ECONNREFUSED' || code === 'EHOSTUNREACH') {
-            const now = this.target.find(s.id)[0];
-            if (now && now.state !== 'running') {
-              this.ready(now, port, `${req.method ?? 'GET'} request`).then(
-                (again) => send(1, again),
-                (err: unknown) => this.sendError(res, err),
-              );
-              return;
-            }
-          }
-          this.sendError(res, e);
-        });
-        res.once('close', () => {
-          if (!res.writableFinished) up.destroy();
-        });
-        if (attempt === 0) req.pipe(up);
-        else up.end();
-      };
-      send(0, address);
-    } catch (e) {
-      this.sendError(res, e);
-      end?.();
-    }
-  }
-
-  private async onUpgrade(req: IncomingMessage, socket: Socket, head: Buffer): Promise<void> {
-    socket.on('error', () => socket.destroy());
-    let end: (() => void) | undefined;
-    try {
-      const creds = extractCredentials(req.url ?? '/', req.headers);
-      const { s, port } = this.resolve(req.headers.host, creds);
-      end = this.begin(s.id);
-      socket.once('close', end);
-      const address = await this.ready(s, port, 'upgrade');
-      const up = connect({ host: address, port });
-      this.track(up);
-      up.once('error', () => socket.destroy());
-      socket.once('close', () => up.destroy());
-      up.once('close', () => socket.destroy());
-      up.once('connect', () => {
-        const lines = [`${req.method ?? 'GET'} ${creds.path} HTTP/1.1`];
-        for (const [k, v] of Object.entries(this.forwardHeaders(req, creds, true))) {
-          if (v === undefined) continue;
-          for (const one of Array.isArray(v) ? v : [v]) lines.push(`${k}: ${String(one)}`);
-        }
-        up.write(`${lines.join('\r\n')}\r\n\r\n`);
-        if (head.length > 0) up.write(head);
-        up.on('data', () => this.touch(s.id));
-        socket.on('data', () => this.touch(s.id));
-        up.pipe(socket);
-        socket.pipe(up);
-      });
-    } catch (e) {
-      const pe =
-        e instanceof ProxyError ? e : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, asError(e).message);
-      const body = JSON.stringify({ error: { code: pe.code, message: pe.message } });
-      socket.end(
-        `HTTP/1.1 ${pe.status} ${pe.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
-          `${pe.retryAfterS !== undefined ? `retry-after: ${pe.retryAfterS}\r\n` : ''}connection: close\r\n\r\n${body}`,
-      );
-      end?.();
-    }
-  }
-
   /** Opens a TCP listener for every declared port that has none, closes those of removed sandboxes. */
   sync(): Promise<void> {
     if (this.syncing) return this.syncing;
@@ -614,7 +446,7 @@ export class WakeProxy {
   private async onTcp(id: string, port: number, client: Socket): Promise<void> {
     this.track(client);
     client.on('error', () => client.destroy());
-    const s = this.target.list().find((x) => x.id === id);
+    const s = this.target.find(id).find((x) => x.id === id);
     if (!s) {
       client.destroy();
       return;
@@ -632,14 +464,29 @@ export class WakeProxy {
       up.once('close', () => client.destroy());
       client.once('close', () => up.destroy());
       up.once('connect', () => {
-        up.on('data', () => this.touch(id));
-        client.on('data', () => this.touch(id));
-        up.pipe(client);
-        client.pipe(up);
+        const touch = (): void => this.touch(id);
+        relayBytes(up, client, touch);
+        relayBytes(client, up, touch);
         client.resume();
       });
     } catch {
       client.destroy();
     }
   }
+}
+
+/**
+ * Copies what `from` reads to `to`, pausing while `to` is full; one listener per read, which
+ * also records activity (cheaper than pipe() plus a listener of its own).
+ */
+function relayBytes(from: Socket, to: Socket, touch: () => void): void {
+  const resume = (): void => void from.resume();
+  from.on('data', (d: Buffer) => {
+    touch();
+    if (!to.write(d)) {
+      from.pause();
+      to.once('drain', resume);
+    }
+  });
+  from.once('end', () => to.end());
 }

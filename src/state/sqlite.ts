@@ -167,6 +167,7 @@ function patchColumns(patch: Partial<Sandbox>): { sql: string; values: unknown[]
 
 export class SqliteStateStore implements StateStore {
   private readonly db: Database.Database;
+  sandboxVersion = 0;
 
   constructor(file: string) {
     if (file !== ':memory:') mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
@@ -204,6 +205,7 @@ export class SqliteStateStore implements StateStore {
   }
 
   insertSandbox(s: Sandbox, reason: string): void {
+    this.sandboxVersion++;
     this.db.transaction(() => {
       this.db
         .prepare(
@@ -252,6 +254,7 @@ export class SqliteStateStore implements StateStore {
     at: number,
     patch: Partial<Sandbox> = {},
   ): boolean {
+    this.sandboxVersion++;
     return this.db.transaction(() => {
       const cur = this.db.prepare('SELECT tenant, state FROM sandboxes WHERE id = ?').get(id) as
         { tenant: string; state: string } | undefined;
@@ -273,10 +276,12 @@ export class SqliteStateStore implements StateStore {
   updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): void {
     const { sql, values } = patchColumns(patch);
     if (sql === '') return;
+    this.sandboxVersion++;
     this.db.prepare(`UPDATE sandboxes SET ${sql} WHERE id = ?`).run(...values, id);
   }
 
   deleteSandbox(id: string, reason: string, at: number): void {
+    this.sandboxVersion++;
     this.db.transaction(() => {
       const cur = this.db.prepare('SELECT tenant, state FROM sandboxes WHERE id = ?').get(id) as
         { tenant: string; state: SandboxState } | undefined;

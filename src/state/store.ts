@@ -27,6 +27,11 @@ export interface TokenRow {
 }
 
 export interface StateStore {
+  /**
+   * Goes up with every change to a sandbox made through this store (the daemon's only writer):
+   * a reader in the same process may keep what it read while this stays the same.
+   */
+  readonly sandboxVersion: number;
   insertToken(t: TokenRow): void;
   listTokens(): TokenRow[];
   revokeToken(hash: string, at: number): boolean;

@@ -1,0 +1,582 @@
+/**
+ * One client connection to the wake proxy's HTTP port, relayed to a sandbox byte for byte.
+ *
+ * Every request head is parsed, routed by Host and checked for a token on its own; the head
+ * is rewritten (the dormant token scrubbed, X-Forwarded-* added) and the body relayed
+ * untouched, measured by its Content-Length or chunks so the next head is found. Responses
+ * are relayed untouched too, measured the same way (which response ends when is what lets a
+ * request for another sandbox, or one that is refused, wait for the earlier answers and then
+ * be re-routed or answered by the proxy in order). A 101 to an upgrade request turns the
+ * connection into a tunnel. While the route stays the same, a request costs one parse and
+ * one write each way: no new sockets, no header objects, no per-request streams.
+ */
+import { STATUS_CODES } from 'node:http';
+import { connect, type Socket } from 'node:net';
+import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
+import type { ProxiedSandbox } from './proxy.js';
+import { extractCredentials, TOKEN_COOKIE, type Credentials } from './routing.js';
+import {
+  BodyTracker,
+  HttpParseError,
+  MAX_HEAD_BYTES,
+  headEnd,
+  parseRequestHead,
+  parseResponseHead,
+  type RequestHead,
+} from './http1.js';
+
+export class ProxyError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly hint?: string,
+    readonly retryAfterS?: number,
+  ) {
+    super(message);
+  }
+}
+
+/** What a relay needs of the proxy. */
+export interface RelayHost {
+  /** The sandbox and port a request is for, if the caller may reach it. Throws ProxyError. */
+  route(host: string | undefined, creds: Credentials): { s: ProxiedSandbox; port: number };
+  /** The sandbox's address once it runs (waking it). Throws ProxyError. */
+  ready(s: ProxiedSandbox, port: number, via: string): Promise<string>;
+  /** The sandbox as it is now. */
+  find(id: string): ProxiedSandbox | undefined;
+  /** Counts a request in flight or an open tunnel; the returned function ends it. */
+  begin(id: string): () => void;
+  touch(id: string): void;
+  track(s: Socket): void;
+  /** The relay's connection is over. */
+  gone(r: HttpRelay): void;
+}
+
+interface Sent {
+  method: string;
+  upgrade: boolean;
+  /** Set-Cookie to add to the response (a token that came in the query string). */
+  cookie: string | undefined;
+  /** The rewritten head of a bodyless request, to send again if the sandbox fell asleep under it. */
+  resend: string | undefined;
+}
+
+const BODYLESS = new Set(['GET', 'HEAD', 'OPTIONS']);
+const RETRYABLE = new Set(['ECONNRESET', 'ECONNREFUSED', 'EHOSTUNREACH', 'EPIPE']);
+const DROP = new Set([
+  'x-dormant-token',
+  'x-forwarded-for',
+  'x-forwarded-host',
+  'x-forwarded-proto',
+  'proxy-authorization',
+  'proxy-connection',
+]);
+
+/** A proxy error as an HTTP/1.1 response that closes the connection. */
+export function errorResponse(e: unknown): string {
+  const pe =
+    e instanceof ProxyError
+      ? e
+      : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
+  const body = JSON.stringify({
+    error: { code: pe.code, message: pe.message, ...(pe.hint !== undefined ? { hint: pe.hint } : {}) },
+  });
+  return (
+    `HTTP/1.1 ${pe.status} ${STATUS_CODES[pe.status] ?? pe.code}\r\ncontent-type: application/json\r\n` +
+    `content-length: ${Buffer.byteLength(body)}\r\n` +
+    `${pe.retryAfterS !== undefined ? `retry-after: ${pe.retryAfterS}\r\n` : ''}connection: close\r\n\r\n${body}`
+  );
+}
+
+export class HttpRelay {
+  private inbuf: Buffer | undefined;
+  /** The body of the request being relayed. */
+  private body: BodyTracker | undefined;
+  private up: Socket | undefined;
+  private upKey = '';
+  private upId = '';
+  private upPort = 0;
+  /** A response completed on the current upstream connection (it was reused). */
+  private upReused = false;
+  private readonly sent: Sent[] = [];
+  private rbuf: Buffer | undefined;
+  private rbody: BodyTracker | undefined;
+  /** Bytes of the oldest outstanding response have arrived. */
+  private answering = false;
+  private tunnel = false;
+  /** An async step (routing to another sandbox, waking, connecting) holds the client. */
+  private busy = false;
+  /** An upgrade request went out: hold the client's bytes until its answer. */
+  private awaitingUpgrade = false;
+  private retried = false;
+  /** Reading paused until the other side drains. */
+  private clientHeld = false;
+  private upHeld = false;
+  private clientClose = false;
+  private done = false;
+  private active: (() => void) | undefined;
+  private activeId = '';
+  private idleWaiters: (() => void)[] = [];
+
+  constructor(
+    private readonly host: RelayHost,
+    private readonly client: Socket,
+  ) {
+    host.track(client);
+    client.on('data', (d: Buffer) => this.onClientData(d));
+    client.on('end', () => this.onClientEnd());
+    client.on('error', () => this.finish());
+    client.on('close', () => this.finish());
+  }
+
+  /** Reads and writes so far: the proxy's sweep closes connections idle between two looks. */
+  io = 0;
+  private ioSeen = -1;
+
+  /** Closes the connection if nothing moved on it since the last call and nothing is pending. */
+  sweep(): void {
+    if (this.io === this.ioSeen && this.sent.length === 0 && !this.tunnel && !this.busy) this.finish();
+    this.ioSeen = this.io;
+  }
+
+  private finish(): void {
+    if (this.done) return;
+    this.done = true;
+    this.host.gone(this);
+    this.client.destroy();
+    this.up?.destroy();
+    this.setActive(false);
+    for (const w of this.idleWaiters.splice(0)) w();
+  }
+
+  private setActive(on: boolean): void {
+    if (on && this.active && this.activeId === this.upId) return;
+    if (this.active) {
+      this.active();
+      this.active = undefined;
+    }
+    if (on && !this.done && this.upId !== '') {
+      this.activeId = this.upId;
+      this.active = this.host.begin(this.upId);
+    }
+  }
+
+  private onClientEnd(): void {
+    if (this.tunnel) this.up?.end();
+    else if (this.sent.length === 0 && !this.busy) this.finish();
+    else this.clientClose = true;
+  }
+
+  private onClientData(d: Buffer): void {
+    this.io++;
+    if (this.upId !== '') this.host.touch(this.upId);
+    if (this.tunnel && this.up) {
+      this.toUp(d);
+      return;
+    }
+    this.inbuf = this.inbuf ? Buffer.concat([this.inbuf, d]) : d;
+    this.pump();
+  }
+
+  /** Strings are heads, latin1 as they were read. */
+  private toUp(b: Buffer | string): void {
+    const up = this.up!;
+    if (!(typeof b === 'string' ? up.write(b, 'latin1') : up.write(b)) && !this.busy && !this.clientHeld) {
+      this.clientHeld = true;
+      this.client.pause();
+      up.once('drain', () => {
+        this.clientHeld = false;
+        if (!this.busy) this.client.resume();
+      });
+    }
+  }
+
+  private toClient(b: Buffer | string): void {
+    const up = this.up;
+    if (!this.client.write(b) && up && !this.upHeld) {
+      this.upHeld = true;
+      up.pause();
+      this.client.once('drain', () => {
+        this.upHeld = false;
+        this.up?.resume();
+      });
+    }
+  }
+
+  /** Relays what the client sent, as far as it can go without waiting. */
+  private pump(): void {
+    try {
+      while (this.inbuf && !this.busy && !this.done) {
+        const b = this.inbuf;
+        if (this.tunnel) {
+          this.inbuf = undefined;
+          this.toUp(b);
+          break;
+        }
+        if (this.body) {
+          const end = this.body.scan(b, 0);
+          if (end < 0) {
+            this.inbuf = undefined;
+            this.toUp(b);
+            break;
+          }
+          this.body = undefined;
+          this.inbuf = end < b.length ? b.subarray(end) : undefined;
+          if (end > 0) this.toUp(b.subarray(0, end));
+          continue;
+        }
+        if (this.awaitingUpgrade || this.clientClose) break;
+        const e = headEnd(b);
+        if (e < 0) {
+          if (b.length > MAX_HEAD_BYTES) this.refuse(new HttpParseError('request head too large', 431));
+          break;
+        }
+        this.inbuf = e < b.length ? b.subarray(e) : undefined;
+        this.request(parseRequestHead(b.subarray(0, e)));
+      }
+    } catch (err) {
+      this.refuse(err);
+    }
+  }
+
+  /** Answers the proxy's own error once earlier responses are out, and closes. */
+  private refuse(err: unknown): void {
+    const e =
+      err instanceof HttpParseError
+        ? new ProxyError(err.status, 'BAD_REQUEST', err.message)
+        : err instanceof ProxyError
+          ? err
+          : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, asError(err).message);
+    this.busy = true;
+    this.inbuf = undefined;
+    this.client.pause();
+    void this.whenIdle().then(() => {
+      if (this.done) return;
+      this.client.end(errorResponse(e));
+      this.up?.destroy();
+      this.setActive(false);
+    });
+  }
+
+  private whenIdle(): Promise<void> {
+    if (this.sent.length === 0 || this.done) return Promise.resolve();
+    return new Promise((r) => this.idleWaiters.push(r));
+  }
+
+  private request(req: RequestHead): void {
+    const creds = extractCredentials(req.target, credentialHeaders(req));
+    const { s, port } = this.host.route(req.host, creds);
+    if (req.method === 'CONNECT') throw new ProxyError(405, 'METHOD_NOT_ALLOWED', 'CONNECT is not proxied');
+    const key = `${s.id}:${port}:${s.address ?? ''}`;
+    if (this.up && key === this.upKey && s.state === 'running') {
+      this.forward(req, creds);
+      return;
+    }
+    // Another sandbox or port, or one that sleeps: wait for earlier answers, then (re)connect.
+    this.busy = true;
+    this.client.pause();
+    void this.reroute(s, port, req, creds);
+  }
+
+  private async reroute(
+    s: ProxiedSandbox,
+    port: number,
+    req: RequestHead,
+    creds: Credentials,
+  ): Promise<void> {
+    try {
+      await this.whenIdle();
+      if (this.done) return;
+      this.dropUp();
+      this.upId = s.id;
+      this.setActive(true);
+      const via = req.upgrade ? 'upgrade' : `${req.method} request`;
+      const address = await this.host.ready(s, port, via);
+      await this.connectUp(s, port, address, via);
+      if (this.done) return;
+      this.busy = false;
+      this.forward(req, creds);
+      this.client.resume();
+      this.pump();
+    } catch (e) {
+      this.busy = false;
+      this.refuse(e);
+    }
+  }
+
+  /** Connects to the sandbox; a refusal because it fell asleep meanwhile wakes it once more. */
+  private async connectUp(s: ProxiedSandbox, port: number, address: string, via: string): Promise<void> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const up = await new Promise<Socket>((resolve, reject) => {
+          const c = connect({ host: address, port });
+          c.once('connect', () => {
+            c.off('error', reject);
+            resolve(c);
+          });
+          c.once('error', reject);
+        });
+        if (this.done) {
+          up.destroy();
+          return;
+        }
+        this.attach(up, `${s.id}:${port}:${address}`, s.id, port);
+        return;
+      } catch (e) {
+        const now = this.host.find(s.id);
+        if (attempt > 0 || !RETRYABLE.has(errnoCode(e) ?? '') || !now || now.state === 'running') {
+          throw new ProxyError(
+            502,
+            ErrorCode.PROXY_UPSTREAM,
+            `the sandbox did not answer: ${asError(e).message}`,
+          );
+        }
+        address = await this.host.ready(now, port, via);
+      }
+    }
+  }
+
+  private attach(up: Socket, key: string, id: string, port: number): void {
+    this.host.track(up);
+    this.up = up;
+    this.upKey = key;
+    this.upId = id;
+    this.upPort = port;
+    this.upReused = false;
+    this.answering = false;
+    this.rbuf = undefined;
+    this.rbody = undefined;
+    up.on('data', (d: Buffer) => this.onUpData(up, d));
+    up.on('end', () => this.onUpGone(up, undefined, true));
+    up.on('error', (e) => this.onUpGone(up, e, false));
+    up.on('close', () => this.onUpGone(up, undefined, false));
+  }
+
+  private dropUp(): void {
+    const up = this.up;
+    this.up = undefined;
+    this.upKey = '';
+    up?.destroy();
+  }
+
+  private forward(req: RequestHead, creds: Credentials): void {
+    let head = `${req.method} ${creds.path} ${req.version}\r\n`;
+    const xff: string[] = [];
+    for (const h of req.headers) {
+      if (DROP.has(h.name)) {
+        if (h.name === 'x-forwarded-for') xff.push(h.value);
+        continue;
+      }
+      if ((h.name === 'authorization' || h.name === 'cookie') && creds.rewrite.includes(h.name)) continue;
+      head += `${h.name}: ${h.value}\r\n`;
+    }
+    if (creds.rewrite.includes('cookie') && creds.headers.cookie !== undefined) {
+      head += `cookie: ${creds.headers.cookie}\r\n`;
+    }
+    xff.push(this.client.remoteAddress ?? '');
+    head += `x-forwarded-for: ${xff.join(', ')}\r\nx-forwarded-host: ${req.host ?? ''}\r\nx-forwarded-proto: http\r\n\r\n`;
+    const bodyless = req.body.kind === 'none' && BODYLESS.has(req.method);
+    this.sent.push({
+      method: req.method,
+      upgrade: req.upgrade,
+      cookie:
+        creds.from === 'query' && creds.token !== undefined
+          ? `${TOKEN_COOKIE}=${encodeURIComponent(creds.token)}; Path=/; HttpOnly; SameSite=Lax`
+          : undefined,
+      resend: bodyless ? head : undefined,
+    });
+    if (this.sent.length === 1) {
+      this.answering = false;
+      this.setActive(true);
+    }
+    this.toUp(head);
+    if (req.body.kind !== 'none') this.body = new BodyTracker(req.body);
+    if (req.upgrade) this.awaitingUpgrade = true;
+    if (req.close) this.clientClose = true;
+  }
+
+  private onUpData(up: Socket, d: Buffer): void {
+    if (up !== this.up || this.done) return;
+    this.io++;
+    this.host.touch(this.upId);
+    if (this.tunnel) {
+      this.toClient(d);
+      return;
+    }
+    const b = this.rbuf ? Buffer.concat([this.rbuf, d]) : d;
+    this.rbuf = undefined;
+    // Bytes from `from` to `pos` go to the client as they are, in one write where possible.
+    let from = 0;
+    let pos = 0;
+    try {
+      while (pos < b.length) {
+        if (this.rbody) {
+          const end = this.rbody.scan(b, pos);
+          if (end < 0) {
+            pos = b.length;
+            break;
+          }
+          pos = end;
+          this.rbody = undefined;
+          this.answered();
+          continue;
+        }
+        const sent = this.sent[0];
+        if (!sent) throw new HttpParseError('the sandbox sent bytes nobody asked for', 502);
+        const e = headEnd(b, pos);
+        if (e < 0) {
+          if (b.length - pos > MAX_HEAD_BYTES) throw new HttpParseError('response head too large', 502);
+          this.rbuf = b.subarray(pos);
+          break;
+        }
+        const res = parseResponseHead(b.subarray(pos, e), sent.method);
+        if (res.status === 101 && sent.upgrade) {
+          pos = b.length;
+          this.flushToClient(b, from, pos);
+          from = pos;
+          this.startTunnel();
+          return;
+        }
+        if (res.status >= 200 && sent.cookie !== undefined) {
+          this.flushToClient(b, from, pos);
+          this.toClient(
+            Buffer.concat([
+              b.subarray(pos, e - 2),
+              Buffer.from(`set-cookie: ${sent.cookie}\r\n\r\n`, 'latin1'),
+            ]),
+          );
+          from = e;
+        }
+        pos = e;
+        // An interim answer (100 Continue) goes through; the real one follows.
+        if (res.status < 200) continue;
+        if (res.body.kind === 'none') this.answered();
+        else this.rbody = new BodyTracker(res.body);
+      }
+      this.flushToClient(b, from, pos);
+      this.answering = this.rbody !== undefined || this.rbuf !== undefined;
+    } catch {
+      // The sandbox broke HTTP: nothing sensible can follow on this connection.
+      this.finish();
+    }
+  }
+
+  private flushToClient(b: Buffer, from: number, to: number): void {
+    if (to > from) this.toClient(from === 0 && to === b.length ? b : b.subarray(from, to));
+  }
+
+  /** The oldest outstanding response is complete. */
+  private answered(): void {
+    const sent = this.sent.shift();
+    this.answering = false;
+    this.upReused = true;
+    this.retried = false;
+    if (sent?.upgrade) {
+      this.awaitingUpgrade = false;
+      queueMicrotask(() => this.pump());
+    }
+    if (this.sent.length === 0) {
+      this.setActive(false);
+      for (const w of this.idleWaiters.splice(0)) w();
+      // After what this chunk still has for the client has been written.
+      if (this.clientClose && !this.inbuf) queueMicrotask(() => this.client.end());
+    }
+  }
+
+  private startTunnel(): void {
+    this.sent.length = 0;
+    this.tunnel = true;
+    this.awaitingUpgrade = false;
+    this.setActive(true);
+    const held = this.inbuf;
+    this.inbuf = undefined;
+    if (held) this.toUp(held);
+  }
+
+  private onUpGone(up: Socket, err: Error | undefined, ended: boolean): void {
+    if (up !== this.up || this.done) return;
+    if (this.tunnel) {
+      if (ended) this.client.end();
+      else this.finish();
+      return;
+    }
+    if (ended && this.rbody?.kind.kind === 'close') {
+      this.rbody = undefined;
+      this.answered();
+      this.up = undefined;
+      this.client.end();
+      return;
+    }
+    this.dropUp();
+    if (this.sent.length === 0) {
+      // An idle keep-alive connection the sandbox closed: the next request reconnects.
+      if (this.clientClose) this.client.end();
+      return;
+    }
+    // Requests were out. If none was answered in part, they are all bodyless and this is the
+    // first failure, send them again (the sandbox may have been put to sleep just then).
+    const code = err ? (errnoCode(err) ?? '') : 'ECONNRESET';
+    const again =
+      !this.answering && !this.retried && !this.body && this.sent.every((x) => x.resend !== undefined);
+    if (!again || (!RETRYABLE.has(code) && !ended)) {
+      if (this.answering) this.finish();
+      else {
+        this.sent.length = 0;
+        this.refuse(
+          new ProxyError(502, ErrorCode.PROXY_UPSTREAM, `the sandbox closed the connection (${code})`),
+        );
+      }
+      return;
+    }
+    this.retried = true;
+    this.busy = true;
+    this.client.pause();
+    void this.resend();
+  }
+
+  private async resend(): Promise<void> {
+    const wasReused = this.upReused;
+    const port = this.upPort;
+    try {
+      const s = this.host.find(this.upId);
+      if (!s) throw new ProxyError(404, 'SANDBOX_NOT_FOUND', `sandbox ${this.upId} is gone`);
+      let address = s.address;
+      if (s.state !== 'running' || address === undefined) {
+        address = await this.host.ready(s, port, 'request');
+      } else if (!wasReused) {
+        throw new ProxyError(502, ErrorCode.PROXY_UPSTREAM, 'the sandbox closed the connection');
+      }
+      await this.connectUp(s, port, address, 'request');
+      if (this.done) return;
+      this.setActive(true);
+      this.busy = false;
+      for (const x of this.sent) this.toUp(x.resend!);
+      this.client.resume();
+      this.pump();
+    } catch (e) {
+      this.busy = false;
+      this.sent.length = 0;
+      this.refuse(e);
+    }
+  }
+}
+
+/** The headers extractCredentials looks at. */
+function credentialHeaders(req: RequestHead): {
+  authorization?: string;
+  cookie?: string;
+  'x-dormant-token'?: string | string[];
+} {
+  const out: { authorization?: string; cookie?: string; 'x-dormant-token'?: string | string[] } = {};
+  for (const h of req.headers) {
+    if (h.name === 'authorization') out.authorization ??= h.value;
+    else if (h.name === 'cookie')
+      out.cookie = out.cookie === undefined ? h.value : `${out.cookie}; ${h.value}`;
+    else if (h.name === 'x-dormant-token') {
+      const v = out['x-dormant-token'];
+      out['x-dormant-token'] = v === undefined ? h.value : [...(Array.isArray(v) ? v : [v]), h.value];
+    }
+  }
+  return out;
+}
