@@ -5,7 +5,11 @@ import pc from 'picocolors';
 import { formatBytes } from '../../domain/units.js';
 import { clientFromEnv } from '../client.js';
 import { printJson } from '../output.js';
-import { stat } from 'node:fs/promises';
+import { rename, rm, stat } from 'node:fs/promises';
+import { createWriteStream } from 'node:fs';
+import { basename, dirname, join, resolve } from 'node:path';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { inspectCheckpoint, type InspectReport, type InspectTreeNode } from '../../checkpoint/inspect.js';
 import { scanCheckpoint, type ScanReport } from '../../checkpoint/scan.js';
@@ -165,7 +169,7 @@ export function registerCheckpoint(program: Command): void {
     });
   ck.command('export')
     .description('write a checkpoint as a podman / CRI-O archive (refused when it holds secrets)')
-    .argument('<ckpt>', 'an archive or a folder of CRIU images')
+    .argument('<ckpt>', 'a checkpoint id, an archive or a folder of CRIU images')
     .requiredOption('--out <file>', 'the archive to write (.tar.zst, .tar.gz or .tar)')
     .option('--format <format>', 'podman', 'podman')
     .option('--name <name>', 'container name recorded in config.dump')
@@ -177,15 +181,32 @@ export function registerCheckpoint(program: Command): void {
           ErrorCode.INVALID_ARGUMENT,
           `--format ${o.format}: only podman is supported so far`,
         );
-      if (!(await isLocalRef(ref)))
-        throw new DormantError(
-          ErrorCode.INVALID_ARGUMENT,
-          `export of vault checkpoint ids is not wired yet; pass an archive or folder`,
-          {
-            hint: 'the daemon needs an export route (see issue 6)',
-          },
-        );
       const compression = o.out.endsWith('.tar') ? 'none' : o.out.endsWith('.gz') ? 'gzip' : 'zstd';
+      if (!(await isLocalRef(ref))) {
+        // A checkpoint id: the daemon scans and builds the archive; it is written here atomically.
+        const r = await clientFromEnv().exportCheckpoint(ref, {
+          allowPlaintext: o.allowPlaintext === true,
+          compression,
+        });
+        const tmp = join(dirname(o.out), `.${basename(o.out)}.${process.pid}.tmp`);
+        try {
+          await pipeline(
+            Readable.fromWeb(r.body as Parameters<typeof Readable.fromWeb>[0]),
+            createWriteStream(tmp, { mode: 0o600, flags: 'wx' }),
+          );
+          await rename(tmp, o.out);
+        } catch (e) {
+          await rm(tmp, { force: true });
+          throw e;
+        }
+        const sizeBytes = (await stat(o.out)).size;
+        if (o.json) printJson({ out: o.out, sizeBytes, findings: r.secretsFound });
+        else
+          process.stdout.write(
+            `${o.out} (${formatBytes(sizeBytes)})${r.secretsFound > 0 ? pc.yellow(` with ${r.secretsFound} secret(s) in plaintext`) : ''}\n`,
+          );
+        return;
+      }
       const r = await withLocal(ref, (c) =>
         exportCheckpoint(c, {
           out: o.out,
@@ -203,5 +224,30 @@ export function registerCheckpoint(program: Command): void {
         process.stdout.write(
           `${r.out} (${formatBytes(r.sizeBytes)})${r.scan.findings.length > 0 ? pc.yellow(` with ${r.scan.findings.length} secret(s) in plaintext`) : ''}\n`,
         );
+    });
+  ck.command('import')
+    .description('a podman export or kubelet / CRI-O checkpoint archive becomes a hibernated sandbox')
+    .argument('<archive>', 'the archive (.tar, .tar.gz, .tar.zst) on the daemon host')
+    .option('--image <dir>', 'the base image as an OCI image layout folder (DIR[:TAG])')
+    .option('--name <name>', 'the new sandbox name')
+    .option('--port <port...>', 'ports reachable through the proxy (default: what the archive recorded)')
+    .option('--json', 'print JSON')
+    .action(async (archive, o) => {
+      const ports = (o.port ?? []).map((p) => {
+        const n = Number(p);
+        if (!Number.isInteger(n) || n < 1 || n > 65535)
+          throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--port ${p}: expected 1 to 65535`, {
+            status: 400,
+          });
+        return n;
+      });
+      const s = await clientFromEnv().importCheckpoint({
+        archive: resolve(archive),
+        ...(o.image !== undefined ? { image: resolve(o.image) } : {}),
+        ...(o.name !== undefined ? { name: o.name } : {}),
+        ...(ports.length > 0 ? { ports } : {}),
+      });
+      if (o.json) printJson(s);
+      else process.stdout.write(`${s.id} ${pc.dim(`(${s.name}, ${s.state}; dormant resume ${s.id})`)}\n`);
     });
 }
