@@ -906,9 +906,9 @@ export class SandboxController {
       const ck = await openCheckpointPath(archive, { stagingDir: dir });
       this.step('import:unpacked');
       const facts = await readArchiveFacts(ck.rootDir);
-      // Reading the images first refuses malformed ones before anything is created.
-      const report = await inspectCheckpoint(ck);
       const base = await this.importBase(facts, input.image, input.tenant);
+      // Reading the images refuses malformed ones before anything is created.
+      const report = await inspectCheckpoint(ck);
       const command = facts.command.length > 0 ? facts.command : base.image.command;
       if (command.length === 0) throw invalid(`archive ${input.archive} records no command`);
       const derived = (() => {
@@ -1011,9 +1011,8 @@ export class SandboxController {
           'hibernated',
           `import of ${basename(archive)}`,
           this.clock.now(),
-          {
-            checkpointId: ckId,
-          },
+          // Its address is known from prepare(); a resume keeps it.
+          { checkpointId: ckId, address: st.network.address },
         );
         this.step('import:committed');
         return this.get(id);
