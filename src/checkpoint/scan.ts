@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { readCriuImages, readPages, type CriuImages, type ProcessImage } from '../criu/images/reader.js';
 import type { Vma } from '../criu/images/messages.js';
 import { TarParser, type TarHeader } from './tar.js';
-import { findSecrets, fingerprint, redact, type SecretKind } from './secrets.js';
+import { findSecretsInBytes, fingerprint, redact, type SecretKind } from './secrets.js';
 import type { OpenedCheckpoint } from './source.js';
 
 export interface SecretFinding {
@@ -80,8 +80,7 @@ class Collector {
       offset: number;
     },
   ): void {
-    const text = buf.toString('latin1');
-    for (const s of findSecrets(text)) {
+    for (const s of findSecretsInBytes(buf)) {
       if (s.offset < skipBefore) continue;
       const where = place(base + s.offset);
       const fp = fingerprint(this.key, s.value);
