@@ -893,6 +893,8 @@ export class SandboxController {
   async importArchive(input: ImportArchiveInput): Promise<Sandbox> {
     const archive = await this.checkPath(input.archive, 'archive');
     if (!(await stat(archive)).isFile()) throw invalid(`archive ${input.archive} is not a file`);
+    // Checked before anything is unpacked: a bad path is the caller's mistake, said at once.
+    if (input.image !== undefined) await this.checkPath(parseImageRef(input.image).layout, 'image');
     if (input.name !== undefined) {
       const n = validateName(input.name);
       if (this.store.listSandboxes(input.tenant).some((s) => s.name === n))
