@@ -230,10 +230,15 @@ export function registerCheckpoint(program: Command): void {
     .argument('<archive>', 'the archive (.tar, .tar.gz, .tar.zst) on the daemon host')
     .option('--image <dir>', 'the base image as an OCI image layout folder (DIR[:TAG])')
     .option('--name <name>', 'the new sandbox name')
-    .option('--port <port...>', 'ports reachable through the proxy (default: what the archive recorded)')
+    .option(
+      '--port <port>',
+      'a port reachable through the proxy (repeatable; default: what the archive recorded)',
+      (v: string, prev: string[] = []) => [...prev, v],
+      [] as string[],
+    )
     .option('--json', 'print JSON')
     .action(async (archive, o) => {
-      const ports = (o.port ?? []).map((p) => {
+      const ports = o.port.map((p) => {
         const n = Number(p);
         if (!Number.isInteger(n) || n < 1 || n > 65535)
           throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--port ${p}: expected 1 to 65535`, {
