@@ -233,7 +233,7 @@ export function registerCheckpoint(program: Command): void {
     .option(
       '--port <port>',
       'a port reachable through the proxy (repeatable; default: what the archive recorded)',
-      (v: string, prev: string[] = []) => [...prev, v],
+      (v: string, prev: string[]) => [...prev, v],
       [] as string[],
     )
     .option('--json', 'print JSON')
