@@ -13,6 +13,9 @@ import { findSecrets, findSecretsInBytes, textRegions } from './secrets.js';
 import { applyDeletedFiles, applyRootfsDiff, rootfsDiffMembers } from './rootfs-diff.js';
 import { TAR_END, tarHeader, tarPadding } from './tar.js';
 import { run } from '../sys/exec.js';
+import { scanCheckpoint } from './scan.js';
+import { openCheckpointPath } from './source.js';
+import { dump, kill, shm, startPython } from './testing/fixtures.js';
 
 const SECRETS = [
   'AKIAQQQQQQQQ7EXAMPLE',
@@ -142,6 +145,46 @@ test('a hostile rootfs diff is refused and writes nothing outside its folder', a
     }
     await assert.rejects(applyDeletedFiles('["../../etc/passwd"]', join(dir, 'twice-out')), /climbs out/);
     await assert.rejects(applyDeletedFiles('{"a":1}', join(dir, 'twice-out')), /not a list/);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test('a secret across a chunk boundary is found once, whatever the chunk size', async () => {
+  const dir = await shm('dormant-seam-test-');
+  // 40 copies, each 4 KiB further and one byte later: some straddle every page boundary.
+  const code = `
+import sys, time
+key = bytes.fromhex(sys.argv[2])
+buf = bytearray(4096 * 64)
+for i in range(40):
+    at = 4096 * (i + 1) - 20 + i
+    buf[at:at + len(key)] = key
+open(sys.argv[1], 'w').write('ok')
+time.sleep(3600)
+`;
+  const secret = ['AKIA', 'Z'.repeat(12), '7SEAM'.slice(0, 4)].join('');
+  const pid = await startPython(code.replace('sys.argv[2]', `'${Buffer.from(secret).toString('hex')}'`), dir);
+  try {
+    await dump(pid, join(dir, 'images'));
+  } finally {
+    kill(pid);
+  }
+  try {
+    const ck = await openCheckpointPath(join(dir, 'images'));
+    const count = async (chunkBytes?: number): Promise<number> => {
+      const r = await scanCheckpoint(ck, { ...(chunkBytes !== undefined ? { chunkBytes } : {}) });
+      return r.findings
+        .filter((f) => f.kind === 'aws_access_key' && f.where === 'memory')
+        .reduce((n, f) => n + f.occurrences, 0);
+    };
+    const whole = await count();
+    assert.ok(whole >= 40, `${whole} copies found in 4 MiB chunks`);
+    assert.equal(
+      await count(4096),
+      whole,
+      'page-sized chunks find the same copies, straddling ones included',
+    );
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
