@@ -1,8 +1,9 @@
 /**
  * Crash consistency: the daemon is killed with SIGKILL (no cleanup at all) at every named step
- * of create, hibernate, resume and fork, and once in the middle of rm. A fresh daemon on the
+ * of create, hibernate, resume, fork and checkpoint import, and once in the middle of rm. A fresh daemon on the
  * same data directory must then find every sandbox running or hibernated (a sandbox whose
- * create was cut short is `failed`: it never ran, nothing of it was promised), with the
+ * create was cut short is `failed`: it never ran, nothing of it was promised; an import cut
+ * short before its commit leaves no sandbox at all), with the
  * memory of a python server intact, a clean vault (orphans of interrupted writes allowed,
  * and gone after gc), no vault checkpoint without a record, nothing in staging, and, once the
  * sandboxes are removed, no process, mount, network namespace or cgroup of theirs on the host.
@@ -21,6 +22,10 @@ import Database from 'better-sqlite3';
 import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { writeOciLayout } from '../runtime/testing/oci-layout.js';
+import { createWriteStream } from 'node:fs';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { eventually, httpGet, leftovers, sandboxProcesses } from './testing/host.js';
 
 const SERVER = `
@@ -105,6 +110,7 @@ async function serve(sb: SandboxInfo): Promise<[number, string]> {
 describe('crash at every step: a restarted daemon loses nothing and leaves nothing', () => {
   let dir: string;
   let rootfs: string;
+  let layout: string;
   const children: ChildProcess[] = [];
   const daemons: Daemon[] = [];
 
@@ -112,6 +118,8 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     dir = await mkdtemp('/tmp/dormant-crash-');
     rootfs = join(dir, 'rootfs');
     await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER });
+    layout = join(dir, 'layout');
+    await writeOciLayout(layout, { layers: [rootfs], tag: 'latest', config: {} });
   });
 
   after(async () => {
@@ -312,6 +320,66 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       const [n] = await serve(sb);
       assert.equal(n, 1, 'a fresh start of its command');
       await finish(daemon, client, [sb.id]);
+    });
+  }
+
+  const importSteps: [string, 'absent' | 'hibernated'][] = [
+    ['import:unpacked', 'absent'],
+    ['import:prepared', 'absent'],
+    ['import:filesystem', 'absent'],
+    ['import:stored', 'absent'],
+    ['import:committed', 'hibernated'],
+  ];
+  for (const [step, expected] of importSteps) {
+    test(`crash at ${step}: the imported sandbox is ${expected}, nothing of a half import remains`, async () => {
+      const data = join(dir, step.replace(':', '-'));
+      const child = await startCrashDaemon(data, step);
+      children.push(child.proc);
+      const image = `${layout}:latest`;
+      const sb = await child.client.createSandbox({
+        name: 'victim',
+        image,
+        command: ['/usr/bin/python3', '-u', '/srv/server.py'],
+        ports: [8080],
+        memory: '128M',
+      });
+      const [n, token] = await serve(sb);
+      const ck = (await child.client.hibernate(sb.id)).checkpointId!;
+      const archive = `${data}-export.tar.zst`;
+      const exp = await child.client.exportCheckpoint(ck, { allowPlaintext: true });
+      await pipeline(
+        Readable.fromWeb(exp.body as Parameters<typeof Readable.fromWeb>[0]),
+        createWriteStream(archive, { flags: 'wx' }),
+      );
+      await crashDuring(child, step, () =>
+        child.client.importCheckpoint({ archive, image, name: 'imported' }),
+      );
+      const { daemon, client } = await restart(data);
+      const imported = (await client.listSandboxes()).filter((x) => x.id !== sb.id);
+      const toResume: SandboxInfo[] = [...imported];
+      assert.deepEqual(await unrecorded(daemon), [], 'every checkpoint in the vault has a record');
+      const ids = [sb.id, ...imported.map((x) => x.id)];
+      assert.deepEqual(
+        (await daemon.runtime.list()).filter((id) => !ids.includes(id)),
+        [],
+        'no runtime folder of a half import',
+      );
+      if (expected === 'absent') {
+        assert.deepEqual(imported, [], 'an import cut short leaves no sandbox');
+        if (step === 'import:stored') {
+          // The archive imports again, under the same name.
+          const again = await client.importCheckpoint({ archive, image, name: 'imported' });
+          toResume.push(again);
+        }
+      } else {
+        assert.equal(imported.length, 1);
+        assert.equal(imported[0]!.state, 'hibernated');
+      }
+      for (const s of toResume) {
+        const r = await client.resume(s.id);
+        assert.equal((await serve(r)).join(' '), `${n + 1} ${token}`, 'the imported memory');
+      }
+      await finish(daemon, client, [sb.id, ...toResume.map((x) => x.id)]);
     });
   }
 

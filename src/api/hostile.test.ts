@@ -162,6 +162,30 @@ describe('hostile input at the API edges', () => {
     assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
   });
 
+  test('checkpoint import: archive paths outside the allowed folders, relative, with .., missing or folders', async () => {
+    const cases: [Record<string, unknown>, RegExp][] = [
+      [{ archive: 'relative/ck.tar' }, /absolute/],
+      [{ archive: `${allowed}/../outside/ck.tar` }, /\.\./],
+      [{ archive: '/etc/passwd' }, /outside the allowed/],
+      [{ archive: join(allowed, 'escape', 'bin', 'busybox') }, /outside the allowed/],
+      [{ archive: join(allowed, 'missing.tar') }, /does not exist/],
+      [{ archive: rootfs }, /not a file/],
+      [{ archive: join(allowed, 'a-file'), image: '/etc:latest' }, /outside the allowed|archive/],
+    ];
+    for (const [body, re] of cases)
+      refused(
+        await api('POST', '/v1/checkpoints/import', body),
+        JSON.stringify(body),
+        400,
+        'INVALID_ARGUMENT',
+        re,
+      );
+    // Not an archive at all: the archive reader's own error, nothing created.
+    const r = await api('POST', '/v1/checkpoints/import', { archive: join(allowed, 'a-file') });
+    refused(r, 'a text file', 422, 'CHECKPOINT_ARCHIVE_INVALID');
+    assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
+  });
+
   test('NUL bytes in paths, arguments and environment are refused, not a 500', async (t) => {
     const cases: [string, Record<string, unknown>][] = [
       ['rootfs', { rootfs: `${rootfs}\u0000/x`, command: ['true'] }],

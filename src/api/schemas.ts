@@ -83,6 +83,20 @@ export const LogsQuery = z.object({
 
 export const ForkBody = z.strictObject({ name: z.string().min(1).max(63).optional() }).optional();
 
+export const ImportBody = z.strictObject({
+  /** Absolute path of the archive on the daemon's machine. */
+  archive: z.string().min(1).max(4096),
+  image: z.string().min(1).max(4096).optional(),
+  name: z.string().min(1).max(63).optional(),
+  ports: z.array(z.number().int().min(1).max(65535)).max(32).optional(),
+  memory: size.optional(),
+});
+
+export const ExportQuery = z.object({
+  allowPlaintext: z.enum(['true', 'false', '1', '0']).optional(),
+  compression: z.enum(['zstd', 'gzip', 'none']).optional(),
+});
+
 export const CheckpointsQuery = z.object({ sandbox: z.string().max(128).optional() });
 
 export const EventsQuery = z.object({

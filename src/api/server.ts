@@ -19,6 +19,8 @@ import {
   CreateSandboxBody,
   EventsQuery,
   ExecBody,
+  ExportQuery,
+  ImportBody,
   ForkBody,
   IdParams,
   KeepaliveBody,
@@ -269,6 +271,36 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   registerCheckpointRoutes(app, { store, vault: opts.checkpointVault });
+
+  app.post('/v1/checkpoints/import', async (req, reply) => {
+    const b = parse(ImportBody, req.body, 'request body');
+    const s = await controller.importArchive({
+      tenant: req.principal.tenant,
+      archive: b.archive,
+      ...(b.image !== undefined ? { image: b.image } : {}),
+      ...(b.name !== undefined ? { name: b.name } : {}),
+      ...(b.ports !== undefined ? { ports: b.ports } : {}),
+      ...(b.memory !== undefined ? { memoryBytes: b.memory } : {}),
+    });
+    return reply.status(201).send(await view(s));
+  });
+
+  // The archive is built in memory-backed staging, streamed, and wiped when the answer ends.
+  app.get('/v1/checkpoints/:id/export', async (req, reply) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    const q = parse(ExportQuery, req.query, 'query');
+    const r = await controller.exportArchive(id, scope(req), {
+      allowPlaintext: q.allowPlaintext === 'true' || q.allowPlaintext === '1',
+      compression: q.compression ?? 'zstd',
+    });
+    const body = createReadStream(r.file);
+    body.once('close', () => void r.close());
+    return reply
+      .type('application/octet-stream')
+      .header('content-length', String(r.sizeBytes))
+      .header('x-dormant-secrets-found', String(r.findings))
+      .send(body);
+  });
 
   app.get('/v1/checkpoints/:id', async (req) => {
     const { id } = parse(IdParams, req.params, 'path');

@@ -90,8 +90,15 @@ export async function writeArchive(
 export interface PodmanMetadata {
   id: string;
   name: string;
+  /** The base image's id (podman: the config digest's hex). */
   image?: string;
+  /** The base image's name or tag. Default: `image`. */
+  imageName?: string;
   runtime?: string;
+  cwd?: string;
+  memoryBytes?: number;
+  /** Extra spec.dump annotations (dormant's own: ports, image manifest). */
+  annotations?: Record<string, string>;
   createdAt?: string;
   checkpointedAt?: string;
   env?: string[];
@@ -104,7 +111,8 @@ export function podmanMetadata(m: PodmanMetadata): { config: Buffer; spec: Buffe
     id: m.id,
     name: m.name,
     rootfsImage: m.image ?? '',
-    rootfsImageName: m.image ?? '',
+    rootfsImageRef: m.image ?? '',
+    rootfsImageName: m.imageName ?? m.image ?? '',
     runtime: m.runtime ?? 'runc',
     createdTime: m.createdAt ?? new Date().toISOString(),
     checkpointedTime: m.checkpointedAt ?? new Date().toISOString(),
@@ -113,9 +121,10 @@ export function podmanMetadata(m: PodmanMetadata): { config: Buffer; spec: Buffe
   };
   const spec = {
     ociVersion: '1.0.2',
-    process: { env: m.env ?? [], args: m.args ?? [], cwd: '/' },
+    process: { env: m.env ?? [], args: m.args ?? [], cwd: m.cwd ?? '/' },
     root: { path: 'rootfs' },
-    annotations: { 'io.container.manager': 'libpod', 'org.dormant.exported': 'true' },
+    ...(m.memoryBytes !== undefined ? { linux: { resources: { memory: { limit: m.memoryBytes } } } } : {}),
+    annotations: { ...m.annotations, 'io.container.manager': 'libpod', 'org.dormant.exported': 'true' },
   };
   return { config: Buffer.from(JSON.stringify(config)), spec: Buffer.from(JSON.stringify(spec)) };
 }
@@ -137,7 +146,9 @@ export async function podmanMembers(
   for (const n of names.sort()) {
     // podman keeps stats-dump at the top; the images go under checkpoint/.
     // A dormant checkpoint keeps its filesystem diff with the images; podman's is at the top.
-    if (n === 'stats-dump' || n === 'rootfs-diff.tar') out.push({ name: n, file: join(imagesDir, n) });
+    if (n === 'rootfs-diff.tar') {
+      if (!extra.some((m) => m.name === n)) out.push({ name: n, file: join(imagesDir, n) });
+    } else if (n === 'stats-dump') out.push({ name: n, file: join(imagesDir, n) });
     else out.push({ name: `checkpoint/${n}`, file: join(imagesDir, n) });
   }
   return [...out, ...extra];
@@ -150,6 +161,8 @@ export interface ExportOptions {
   /** Export even when the scan finds secrets. */
   allowPlaintext?: boolean;
   meta: PodmanMetadata;
+  /** Members beyond the images (rootfs-diff.tar, deleted.files), replacing the checkpoint's own. */
+  extra?: ArchiveMember[];
   signal?: AbortSignal;
 }
 
@@ -175,9 +188,11 @@ export async function exportCheckpoint(
       },
     );
   }
-  const extra: ArchiveMember[] = [];
+  const extra: ArchiveMember[] = [...(opts.extra ?? [])];
+  const given = new Set(extra.map((m) => m.name));
   if (ck.rootDir) {
     for (const n of ['rootfs-diff.tar', 'network.status', 'deleted.files']) {
+      if (given.has(n)) continue;
       const p = join(ck.rootDir, n);
       if (
         await stat(p).then(

@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { readCriuImages, readPages, type CriuImages, type ProcessImage } from '../criu/images/reader.js';
 import type { Vma } from '../criu/images/messages.js';
 import { TarParser, type TarHeader } from './tar.js';
-import { findSecrets, fingerprint, redact, type SecretKind } from './secrets.js';
+import { findSecretsInBytes, fingerprint, redact, type SecretKind } from './secrets.js';
 import type { OpenedCheckpoint } from './source.js';
 
 export interface SecretFinding {
@@ -68,11 +68,14 @@ class Collector {
   private readonly index = new Map<string, SecretFinding>();
   constructor(private readonly key: Buffer) {}
 
-  /** Scans `buf`; `base` is the offset of buf[0] in its file/address space; matches starting before `skipBefore` were seen already. */
+  /**
+   * Scans `buf`; `base` is the offset of buf[0] in its file/address space; `keep` (when given)
+   * says which matches (offset and length in `buf`) count.
+   */
   scan(
     buf: Buffer,
     base: number,
-    skipBefore: number,
+    keep: ((offset: number, length: number) => boolean) | undefined,
     place: (offset: number) => Omit<
       SecretFinding,
       'kind' | 'offset' | 'preview' | 'fingerprint' | 'occurrences' | 'name'
@@ -80,9 +83,8 @@ class Collector {
       offset: number;
     },
   ): void {
-    const text = buf.toString('latin1');
-    for (const s of findSecrets(text)) {
-      if (s.offset < skipBefore) continue;
+    for (const s of findSecretsInBytes(buf)) {
+      if (keep && !keep(s.offset, s.length)) continue;
       const where = place(base + s.offset);
       const fp = fingerprint(this.key, s.value);
       const k = `${s.kind}|${where.where}|${where.process?.pid ?? ''}|${where.path ?? ''}|${fp}`;
@@ -120,19 +122,41 @@ function mappingName(im: CriuImages, p: ProcessImage, addr: bigint): { mapping: 
   return { mapping: 'anon', vma };
 }
 
+/**
+ * Scans one chunk of a stream, and the seam with the chunk before it: the chunk alone finds
+ * what lies inside it; the seam (the previous chunk's last OVERLAP bytes and this one's first)
+ * adds only what crosses the boundary. No chunk is copied; only the seam is.
+ */
+function scanWithSeam(
+  c: Collector,
+  prevTail: Buffer | undefined,
+  data: Buffer,
+  /** Where a match at this offset of `data` is (negative: in the previous chunk). */
+  place: Parameters<Collector['scan']>[3],
+): void {
+  if (prevTail !== undefined && prevTail.length > 0) {
+    const seam = Buffer.concat([prevTail, data.subarray(0, OVERLAP)]);
+    const edge = prevTail.length;
+    c.scan(
+      seam,
+      0,
+      (off, len) => off < edge && off + len > edge,
+      (off) => place(off - edge),
+    );
+  }
+  c.scan(data, 0, undefined, place);
+}
+
 async function scanMemory(im: CriuImages, c: Collector, opts: ScanOptions): Promise<number> {
   let bytes = 0;
   for (const p of im.processes) {
-    let carry: Buffer | undefined;
-    let carryEnd = -1n;
+    let tail: Buffer | undefined;
+    let tailEnd = -1n;
     for await (const chunk of readPages(im, p, { chunkBytes: opts.chunkBytes, signal: opts.signal })) {
       bytes += chunk.data.length;
-      const contiguous = carry !== undefined && carryEnd === chunk.vaddr;
-      const buf = contiguous ? Buffer.concat([carry!, chunk.data]) : chunk.data;
-      const start = contiguous ? chunk.vaddr - BigInt(carry!.length) : chunk.vaddr;
-      const pagesOffsetBase = chunk.fileOffset - (contiguous ? carry!.length : 0);
-      c.scan(buf, 0, contiguous ? carry!.length - OVERLAP / 2 : 0, (off) => {
-        const addr = start + BigInt(off);
+      const contiguous = tail !== undefined && tailEnd === chunk.vaddr;
+      scanWithSeam(c, contiguous ? tail : undefined, chunk.data, (off) => {
+        const addr = chunk.vaddr + BigInt(off);
         const m = mappingName(im, p, addr);
         return {
           where: 'memory',
@@ -140,11 +164,12 @@ async function scanMemory(im: CriuImages, c: Collector, opts: ScanOptions): Prom
           mapping: m.mapping,
           address: `0x${addr.toString(16)}`,
           path: chunk.pagesFile,
-          offset: pagesOffsetBase + off,
+          offset: chunk.fileOffset + off,
         };
       });
-      carry = Buffer.from(chunk.data.subarray(Math.max(0, chunk.data.length - OVERLAP)));
-      carryEnd = chunk.vaddr + BigInt(chunk.data.length);
+      // A copy: readPages may reuse the chunk's memory for the next one.
+      tail = Buffer.from(chunk.data.subarray(Math.max(0, chunk.data.length - OVERLAP)));
+      tailEnd = chunk.vaddr + BigInt(chunk.data.length);
     }
   }
   return bytes;
@@ -157,20 +182,15 @@ async function scanFile(
   where: SecretFinding['where'],
   c: Collector,
 ): Promise<number> {
-  let carry = Buffer.alloc(0);
+  let tail: Buffer | undefined;
   let pos = 0;
   for await (const chunk of createReadStream(path, {
     highWaterMark: 4 * 1024 * 1024,
   }) as AsyncIterable<Buffer>) {
-    const buf = carry.length > 0 ? Buffer.concat([carry, chunk]) : chunk;
-    const base = pos - carry.length;
-    c.scan(buf, base, carry.length > 0 ? carry.length - OVERLAP / 2 : 0, (offset) => ({
-      where,
-      path: label,
-      offset,
-    }));
+    const base = pos;
+    scanWithSeam(c, tail, chunk, (off) => ({ where, path: label, offset: base + off }));
     pos += chunk.length;
-    carry = Buffer.from(chunk.subarray(Math.max(0, chunk.length - OVERLAP)));
+    tail = chunk.subarray(Math.max(0, chunk.length - OVERLAP));
   }
   return pos;
 }
@@ -201,7 +221,7 @@ async function scanRootfsDiff(
       const b = Buffer.concat(cur.parts);
       bytes += b.length;
       const name = cur.name;
-      c.scan(b, 0, 0, (offset) => ({ where: 'filesystem', path: name, offset }));
+      c.scan(b, 0, undefined, (offset) => ({ where: 'filesystem', path: name, offset }));
       cur = undefined;
     },
   });

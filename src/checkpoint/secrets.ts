@@ -158,6 +158,67 @@ export function findSecrets(text: string): RawSecret[] {
   return out;
 }
 
+/**
+ * Shortest text any detector matches: an assignment is a 3-letter name (`key`), `=` and 6
+ * characters; every token shape is longer.
+ */
+export const MIN_SECRET_CHARS = 10;
+
+/** Bytes a secret (and the name before it) is made of: printable ASCII, tab, CR, LF. */
+const TEXT_BYTE = new Uint8Array(256);
+for (let c = 0x20; c < 0x7f; c++) TEXT_BYTE[c] = 1;
+TEXT_BYTE[0x09] = TEXT_BYTE[0x0a] = TEXT_BYTE[0x0d] = 1;
+
+/**
+ * The prefilter: regions of `buf` that hold runs of at least `minRun` text bytes, as flat
+ * [start, end) pairs; runs closer than `maxGap` bytes are merged into one region. It looks
+ * at one byte in `minRun` where there is no text (a byte that is not text ends every run
+ * through it), so random and zero pages pass at memory speed and the detectors run only on
+ * the text in them.
+ */
+export function textRegions(buf: Uint8Array, minRun = MIN_SECRET_CHARS, maxGap = 16): number[] {
+  const out: number[] = [];
+  const n = buf.length;
+  let i = 0;
+  while (i + minRun <= n) {
+    const p = i + minRun - 1;
+    if (TEXT_BYTE[buf[p]!] === 0) {
+      i = p + 1;
+      continue;
+    }
+    // buf[i - 1] is not text (or i is 0): the run cannot start before i.
+    let s = p;
+    while (s > i && TEXT_BYTE[buf[s - 1]!] === 1) s--;
+    let e = p + 1;
+    while (e < n && TEXT_BYTE[buf[e]!] === 1) e++;
+    if (e - s >= minRun) {
+      const last = out.length - 1;
+      if (last > 0 && s - out[last]! <= maxGap) out[last] = e;
+      else out.push(s, e);
+    }
+    i = e + 1;
+  }
+  return out;
+}
+
+/**
+ * findSecrets over raw bytes, behind the prefilter: only text regions are decoded and run
+ * through the detectors. Offsets are relative to `buf`. A value ends at its first byte that
+ * is not ASCII text (the detectors alone would run on through high bytes).
+ */
+export function findSecretsInBytes(buf: Buffer): RawSecret[] {
+  const regions = textRegions(buf);
+  const out: RawSecret[] = [];
+  for (let r = 0; r < regions.length; r += 2) {
+    const from = regions[r]!;
+    for (const s of findSecrets(buf.toString('latin1', from, regions[r + 1]))) {
+      s.offset += from;
+      out.push(s);
+    }
+  }
+  return out;
+}
+
 /** A preview that names the secret's shape without revealing it: a short prefix and the length. */
 export function redact(kind: SecretKind, value: string, name?: string): string {
   if (kind === 'private_key' || kind === 'ssh_private_key' || kind === 'gcp_service_account') return value;

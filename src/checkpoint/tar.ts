@@ -262,9 +262,17 @@ function octal(n: number, len: number): string {
   return `${n.toString(8).padStart(len - 1, '0')}\0`;
 }
 
-function rawHeader(name: string, size: number, flag: string, mode: number, mtimeSec: number): Buffer {
+function rawHeader(
+  name: string,
+  size: number,
+  flag: string,
+  mode: number,
+  mtimeSec: number,
+  linkName = '',
+): Buffer {
   const h = Buffer.alloc(BLOCK);
   h.write(name, 0, 100, 'utf8');
+  h.write(linkName, 157, 100, 'utf8');
   h.write(octal(mode & 0o7777, 8), 100, 'latin1');
   h.write(octal(0, 8), 108, 'latin1');
   h.write(octal(0, 8), 116, 'latin1');
@@ -284,24 +292,32 @@ function rawHeader(name: string, size: number, flag: string, mode: number, mtime
 export function tarHeader(o: {
   name: string;
   size: number;
-  type: 'file' | 'dir';
+  type: 'file' | 'dir' | 'symlink';
   mode?: number;
   mtimeSec?: number;
+  /** The target of a symlink. */
+  linkName?: string;
 }): Buffer {
-  const flag = o.type === 'dir' ? '5' : '0';
-  const mode = o.mode ?? (o.type === 'dir' ? 0o755 : 0o644);
+  const flag = o.type === 'dir' ? '5' : o.type === 'symlink' ? '2' : '0';
+  const mode = o.mode ?? (o.type === 'file' ? 0o644 : o.type === 'dir' ? 0o755 : 0o777);
   const mtime = o.mtimeSec ?? Math.floor(Date.now() / 1000);
-  const fits = Buffer.byteLength(o.name) < 100 && /^[\x20-\x7e]*$/.test(o.name);
-  if (fits) return rawHeader(o.name, o.size, flag, mode, mtime);
-  const body = `path=${o.name}\n`;
-  let len = Buffer.byteLength(body) + 3;
-  while (`${len} ${body}`.length !== len) len = Buffer.byteLength(`${len} ${body}`);
-  const rec = Buffer.from(`${len} ${body}`);
+  const link = o.linkName ?? '';
+  const short = (v: string): boolean => Buffer.byteLength(v) < 100 && /^[\x20-\x7e]*$/.test(v);
+  if (short(o.name) && short(link)) return rawHeader(o.name, o.size, flag, mode, mtime, link);
+  const record = (key: string, value: string): string => {
+    const body = `${key}=${value}\n`;
+    let len = Buffer.byteLength(body) + 3;
+    while (Buffer.byteLength(`${len} ${body}`) !== len) len = Buffer.byteLength(`${len} ${body}`);
+    return `${len} ${body}`;
+  };
+  const rec = Buffer.from(
+    `${short(o.name) ? '' : record('path', o.name)}${short(link) ? '' : record('linkpath', link)}`,
+  );
   return Buffer.concat([
     rawHeader('PaxHeader', rec.length, 'x', 0o644, mtime),
     rec,
     Buffer.alloc((BLOCK - (rec.length % BLOCK)) % BLOCK),
-    rawHeader(o.name.slice(0, 99), o.size, flag, mode, mtime),
+    rawHeader(o.name.slice(0, 99), o.size, flag, mode, mtime, short(link) ? link : ''),
   ]);
 }
 

@@ -6,9 +6,9 @@
  * checkpoint in place and says why, and a restart of the daemon reconciles every sandbox.
  */
 import { randomBytes } from 'node:crypto';
-import { mkdir, open, realpath, rename, rm, stat } from 'node:fs/promises';
+import { mkdir, open, readFile, realpath, rename, rm, stat } from 'node:fs/promises';
 import { arch, release } from 'node:os';
-import { isAbsolute, join } from 'node:path';
+import { basename, isAbsolute, join } from 'node:path';
 import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
 import {
   ID_PATTERN,
@@ -28,6 +28,20 @@ import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.j
 import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
 import { FS_DIFF, FS_META, emptyFolder, packFilesystem, unpackFilesystem } from './filesystem.js';
+import { openCheckpointPath, openDormantCheckpoint } from '../checkpoint/source.js';
+import { inspectCheckpoint } from '../checkpoint/inspect.js';
+import {
+  ANNOTATION_MANIFEST,
+  ANNOTATION_PORTS,
+  imageDiffers,
+  imageMismatch,
+  imageRequired,
+  readArchiveFacts,
+  type ArchiveFacts,
+} from '../checkpoint/import.js';
+import { applyDeletedFiles, applyRootfsDiff, rootfsDiffMembers } from '../checkpoint/rootfs-diff.js';
+import { exportCheckpoint, type ArchiveMember } from '../checkpoint/export.js';
+import type { Compression } from '../checkpoint/archive.js';
 import { restoreProblems, type PlatformFacts } from '../domain/compat.js';
 import {
   DEFAULT_GPU_POLICY,
@@ -138,6 +152,21 @@ export interface CreateSandboxInput {
   /** What hibernate does when the sandbox holds GPU state. Default keep-running. */
   gpuPolicy?: GpuPolicy;
 }
+
+export interface ImportArchiveInput {
+  tenant: string;
+  /** A podman export or a kubelet / CRI-O checkpoint archive on this node (absolute path). */
+  archive: string;
+  /** The base image as an OCI image layout (DIR[:TAG]); default: an image dormant holds. */
+  image?: string;
+  name?: string;
+  /** Ports reachable through the proxy; default: what a dormant export recorded. */
+  ports?: number[];
+  memoryBytes?: number;
+}
+
+/** CRIU and the kernel say x86_64 / aarch64; Node says x64 / arm64. */
+const NODE_ARCH: Record<string, string> = { x86_64: 'x64', amd64: 'x64', aarch64: 'arm64' };
 
 const DEFAULT_MEMORY = 512 * 1024 ** 2;
 
@@ -1064,6 +1093,320 @@ export class SandboxController {
   }
 
   /**
+   * The base image of an archive being imported: `--image` when given (it must be the one the
+   * archive names), else an image one of the tenant's sandboxes was made from that matches
+   * the archive's recorded digests (or, with no digest recorded, its name).
+   */
+  private async importBase(
+    facts: ArchiveFacts,
+    image: string | undefined,
+    tenant: string,
+  ): Promise<{ source: SandboxSpec['source']; image: ImageConfig }> {
+    const cacheDir = this.opts.imageCacheDir ?? join(this.opts.stagingDir, 'images');
+    const describe = async (ref: string) => {
+      const img = await unpackImage(ref, cacheDir);
+      const { layout, tag } = parseImageRef(ref);
+      const refName = img.refName ?? tag;
+      const identity = {
+        ref,
+        manifestDigest: img.digest,
+        configDigest: img.configDigest,
+        ...(refName !== undefined ? { refName } : {}),
+      };
+      const source: SandboxSpec['source'] = {
+        kind: 'image',
+        path: layout,
+        ...(tag !== undefined ? { tag } : {}),
+        digest: img.digest,
+        rootfs: img.rootfs,
+      };
+      return { identity, source, image: img.config };
+    };
+    if (image !== undefined) {
+      await this.checkPath(parseImageRef(image).layout, 'image');
+      const d = await describe(image);
+      const why = imageMismatch(facts, d.identity);
+      if (why !== undefined) throw imageDiffers(why);
+      return { source: d.source, image: d.image };
+    }
+    if (facts.imageIds.length === 0 && facts.imageName === undefined) throw imageRequired(facts);
+    const seen = new Set<string>();
+    for (const s of this.store.listSandboxes(tenant)) {
+      const src = s.spec.source;
+      if (src.kind !== 'image') continue;
+      const ref = src.tag !== undefined ? `${src.path}:${src.tag}` : src.path;
+      if (seen.has(ref)) continue;
+      seen.add(ref);
+      const d = await describe(ref).catch(() => undefined);
+      if (!d) continue;
+      const byId =
+        facts.imageIds.includes(d.identity.manifestDigest) ||
+        facts.imageIds.includes(d.identity.configDigest);
+      const byName =
+        facts.imageIds.length === 0 &&
+        d.identity.refName !== undefined &&
+        imageMismatch(facts, d.identity) === undefined;
+      if (byId || byName) return { source: d.source, image: d.image };
+    }
+    throw imageRequired(facts);
+  }
+
+  /**
+   * `dormant checkpoint import`: a podman export or a kubelet / CRI-O checkpoint archive
+   * becomes a hibernated sandbox. The archive is unpacked (through the hostile-input guards of
+   * the archive reader) into memory-backed staging, its filesystem diff goes into the new
+   * sandbox's writable layer, its CRIU images into the vault, and the staging is wiped. A
+   * failure removes everything of the new sandbox; a crash leaves it for reconcile to remove.
+   */
+  async importArchive(input: ImportArchiveInput): Promise<Sandbox> {
+    const archive = await this.checkPath(input.archive, 'archive');
+    if (!(await stat(archive)).isFile()) throw invalid(`archive ${input.archive} is not a file`);
+    // Checked before anything is unpacked: a bad path is the caller's mistake, said at once.
+    if (input.image !== undefined) await this.checkPath(parseImageRef(input.image).layout, 'image');
+    if (input.name !== undefined) {
+      const n = validateName(input.name);
+      if (this.store.listSandboxes(input.tenant).some((s) => s.name === n))
+        throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${n} already exists`, { status: 409 });
+    }
+    const id = newId('sb', randomBytes);
+    const dir = this.staging(`${id}-import`);
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    let inserted = false;
+    try {
+      const ck = await openCheckpointPath(archive, { stagingDir: dir });
+      this.step('import:unpacked');
+      const facts = await readArchiveFacts(ck.rootDir);
+      const base = await this.importBase(facts, input.image, input.tenant);
+      // Reading the images refuses malformed ones before anything is created.
+      const report = await inspectCheckpoint(ck);
+      const command = facts.command.length > 0 ? facts.command : base.image.command;
+      if (command.length === 0) throw invalid(`archive ${input.archive} records no command`);
+      const derived = (() => {
+        try {
+          const n = validateName(facts.name ?? id);
+          return this.store.listSandboxes(input.tenant).some((s) => s.name === n) ? id : n;
+        } catch {
+          return id;
+        }
+      })();
+      const name = input.name !== undefined ? validateName(input.name) : derived;
+      const ports = (input.ports ?? facts.ports).map((port) => ({ port, public: false }));
+      for (const p of ports)
+        if (!Number.isInteger(p.port) || p.port < 1 || p.port > 65535)
+          throw invalid(`invalid port ${String(p.port)}`);
+      const now = this.clock.now();
+      const cwd = facts.cwd ?? base.image.workingDir;
+      const sandbox: Sandbox = {
+        id,
+        tenant: input.tenant,
+        name,
+        state: 'creating',
+        spec: {
+          source: base.source,
+          command,
+          env: { ...base.image.env, ...facts.env },
+          ...(cwd !== undefined ? { cwd } : {}),
+          ports,
+          memoryBytes: input.memoryBytes ?? facts.memoryBytes ?? DEFAULT_MEMORY,
+          cpus: 1,
+          policy: {},
+          importedFrom: basename(archive),
+        },
+        createdAt: now,
+        stateSince: now,
+        lastActiveAt: now,
+        memoryBytes: 0,
+      };
+      this.store.insertSandbox(sandbox, `import of ${basename(archive)}`);
+      inserted = true;
+      return await this.locks.run(id, async () => {
+        const st = await this.runtime.prepare(this.runtimeSpec(sandbox));
+        // The layer is written at rest (overlayfs must not see its upper dir change under it).
+        await this.runtime.stop(id);
+        this.step('import:prepared');
+        if (ck.rootDir !== undefined) {
+          const diff = join(ck.rootDir, 'rootfs-diff.tar');
+          if (
+            await stat(diff).then(
+              (x) => x.isFile(),
+              () => false,
+            )
+          )
+            await applyRootfsDiff(diff, st.upperDir);
+          const deleted = join(ck.rootDir, 'deleted.files');
+          if (
+            await stat(deleted).then(
+              (x) => x.isFile(),
+              () => false,
+            )
+          ) {
+            await applyDeletedFiles(await readFile(deleted, 'utf8'), st.upperDir);
+          }
+        }
+        // Into the checkpoint with the images: while it sleeps, the diff lives only in the vault.
+        await packFilesystem(st.upperDir, join(ck.imagesDir, FS_DIFF));
+        this.step('import:filesystem');
+        const platform = await this.platform();
+        const m = report.metadata;
+        const ckId = newId('ck', randomBytes);
+        const meta: Record<string, string> = {
+          arch: m.arch !== undefined ? (NODE_ARCH[m.arch] ?? m.arch) : platform.arch,
+          kernel: m.kernel ?? release(),
+          kind: 'memory',
+          importedFrom: basename(archive),
+          engine: facts.engine,
+          [FS_META]: 'tar',
+          ...(m.criuVersion !== undefined ? { criuVersion: m.criuVersion } : {}),
+        };
+        const put = await this.vault.putCheckpoint({
+          tenant: input.tenant,
+          sandboxId: id,
+          checkpointId: ckId,
+          srcDir: ck.imagesDir,
+          meta,
+        });
+        // The plaintext is in the vault now: off the staging at once.
+        await ck.close();
+        this.step('import:stored');
+        this.store.insertCheckpoint({
+          id: ckId,
+          sandboxId: id,
+          tenant: input.tenant,
+          createdAt: this.clock.now(),
+          kind: 'memory',
+          logicalBytes: put.logicalBytes,
+          storedBytes: put.storedBytes,
+          meta,
+        });
+        this.store.transition(
+          id,
+          'creating',
+          'hibernated',
+          `import of ${basename(archive)}`,
+          this.clock.now(),
+          // Its address is known from prepare(); a resume keeps it.
+          { checkpointId: ckId, address: st.network.address },
+        );
+        this.step('import:committed');
+        await emptyFolder(st.upperDir);
+        return this.get(id);
+      });
+    } catch (e) {
+      if (inserted) await this.undoImport(id, input.tenant);
+      throw e;
+    } finally {
+      await this.wipe(dir);
+    }
+  }
+
+  /** Removes every trace of an import that did not finish: runtime side, vault data, the row. */
+  private async undoImport(id: string, tenant: string): Promise<void> {
+    await this.runtime.destroy(id).catch(() => undefined);
+    await this.vault.destroySandboxKey({ tenant, sandboxId: id }).catch(() => undefined);
+    this.store.deleteSandbox(id, 'import failed', this.clock.now());
+  }
+
+  /**
+   * A checkpoint of the vault written as a podman / CRI-O archive (with the sandbox's
+   * filesystem diff, when the checkpoint is its newest), into a private staging file. The
+   * caller streams it out and calls `close()`. Refused with CHECKPOINT_HAS_SECRETS unless
+   * `allowPlaintext`.
+   */
+  async exportArchive(
+    ckId: string,
+    tenant: string | undefined,
+    opts: { allowPlaintext?: boolean; compression?: Compression; signal?: AbortSignal } = {},
+  ): Promise<{ file: string; sizeBytes: number; findings: number; close(): Promise<void> }> {
+    const c = this.store.getCheckpoint(ckId);
+    if (!c || (tenant !== undefined && c.tenant !== tenant))
+      throw new DormantError('CHECKPOINT_NOT_FOUND', `no checkpoint ${ckId.slice(0, 80)}`, { status: 404 });
+    if (c.kind !== 'memory')
+      throw new DormantError(
+        'INVALID_ARGUMENT',
+        `checkpoint ${ckId} holds only a filesystem (no processes)`,
+        {
+          status: 409,
+        },
+      );
+    const s = this.store.getSandbox(c.sandboxId);
+    const dir = this.staging(`${ckId}-export-${randomBytes(4).toString('hex')}`);
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    const close = () => this.wipe(dir);
+    try {
+      const ck = await openDormantCheckpoint({
+        vault: this.vault,
+        tenant: c.tenant,
+        checkpointId: c.id,
+        stagingDir: dir,
+      });
+      const extra: ArchiveMember[] = [];
+      const annotations: Record<string, string> = {};
+      let image: { id?: string; name?: string } = {};
+      if (s) {
+        const src = s.spec.source;
+        if (src.kind === 'image') {
+          annotations[ANNOTATION_MANIFEST] = src.digest;
+          const img = await unpackImage(
+            src.tag !== undefined ? `${src.path}:${src.tag}` : src.path,
+            this.opts.imageCacheDir ?? join(this.opts.stagingDir, 'images'),
+          ).catch(() => undefined);
+          image = {
+            id: (img?.configDigest ?? src.digest).replace(/^sha256:/, ''),
+            ...((img?.refName ?? src.tag) !== undefined ? { name: img?.refName ?? src.tag } : {}),
+          };
+        }
+        annotations[ANNOTATION_PORTS] = JSON.stringify(s.spec.ports.map((p) => p.port));
+        if (c.meta[FS_META] === 'tar') {
+          // The checkpoint carries its own diff (GNU tar of the upper folder, whiteouts as
+          // devices): unpacked on staging, then written the way podman expects it
+          // (deleted.files for whiteouts).
+          const tree = join(dir, 'fs-tree');
+          await unpackFilesystem(join(ck.imagesDir, FS_DIFF), tree);
+          extra.push(...(await rootfsDiffMembers(tree, join(dir, 'rootfs-diff.tar'))));
+        } else if (s.checkpointId === c.id) {
+          // Older checkpoints: the writable layer belongs with the newest checkpoint only.
+          await this.locks.run(s.id, async () => {
+            const upper = (await this.runtime.state(s.id)).upperDir;
+            extra.push(...(await rootfsDiffMembers(upper, join(dir, 'rootfs-diff.tar'))));
+          });
+        }
+      }
+      const out = join(
+        dir,
+        `${ckId}.tar${opts.compression === 'gzip' ? '.gz' : opts.compression === 'none' ? '' : '.zst'}`,
+      );
+      const r = await exportCheckpoint(ck, {
+        out,
+        format: 'podman',
+        compression: opts.compression ?? 'zstd',
+        allowPlaintext: opts.allowPlaintext === true,
+        extra,
+        meta: {
+          id: Buffer.from(c.id).toString('hex').padEnd(64, '0').slice(0, 64),
+          name: s?.name ?? c.sandboxId,
+          ...(image.id !== undefined ? { image: image.id } : {}),
+          ...(image.name !== undefined ? { imageName: image.name } : {}),
+          createdAt: new Date(s?.createdAt ?? c.createdAt).toISOString(),
+          checkpointedAt: new Date(c.createdAt).toISOString(),
+          ...(s
+            ? { env: Object.entries(s.spec.env).map(([k, v]) => `${k}=${v}`), args: s.spec.command }
+            : {}),
+          ...(s?.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
+          ...(s ? { memoryBytes: s.spec.memoryBytes } : {}),
+          annotations,
+        },
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      // The unpacked images are in the archive now; only the archive stays until it is sent.
+      await ck.close();
+      return { file: r.out, sizeBytes: r.sizeBytes, findings: r.scan.findings.length, close };
+    } catch (e) {
+      await close();
+      throw e;
+    }
+  }
+
+  /**
    * Keep only the filesystem: its diff goes into the vault as a 'filesystem' checkpoint, the
    * processes end, the memory checkpoints are deleted and the writable layer is emptied.
    */
@@ -1223,6 +1566,11 @@ export class SandboxController {
         return 'deleting';
       case 'creating':
         await this.runtime.destroy(s.id);
+        if (s.spec.importedFrom !== undefined) {
+          // An import cut short: nothing of it was promised, so nothing of it stays.
+          await this.vault.destroySandboxKey({ tenant: s.tenant, sandboxId: s.id });
+          return 'deleting';
+        }
         return 'failed';
       case 'hibernating':
         if (committed) {

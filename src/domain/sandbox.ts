@@ -157,6 +157,8 @@ export interface SandboxSpec {
   cpus: number;
   onResume?: string[];
   policy: SandboxPolicy;
+  /** Set on a sandbox made by `checkpoint import`: the archive's file name. */
+  importedFrom?: string;
 }
 
 export interface Sandbox {

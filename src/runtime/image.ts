@@ -26,6 +26,10 @@ export interface ImageConfig {
 export interface UnpackedImage {
   /** sha256:... of the manifest: the image's identity. */
   digest: string;
+  /** sha256:... of the image config: what podman and CRI-O call the image id. */
+  configDigest: string;
+  /** The manifest's `org.opencontainers.image.ref.name` annotation (its tag), if any. */
+  refName?: string;
   rootfs: string;
   config: ImageConfig;
 }
@@ -190,12 +194,16 @@ export async function unpackImage(ref: string, cacheDir: string): Promise<Unpack
     env: splitEnv(cfg.config?.Env),
     ...(cfg.config?.WorkingDir ? { workingDir: cfg.config.WorkingDir } : {}),
   };
+  const ids = {
+    configDigest: manifest.config.digest,
+    ...(desc.annotations?.[REF_NAME] !== undefined ? { refName: desc.annotations[REF_NAME] } : {}),
+  };
   const key = desc.digest.replace(':', '-');
   const target = join(cacheDir, key);
   const rootfs = join(target, 'rootfs');
   try {
     await stat(join(target, 'complete'));
-    return { digest: desc.digest, rootfs, config };
+    return { digest: desc.digest, ...ids, rootfs, config };
   } catch (e) {
     if (errnoCode(e) !== 'ENOENT') throw e;
   }
@@ -216,5 +224,5 @@ export async function unpackImage(ref: string, cacheDir: string): Promise<Unpack
     if (e instanceof DormantError && e.code !== ErrorCode.COMMAND_FAILED) throw e;
     throw bad(layout, `a layer could not be unpacked: ${e instanceof Error ? e.message : String(e)}`);
   }
-  return { digest: desc.digest, rootfs, config };
+  return { digest: desc.digest, ...ids, rootfs, config };
 }

@@ -368,6 +368,56 @@ export class DormantClient {
     ).checkpoints;
   }
   /**
+   * A podman export or a kubelet / CRI-O checkpoint archive becomes a hibernated sandbox
+   * (`dormant checkpoint import`); `resume` then runs it. `archive` and `image` (an OCI image
+   * layout, DIR[:TAG]) are absolute paths on the daemon's machine; without `image` the daemon
+   * uses an image it already holds that matches the archive's.
+   */
+  importCheckpoint(
+    input: { archive: string; image?: string; name?: string; ports?: number[]; memory?: number | string },
+    opts?: CallOptions,
+  ): Promise<SandboxInfo> {
+    return this.request<SandboxInfo>('POST', '/v1/checkpoints/import', input, opts);
+  }
+  /**
+   * The checkpoint as a podman / CRI-O archive (zstd by default), streamed. Refused with
+   * CHECKPOINT_HAS_SECRETS when its scan finds secrets, unless `allowPlaintext`.
+   */
+  async exportCheckpoint(
+    id: string,
+    o: { allowPlaintext?: boolean; compression?: 'zstd' | 'gzip' | 'none' } & CallOptions = {},
+  ): Promise<{ body: ReadableStream<Uint8Array>; sizeBytes: number; secretsFound: number }> {
+    const q = new URLSearchParams();
+    if (o.allowPlaintext === true) q.set('allowPlaintext', 'true');
+    if (o.compression !== undefined) q.set('compression', o.compression);
+    const path = `/v1/checkpoints/${encodeURIComponent(id)}/export?${q.toString()}`;
+    let res: Response;
+    try {
+      res = await fetch(`${this.url}${path}`, {
+        headers: this.token ? { authorization: `Bearer ${this.token}` } : {},
+        ...(o.signal ? { signal: o.signal } : {}),
+      });
+    } catch (e) {
+      throw this.transportError(e, 'GET', path, AbortSignal.timeout(this.timeoutMs), o.signal);
+    }
+    if (!res.ok || !res.body) {
+      const data = (await res.json().catch(() => ({}))) as {
+        error?: { code?: string; message?: string; hint?: string };
+      };
+      throw apiError(
+        data.error?.code ?? `HTTP_${res.status}`,
+        data.error?.message ?? `export of checkpoint ${id} failed`,
+        res.status,
+        data.error?.hint,
+      );
+    }
+    return {
+      body: res.body as ReadableStream<Uint8Array>,
+      sizeBytes: Number(res.headers.get('content-length') ?? 0),
+      secretsFound: Number(res.headers.get('x-dormant-secrets-found') ?? 0),
+    };
+  }
+  /**
    * What a checkpoint holds: process tree, files, sockets, memory, mounts and metadata
    * (`dormant checkpoint inspect ID`). The daemon reads it in memory and wipes it after.
    */

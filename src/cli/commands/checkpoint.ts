@@ -5,12 +5,17 @@ import pc from 'picocolors';
 import { formatBytes } from '../../domain/units.js';
 import { clientFromEnv } from '../client.js';
 import { printJson } from '../output.js';
-import { stat } from 'node:fs/promises';
+import { rename, rm, stat } from 'node:fs/promises';
+import { createWriteStream } from 'node:fs';
+import { basename, dirname, join, resolve } from 'node:path';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { inspectCheckpoint, type InspectReport, type InspectTreeNode } from '../../checkpoint/inspect.js';
 import { scanCheckpoint, type ScanReport } from '../../checkpoint/scan.js';
 import { exportCheckpoint } from '../../checkpoint/export.js';
 import { openCheckpointPath } from '../../checkpoint/source.js';
+import { writeOciCheckpointImage } from '../../checkpoint/oci.js';
 
 /** Exit status of `scan` when it finds anything (INTERFACE.md). */
 export const EXIT_SECRETS_FOUND = 3;
@@ -164,44 +169,105 @@ export function registerCheckpoint(program: Command): void {
       if (r.findings.length > 0) process.exitCode = EXIT_SECRETS_FOUND;
     });
   ck.command('export')
-    .description('write a checkpoint as a podman / CRI-O archive (refused when it holds secrets)')
-    .argument('<ckpt>', 'an archive or a folder of CRIU images')
-    .requiredOption('--out <file>', 'the archive to write (.tar.zst, .tar.gz or .tar)')
-    .option('--format <format>', 'podman', 'podman')
-    .option('--name <name>', 'container name recorded in config.dump')
+    .description(
+      'write a checkpoint as a podman / CRI-O archive or an OCI image (refused when it holds secrets)',
+    )
+    .argument('<ckpt>', 'a checkpoint id, an archive or a folder of CRIU images')
+    .requiredOption(
+      '--out <path>',
+      'podman: the archive to write (.tar.zst, .tar.gz or .tar); oci: a new folder for the image layout',
+    )
+    .option('--format <format>', 'podman or oci', 'podman')
+    .option('--name <name>', 'container name recorded in config.dump (and the OCI checkpoint annotation)')
     .option('--allow-plaintext', 'export even when the scan finds secrets')
     .option('--json', 'print JSON')
     .action(async (ref, o) => {
-      if (o.format !== 'podman')
-        throw new DormantError(
-          ErrorCode.INVALID_ARGUMENT,
-          `--format ${o.format}: only podman is supported so far`,
-        );
-      if (!(await isLocalRef(ref)))
-        throw new DormantError(
-          ErrorCode.INVALID_ARGUMENT,
-          `export of vault checkpoint ids is not wired yet; pass an archive or folder`,
-          {
-            hint: 'the daemon needs an export route (see issue 6)',
-          },
-        );
-      const compression = o.out.endsWith('.tar') ? 'none' : o.out.endsWith('.gz') ? 'gzip' : 'zstd';
-      const r = await withLocal(ref, (c) =>
-        exportCheckpoint(c, {
-          out: o.out,
-          format: 'podman',
-          compression,
-          allowPlaintext: o.allowPlaintext === true,
-          meta: {
-            id: Buffer.from(ref).toString('hex').padEnd(64, '0').slice(0, 64),
-            name: o.name ?? 'dormant-export',
-          },
-        }),
-      );
-      if (o.json) printJson({ out: r.out, sizeBytes: r.sizeBytes, findings: r.scan.findings.length });
+      if (o.format !== 'podman' && o.format !== 'oci')
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--format ${o.format}: expected podman or oci`, {
+          status: 400,
+        });
+      const oci = o.format === 'oci';
+      // An OCI image's layer is the uncompressed podman archive, written beside the folder first.
+      const archive = oci ? join(dirname(resolve(o.out)), `.${basename(o.out)}.${process.pid}.tar`) : o.out;
+      const compression = oci || o.out.endsWith('.tar') ? 'none' : o.out.endsWith('.gz') ? 'gzip' : 'zstd';
+      let findings: number;
+      try {
+        if (!(await isLocalRef(ref))) {
+          // A checkpoint id: the daemon scans and builds the archive; it is written here atomically.
+          const r = await clientFromEnv().exportCheckpoint(ref, {
+            allowPlaintext: o.allowPlaintext === true,
+            compression,
+          });
+          const tmp = join(dirname(archive), `.${basename(archive)}.${process.pid}.tmp`);
+          try {
+            await pipeline(
+              Readable.fromWeb(r.body as Parameters<typeof Readable.fromWeb>[0]),
+              createWriteStream(tmp, { mode: 0o600, flags: 'wx' }),
+            );
+            await rename(tmp, archive);
+          } catch (e) {
+            await rm(tmp, { force: true });
+            throw e;
+          }
+          findings = r.secretsFound;
+        } else {
+          const r = await withLocal(ref, (c) =>
+            exportCheckpoint(c, {
+              out: archive,
+              format: 'podman',
+              compression,
+              allowPlaintext: o.allowPlaintext === true,
+              meta: {
+                id: Buffer.from(ref).toString('hex').padEnd(64, '0').slice(0, 64),
+                name: o.name ?? 'dormant-export',
+              },
+            }),
+          );
+          findings = r.scan.findings.length;
+        }
+        if (oci)
+          await writeOciCheckpointImage(archive, o.out, {
+            containerName: o.name ?? ((await isLocalRef(ref)) ? 'dormant-export' : ref),
+            annotations: { 'org.dormant.checkpoint': ref },
+          });
+      } finally {
+        if (oci) await rm(archive, { force: true });
+      }
+      const sizeBytes = oci ? 0 : (await stat(o.out)).size;
+      if (o.json) printJson({ out: o.out, format: o.format, sizeBytes, findings });
       else
         process.stdout.write(
-          `${r.out} (${formatBytes(r.sizeBytes)})${r.scan.findings.length > 0 ? pc.yellow(` with ${r.scan.findings.length} secret(s) in plaintext`) : ''}\n`,
+          `${o.out}${oci ? ' (OCI image layout)' : ` (${formatBytes(sizeBytes)})`}${findings > 0 ? pc.yellow(` with ${findings} secret(s) in plaintext`) : ''}\n`,
         );
+    });
+  ck.command('import')
+    .description('a podman export or kubelet / CRI-O checkpoint archive becomes a hibernated sandbox')
+    .argument('<archive>', 'the archive (.tar, .tar.gz, .tar.zst) on the daemon host')
+    .option('--image <dir>', 'the base image as an OCI image layout folder (DIR[:TAG])')
+    .option('--name <name>', 'the new sandbox name')
+    .option(
+      '--port <port>',
+      'a port reachable through the proxy (repeatable; default: what the archive recorded)',
+      (v: string, prev: string[]) => [...prev, v],
+      [] as string[],
+    )
+    .option('--json', 'print JSON')
+    .action(async (archive, o) => {
+      const ports = o.port.map((p) => {
+        const n = Number(p);
+        if (!Number.isInteger(n) || n < 1 || n > 65535)
+          throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--port ${p}: expected 1 to 65535`, {
+            status: 400,
+          });
+        return n;
+      });
+      const s = await clientFromEnv().importCheckpoint({
+        archive: resolve(archive),
+        ...(o.image !== undefined ? { image: resolve(o.image) } : {}),
+        ...(o.name !== undefined ? { name: o.name } : {}),
+        ...(ports.length > 0 ? { ports } : {}),
+      });
+      if (o.json) printJson(s);
+      else process.stdout.write(`${s.id} ${pc.dim(`(${s.name}, ${s.state}; dormant resume ${s.id})`)}\n`);
     });
 }

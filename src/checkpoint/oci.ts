@@ -1,0 +1,110 @@
+/**
+ * A checkpoint as an OCI image layout (what `checkpointctl build` makes with buildah): one
+ * uncompressed layer that is the podman / CRI-O checkpoint archive itself (its members land at
+ * the image's root), and the manifest annotation CRI-O looks for to treat an image as a
+ * checkpoint, `io.kubernetes.cri-o.annotations.checkpoint.name` (the container's name).
+ *
+ * Written into a new folder, blobs by their sha256, index.json last: a reader never sees a
+ * layout whose index names a blob that is not there yet.
+ */
+import { createHash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { copyFile, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { arch } from 'node:os';
+import { join } from 'node:path';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
+
+/** The annotation CRI-O reads to restore a container from a checkpoint image. */
+export const CRIO_CHECKPOINT_NAME = 'io.kubernetes.cri-o.annotations.checkpoint.name';
+const REF_NAME = 'org.opencontainers.image.ref.name';
+const OCI_ARCH: Record<string, string> = { x64: 'amd64', arm64: 'arm64', ppc64: 'ppc64le', s390x: 's390x' };
+
+async function sha256File(path: string): Promise<{ digest: string; size: number }> {
+  const h = createHash('sha256');
+  let size = 0;
+  for await (const chunk of createReadStream(path, { highWaterMark: 1024 * 1024 }) as AsyncIterable<Buffer>) {
+    h.update(chunk);
+    size += chunk.length;
+  }
+  return { digest: `sha256:${h.digest('hex')}`, size };
+}
+
+async function putJson(blobs: string, value: unknown): Promise<{ digest: string; size: number }> {
+  const data = Buffer.from(JSON.stringify(value));
+  const hex = createHash('sha256').update(data).digest('hex');
+  await writeFile(join(blobs, hex), data, { mode: 0o600 });
+  return { digest: `sha256:${hex}`, size: data.length };
+}
+
+export interface OciCheckpointOptions {
+  /** The container name recorded for CRI-O (the checkpoint.name annotation). */
+  containerName: string;
+  /** The tag in index.json. Default `latest`. */
+  tag?: string;
+  /** More manifest annotations (where the checkpoint came from). */
+  annotations?: Record<string, string>;
+  created?: string;
+}
+
+/**
+ * Writes `outDir` (which must not exist, or be empty) as an OCI image layout whose one layer is
+ * `archiveTar`, an uncompressed podman-layout checkpoint archive. Returns the manifest digest.
+ */
+export async function writeOciCheckpointImage(
+  archiveTar: string,
+  outDir: string,
+  opts: OciCheckpointOptions,
+): Promise<{ manifestDigest: string; layerDigest: string }> {
+  try {
+    if ((await readdir(outDir)).length > 0)
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--out ${outDir} is not empty`, {
+        status: 400,
+        hint: 'an OCI layout is written into a new or empty folder',
+      });
+  } catch (e) {
+    if (errnoCode(e) !== 'ENOENT') throw e;
+  }
+  const blobs = join(outDir, 'blobs', 'sha256');
+  await mkdir(blobs, { recursive: true, mode: 0o700 });
+  const layer = await sha256File(archiveTar);
+  await copyFile(archiveTar, join(blobs, layer.digest.slice(7)));
+  const created = opts.created ?? new Date().toISOString();
+  const config = await putJson(blobs, {
+    created,
+    architecture: OCI_ARCH[arch()] ?? arch(),
+    os: 'linux',
+    config: {},
+    rootfs: { type: 'layers', diff_ids: [layer.digest] },
+    history: [{ created, created_by: 'dormant checkpoint export --format oci' }],
+  });
+  const annotations = { ...opts.annotations, [CRIO_CHECKPOINT_NAME]: opts.containerName };
+  const manifest = await putJson(blobs, {
+    schemaVersion: 2,
+    mediaType: 'application/vnd.oci.image.manifest.v1+json',
+    config: { mediaType: 'application/vnd.oci.image.config.v1+json', ...config },
+    layers: [{ mediaType: 'application/vnd.oci.image.layer.v1.tar', ...layer }],
+    annotations,
+  });
+  await writeFile(join(outDir, 'oci-layout'), '{"imageLayoutVersion":"1.0.0"}', { mode: 0o600 });
+  const index = {
+    schemaVersion: 2,
+    mediaType: 'application/vnd.oci.image.index.v1+json',
+    manifests: [
+      {
+        mediaType: 'application/vnd.oci.image.manifest.v1+json',
+        ...manifest,
+        annotations: { [REF_NAME]: opts.tag ?? 'latest', ...annotations },
+      },
+    ],
+  };
+  // index.json last, by rename: it names only blobs that are already there.
+  const tmp = join(outDir, `.index.json.${process.pid}.tmp`);
+  try {
+    await writeFile(tmp, JSON.stringify(index), { mode: 0o600 });
+    await rename(tmp, join(outDir, 'index.json'));
+  } catch (e) {
+    await rm(tmp, { force: true });
+    throw e;
+  }
+  return { manifestDigest: manifest.digest, layerDigest: layer.digest };
+}
