@@ -22,6 +22,7 @@ import { buildServer } from './server.js';
 import { registerCostRoutes } from './routes-cost.js';
 import { Meter, priceSheet } from '../control/meter.js';
 import type { PriceSheet } from '../domain/cost.js';
+import { formatTimings, type OperationTimings } from '../domain/timings.js';
 
 export interface DaemonOptions {
   dataDir: string;
@@ -42,6 +43,11 @@ export interface DaemonOptions {
   meterIntervalMs?: number;
   /** Resume with CRIU lazy pages (userfaultfd). Default false. */
   lazyRestore?: boolean;
+  /**
+   * Step timings of every hibernate, resume and fork. Default: printed to stderr when the
+   * environment variable DORMANT_DEBUG contains `timings`, else dropped.
+   */
+  onTimings?: (t: OperationTimings) => void;
   /** Fault injection for crash tests. */
   failAt?: (step: string) => void;
   /** The wake proxy (default: on, API port + 1); false: none. */
@@ -118,6 +124,14 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
     ...(opts.lazyRestore ? { lazyRestore: true } : {}),
+    ...(opts.onTimings
+      ? { onTimings: opts.onTimings }
+      : /(^|,)timings(,|$)/.test(process.env.DORMANT_DEBUG ?? '')
+        ? {
+            onTimings: (t: OperationTimings) =>
+              process.stderr.write(`dormant: timings: ${formatTimings(t)}\n`),
+          }
+        : {}),
     // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
     usage: (id) => cgroupUsage(`/dormant/${id}`),
     platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),

@@ -28,6 +28,7 @@ import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.j
 import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
 import { restoreProblems, type PlatformFacts } from '../domain/compat.js';
+import { StepTimer, type OperationTimings } from '../domain/timings.js';
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
 export interface CheckpointVault {
@@ -84,6 +85,11 @@ export interface ControllerOptions {
   lazyRestore?: boolean;
   /** This node's architecture, CRIU version and CPU flags, recorded in checkpoints and checked before restores. */
   platform?: () => Promise<PlatformFacts>;
+  /**
+   * Called after every hibernate, resume from a checkpoint and fork (also failed ones) with the
+   * wall time of each step: the debug log and the benchmark print them.
+   */
+  onTimings?: (t: OperationTimings) => void;
   /** Resource use of a sandbox's cgroup right now (undefined: no processes). */
   usage?: (sandboxId: string) => Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
 }
@@ -115,6 +121,7 @@ export class SandboxController {
   private readonly clock: Clock;
   private readonly locks = new KeyedMutex();
   private readonly opts: ControllerOptions;
+  private readonly timings = new Map<string, OperationTimings>();
 
   constructor(opts: ControllerOptions) {
     this.opts = opts;
@@ -126,6 +133,24 @@ export class SandboxController {
 
   private step(name: string): void {
     this.opts.failAt?.(name);
+  }
+
+  private timer(): StepTimer {
+    return new StepTimer(() => performance.now());
+  }
+
+  private report(t: OperationTimings): void {
+    this.timings.set(`${t.op}:${t.sandboxId}`, t);
+    try {
+      this.opts.onTimings?.(t);
+    } catch {
+      // A listener's failure is not the operation's.
+    }
+  }
+
+  /** The step timings of the sandbox's last hibernate, resume or fork (as the fork's id). */
+  lastTimings(id: string, op: OperationTimings['op']): OperationTimings | undefined {
+    return this.timings.get(`${op}:${id}`);
   }
 
   /** The sandbox, if the tenant may see it (an admin passes undefined). Else SANDBOX_NOT_FOUND. */
@@ -359,40 +384,49 @@ export class SandboxController {
       const ckId = newId('ck', randomBytes);
       const dir = this.staging(ckId);
       this.store.transition(id, before, 'hibernating', reason, this.clock.now());
+      const t = this.timer();
       let committed = false;
+      let ok = false;
       try {
-        await mkdir(dir, { recursive: true, mode: 0o700 });
-        await this.runtime.freeze(id);
-        this.step('hibernate:frozen');
-        const rec = await this.dumpToVault(s, ckId, dir, 'hibernate');
-        this.store.insertCheckpoint(rec);
-        this.store.updateSandbox(id, { checkpointId: ckId });
-        committed = true;
-        this.step('hibernate:committed');
-      } catch (e) {
-        await this.wipe(dir);
-        if (committed) throw e;
-        // Not committed: the sandbox goes back to what it was, running or paused.
-        if (before === 'running') await this.runtime.thaw(id).catch(() => undefined);
-        this.store.transition(id, 'hibernating', before, 'hibernate failed', this.clock.now(), {
-          lastError: asError(e).message,
-        });
-        throw new DormantError(
-          'HIBERNATE_FAILED',
-          `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}`,
-          {
-            status: 500,
-            cause: e,
-            hint: 'dormant doctor shows what this node supports',
-          },
-        );
+        try {
+          await mkdir(dir, { recursive: true, mode: 0o700 });
+          await t.time('freeze', () => this.runtime.freeze(id, { timer: t }));
+          this.step('hibernate:frozen');
+          const rec = await this.dumpToVault(s, ckId, dir, 'hibernate', t);
+          await t.time('commit', async () => {
+            this.store.insertCheckpoint(rec);
+            this.store.updateSandbox(id, { checkpointId: ckId });
+          });
+          committed = true;
+          this.step('hibernate:committed');
+        } catch (e) {
+          await this.wipe(dir);
+          if (committed) throw e;
+          // Not committed: the sandbox goes back to what it was, running or paused.
+          if (before === 'running') await this.runtime.thaw(id).catch(() => undefined);
+          this.store.transition(id, 'hibernating', before, 'hibernate failed', this.clock.now(), {
+            lastError: asError(e).message,
+          });
+          throw new DormantError(
+            'HIBERNATE_FAILED',
+            `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}`,
+            {
+              status: 500,
+              cause: e,
+              hint: 'dormant doctor shows what this node supports',
+            },
+          );
+        } finally {
+          await t.time('wipe staging', () => this.wipe(dir));
+        }
+        await t.time('end processes', () => this.endProcesses(id, t));
+        this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
+        await t.time('prune', () => this.pruneCheckpoints(id, s.tenant));
+        ok = true;
+        return this.get(id);
       } finally {
-        await this.wipe(dir);
+        this.report(t.finish('hibernate', id, ok));
       }
-      await this.endProcesses(id);
-      this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
-      await this.pruneCheckpoints(id, s.tenant);
-      return this.get(id);
     });
   }
 
@@ -405,13 +439,17 @@ export class SandboxController {
     ckId: string,
     dir: string,
     stepPrefix: string,
+    t: StepTimer,
   ): Promise<CheckpointRecord> {
     const images = join(dir, 'images');
-    await this.runtime.checkpoint(s.id, {
-      imagesDir: images,
-      workDir: join(dir, 'work'),
-      leaveRunning: true,
-    });
+    await t.time('checkpoint', () =>
+      this.runtime.checkpoint(s.id, {
+        imagesDir: images,
+        workDir: join(dir, 'work'),
+        leaveRunning: true,
+        timer: t,
+      }),
+    );
     this.step(`${stepPrefix}:dumped`);
     const platform = await this.platform();
     const meta: Record<string, string> = {
@@ -420,15 +458,17 @@ export class SandboxController {
       kind: 'memory',
       ...(platform.criuVersion !== undefined ? { criuVersion: platform.criuVersion } : {}),
     };
-    const put = await this.vault.putCheckpoint({
-      tenant: s.tenant,
-      sandboxId: s.id,
-      checkpointId: ckId,
-      srcDir: images,
-      meta,
-    });
+    const put = await t.time('vault put', () =>
+      this.vault.putCheckpoint({
+        tenant: s.tenant,
+        sandboxId: s.id,
+        checkpointId: ckId,
+        srcDir: images,
+        meta,
+      }),
+    );
     this.step(`${stepPrefix}:stored`);
-    await this.wipe(images);
+    await t.time('wipe images', () => this.wipe(images));
     return {
       id: ckId,
       sandboxId: s.id,
@@ -510,6 +550,8 @@ export class SandboxController {
     delete sandbox.address;
     const dir = this.staging(`${forkId}-fork`);
     await mkdir(dir, { recursive: true, mode: 0o700 });
+    const t = this.timer();
+    let ok = false;
     try {
       // Under the source's lock: a consistent checkpoint and filesystem copy of the source.
       const ckId = await this.locks.run(src.id, async () => {
@@ -521,7 +563,7 @@ export class SandboxController {
           ck = newId('ck', randomBytes);
           await this.runtime.freeze(src.id);
           try {
-            const rec = await this.dumpToVault(cur, ck, dir, 'fork');
+            const rec = await this.dumpToVault(cur, ck, dir, 'fork', t);
             this.store.insertCheckpoint(rec);
             this.store.updateSandbox(src.id, { checkpointId: ck });
             this.store.insertSandbox(sandbox, `fork of ${src.id}`);
@@ -542,13 +584,18 @@ export class SandboxController {
       });
       return await this.locks.run(forkId, async () => {
         const images = join(dir, 'images');
-        await this.vault.restoreCheckpoint({ tenant: src.tenant, checkpointId: ckId, destDir: images });
-        const st = await this.runtime
-          .restore(forkId, { imagesDir: images, workDir: join(dir, 'work') })
-          .then(() => this.runtime.state(forkId));
+        await t.time('vault fetch', () =>
+          this.vault.restoreCheckpoint({ tenant: src.tenant, checkpointId: ckId, destDir: images }),
+        );
+        const st = await t.time('restore', () =>
+          this.runtime
+            .restore(forkId, { imagesDir: images, workDir: join(dir, 'work'), timer: t })
+            .then(() => this.runtime.state(forkId)),
+        );
         this.store.transition(forkId, 'creating', 'running', `fork of ${src.id}`, this.clock.now(), {
           address: st.network.address,
         });
+        ok = true;
         return this.get(forkId);
       });
     } catch (e) {
@@ -561,6 +608,7 @@ export class SandboxController {
       throw e;
     } finally {
       await this.wipe(dir);
+      this.report(t.finish('fork', forkId, ok));
     }
   }
 
@@ -573,10 +621,10 @@ export class SandboxController {
   }
 
   /** Ends a sandbox's processes and removes its container; its filesystem and network stay. */
-  private async endProcesses(id: string): Promise<void> {
-    const st = await this.runtime.state(id);
+  private async endProcesses(id: string, t?: StepTimer): Promise<void> {
+    const st = await this.runtime.state(id, t ? { timer: t } : {});
     if (st.status === 'absent') return;
-    await this.runtime.stop(id);
+    await this.runtime.stop(id, t ? { timer: t } : {});
   }
 
   private async pruneCheckpoints(id: string, tenant: string): Promise<void> {
@@ -607,26 +655,41 @@ export class SandboxController {
       answer = res;
       refuse = rej;
     });
+    // Steps are recorded only on a restore from a checkpoint (a thaw has none to show).
+    const t = this.timer();
     this.locks
       .run(id, async () => {
-        const r = await this.resumeLocked(id, tenant, reason, opts);
-        answer(r.sandbox);
-        if (r.pagesLoaded) await this.afterLazyRestore(r.sandbox, r.pagesLoaded);
+        let ok = false;
+        try {
+          const r = await this.resumeLocked(id, tenant, reason, opts, t);
+          if (t.steps().length > 0) t.mark('running');
+          answer(r.sandbox);
+          ok = r.pagesLoaded
+            ? await t.time('pages loaded', () => this.afterLazyRestore(r.sandbox, r.pagesLoaded!))
+            : true;
+        } finally {
+          if (t.steps().length > 0) this.report(t.finish('resume', this.store.getSandbox(id)?.id ?? id, ok));
+        }
       })
       .catch(refuse);
     return answered;
   }
 
-  /** A lazy restore's pages failed to arrive: the sandbox is unusable, its checkpoint is not. */
-  private async afterLazyRestore(s: Sandbox, pagesLoaded: Promise<void>): Promise<void> {
+  /**
+   * A lazy restore's pages failed to arrive: the sandbox is unusable, its checkpoint is not.
+   * True when every page arrived.
+   */
+  private async afterLazyRestore(s: Sandbox, pagesLoaded: Promise<void>): Promise<boolean> {
     try {
       await pagesLoaded;
+      return true;
     } catch (e) {
       await this.runtime.stop(s.id).catch(() => undefined);
       this.store.transition(s.id, 'running', 'hibernated', 'lazy restore failed', this.clock.now(), {
         lastError: `lazy restore failed, back to its checkpoint: ${asError(e).message}`,
         memoryBytes: 0,
       });
+      return false;
     } finally {
       await this.wipe(this.staging(`${s.id}-restore`));
     }
@@ -637,6 +700,7 @@ export class SandboxController {
     tenant: string | undefined,
     reason: string,
     opts: { from?: string },
+    t: StepTimer,
   ): Promise<{ sandbox: Sandbox; pagesLoaded?: Promise<void> }> {
     {
       const s = this.get(id, tenant);
@@ -677,7 +741,7 @@ export class SandboxController {
       let pagesLoaded: Promise<void> | undefined;
       try {
         if (from === 'hibernated')
-          ({ pagesLoaded } = await this.restoreFromVault(s, opts.from ?? s.checkpointId));
+          ({ pagesLoaded } = await this.restoreFromVault(s, opts.from ?? s.checkpointId, t));
         else await this.freshStart(s);
       } catch (e) {
         this.store.transition(id, 'resuming', from, 'resume failed', this.clock.now(), {
@@ -713,7 +777,8 @@ export class SandboxController {
         );
       }
       let why = reason;
-      if (s.spec.onResume && s.spec.onResume.length > 0) why = `${reason}; ${await this.runResumeHook(s)}`;
+      if (s.spec.onResume && s.spec.onResume.length > 0)
+        why = `${reason}; ${await t.time('on-resume hook', () => this.runResumeHook(s))}`;
       const now = this.clock.now();
       this.store.transition(id, 'resuming', 'running', why, now, {
         lastActiveAt: Math.max(s.lastActiveAt, now),
@@ -760,6 +825,7 @@ export class SandboxController {
   private async restoreFromVault(
     s: Sandbox,
     ckId: string | undefined,
+    t: StepTimer,
   ): Promise<{ pagesLoaded: Promise<void> | undefined }> {
     if (ckId === undefined)
       throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
@@ -768,17 +834,22 @@ export class SandboxController {
     const lazy = this.opts.lazyRestore === true;
     let keep = false;
     try {
-      await this.checkCompatible(s.id, this.store.getCheckpoint(ckId));
+      await t.time('compatibility', () => this.checkCompatible(s.id, this.store.getCheckpoint(ckId)));
       await mkdir(dir, { recursive: true, mode: 0o700 });
       const images = join(dir, 'images');
-      await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images });
+      await t.time('vault fetch', () =>
+        this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images }),
+      );
       this.step('resume:fetched');
-      await this.runtime.prepare(this.runtimeSpec(s));
-      const r = await this.runtime.restore(s.id, {
-        imagesDir: images,
-        workDir: join(dir, 'work'),
-        lazyPages: lazy,
-      });
+      await t.time('prepare', () => this.runtime.prepare(this.runtimeSpec(s), { timer: t }));
+      const r = await t.time('restore', () =>
+        this.runtime.restore(s.id, {
+          imagesDir: images,
+          workDir: join(dir, 'work'),
+          lazyPages: lazy,
+          timer: t,
+        }),
+      );
       if (ckId !== s.checkpointId) this.store.updateSandbox(s.id, { checkpointId: ckId });
       keep = lazy;
       // Wrapped: awaiting a returned promise directly would wait for the pages too.
@@ -826,6 +897,7 @@ export class SandboxController {
       const s = this.get(id, tenant);
       if (s.state !== 'deleting') this.store.transition(id, s.state, 'deleting', reason, this.clock.now());
       await this.runtime.destroy(id);
+      for (const op of ['hibernate', 'resume', 'fork'] as const) this.timings.delete(`${op}:${id}`);
       // Crypto-shredding: without the sandbox's key its checkpoints cannot be read again.
       await this.vault.destroySandboxKey({ tenant: s.tenant, sandboxId: id });
       this.store.deleteSandbox(id, reason, this.clock.now());

@@ -118,6 +118,11 @@ async function writeFileAtomic(path: string, data: string): Promise<void> {
   await rename(tmp, path);
 }
 
+/** `fn` timed as `step` when the caller asked for timings. */
+function timed<T>(opts: CallOptions, step: string, fn: () => Promise<T>): Promise<T> {
+  return opts.timer ? opts.timer.time(step, fn) : fn();
+}
+
 async function exists(path: string): Promise<boolean> {
   try {
     await stat(path);
@@ -207,13 +212,15 @@ export class RuncRuntime implements Runtime {
     opts: CallOptions & { okExitCodes?: number[]; input?: string | Buffer },
     defaultTimeoutMs: number,
   ): Promise<RunResult> {
-    return run(this.runcPath, this.runcArgs(id, args), {
-      timeoutMs: opts.timeoutMs ?? defaultTimeoutMs,
-      signal: opts.signal,
-      env: this.env,
-      okExitCodes: opts.okExitCodes,
-      input: opts.input,
-    });
+    return timed(opts, `runc ${args[0] ?? ''}`, () =>
+      run(this.runcPath, this.runcArgs(id, args), {
+        timeoutMs: opts.timeoutMs ?? defaultTimeoutMs,
+        signal: opts.signal,
+        env: this.env,
+        okExitCodes: opts.okExitCodes,
+        input: opts.input,
+      }),
+    );
   }
 
   /**
@@ -228,20 +235,22 @@ export class RuncRuntime implements Runtime {
     defaultTimeoutMs: number,
   ): Promise<RunResult> {
     const collector = await ensureCollector(join(this.dir(id), 'log'), opts.signal);
-    return run(
-      'sh',
-      [
-        '-c',
-        'exec "$@" </dev/null >>"$DORMANT_LOG_PIPE" 2>&1',
+    return timed(opts, `runc ${args[0] ?? ''}`, () =>
+      run(
         'sh',
-        this.runcPath,
-        ...this.runcArgs(id, args),
-      ],
-      {
-        timeoutMs: opts.timeoutMs ?? defaultTimeoutMs,
-        signal: opts.signal,
-        env: { ...this.env, DORMANT_LOG_PIPE: collector.pipePath },
-      },
+        [
+          '-c',
+          'exec "$@" </dev/null >>"$DORMANT_LOG_PIPE" 2>&1',
+          'sh',
+          this.runcPath,
+          ...this.runcArgs(id, args),
+        ],
+        {
+          timeoutMs: opts.timeoutMs ?? defaultTimeoutMs,
+          signal: opts.signal,
+          env: { ...this.env, DORMANT_LOG_PIPE: collector.pipePath },
+        },
+      ),
     );
   }
 
@@ -275,8 +284,13 @@ export class RuncRuntime implements Runtime {
     return JSON.parse(r.stdout) as RuncState;
   }
 
-  private async requireStatus(id: string, allowed: SandboxStatus[], action: string): Promise<SandboxState> {
-    const s = await this.state(id);
+  private async requireStatus(
+    id: string,
+    allowed: SandboxStatus[],
+    action: string,
+    opts: CallOptions = {},
+  ): Promise<SandboxState> {
+    const s = await this.state(id, opts);
     if (!allowed.includes(s.status))
       throw new DormantError(
         ErrorCode.RUNTIME_INVALID_STATE,
@@ -386,7 +400,7 @@ export class RuncRuntime implements Runtime {
       criuConfigPath: criuConf,
     });
     await writeFileAtomic(join(this.bundle(id), 'config.json'), JSON.stringify(config, null, 2));
-    await this.ensureHostSide(rec, opts.signal);
+    await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal));
     return this.state(id, opts);
   }
 
@@ -413,7 +427,7 @@ export class RuncRuntime implements Runtime {
   }
 
   async start(id: string, opts: CallOptions = {}): Promise<void> {
-    await this.requireStatus(id, ['created'], 'start');
+    await this.requireStatus(id, ['created'], 'start', opts);
     await this.runc(id, ['start', id], opts, DEFAULTS.startMs);
   }
 
@@ -441,7 +455,7 @@ export class RuncRuntime implements Runtime {
       throw new DormantError(ErrorCode.INVALID_ARGUMENT, `exec in ${id}: a command is required`, {
         status: 400,
       });
-    await this.requireStatus(id, ['running'], 'exec in');
+    await this.requireStatus(id, ['running'], 'exec in', opts);
     const flags: string[] = [];
     if (opts.cwd !== undefined) flags.push('--cwd', opts.cwd);
     for (const [k, v] of Object.entries(opts.env ?? {})) flags.push('--env', `${k}=${v}`);
@@ -464,19 +478,19 @@ export class RuncRuntime implements Runtime {
   }
 
   async freeze(id: string, opts: CallOptions = {}): Promise<void> {
-    const s = await this.requireStatus(id, ['running', 'paused'], 'freeze');
+    const s = await this.requireStatus(id, ['running', 'paused'], 'freeze', opts);
     if (s.status === 'running') await this.runc(id, ['pause', id], opts, DEFAULTS.freezeMs);
   }
 
   async thaw(id: string, opts: CallOptions = {}): Promise<void> {
-    const s = await this.requireStatus(id, ['running', 'paused'], 'thaw');
+    const s = await this.requireStatus(id, ['running', 'paused'], 'thaw', opts);
     if (s.status === 'paused') await this.runc(id, ['resume', id], opts, DEFAULTS.freezeMs);
   }
 
   async checkpoint(id: string, options: CheckpointOptions): Promise<CheckpointResult> {
     // runc runs criu from the bundle folder: relative paths would land there.
     const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
-    await this.requireStatus(id, ['running', 'paused'], 'checkpoint');
+    await this.requireStatus(id, ['running', 'paused'], 'checkpoint', opts);
     const rec = await this.readRecord(id);
     await mkdir(opts.imagesDir, { recursive: true, mode: 0o700 });
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
@@ -518,13 +532,16 @@ export class RuncRuntime implements Runtime {
         );
       await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
     }
-    await this.ensureHostSide(rec, opts.signal);
+    await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal));
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
     const logPath = join(opts.workDir, 'restore.log');
     const offset = await this.runcLogSize(id);
     const pidFile = join(opts.workDir, 'restore.pid');
     await rm(pidFile, { force: true });
-    const lazy = opts.lazyPages === true ? await this.startLazyPages(opts) : undefined;
+    const lazy =
+      opts.lazyPages === true
+        ? await timed(opts, 'lazy-pages start', () => this.startLazyPages(opts))
+        : undefined;
     let r: RunResult;
     try {
       r = await this.runcWithLogPipe(
@@ -573,10 +590,12 @@ export class RuncRuntime implements Runtime {
     // checkpoint (a fork) must still answer to its own hostname. Set from the host: the
     // sandbox itself has no CAP_SYS_ADMIN.
     const hostname = rec.spec.hostname ?? id;
-    await run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
-      timeoutMs: DEFAULTS.stateMs,
-      signal: opts.signal,
-    });
+    await timed(opts, 'hostname', () =>
+      run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
+        timeoutMs: DEFAULTS.stateMs,
+        signal: opts.signal,
+      }),
+    );
     return {
       durationMs: r.durationMs,
       pid,
@@ -650,11 +669,11 @@ export class RuncRuntime implements Runtime {
     // delete --force kills every process of the container (thawing a paused one first).
     if ((await this.runcState(id, opts)) !== undefined)
       await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
-    await unmount(join(this.bundle(id), 'rootfs'), opts.signal);
+    await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
   }
 
   async kill(id: string, signal: NodeJS.Signals = 'SIGKILL', opts: CallOptions = {}): Promise<void> {
-    await this.requireStatus(id, ['created', 'running', 'paused'], 'kill');
+    await this.requireStatus(id, ['created', 'running', 'paused'], 'kill', opts);
     await this.runc(id, ['kill', id, signal.replace(/^SIG/, '')], opts, DEFAULTS.killMs);
   }
 

@@ -6,6 +6,7 @@
  * layer, log, network reservation). The runtime knows nothing of the vault, tenants or
  * policies: the daemon hands it folders to write CRIU images into and to restore from.
  */
+import type { StepSink } from '../domain/timings.js';
 
 /** A host folder made visible, read-only, inside the sandbox. */
 export interface ReadonlyBind {
@@ -77,6 +78,8 @@ export interface SandboxState {
 export interface CallOptions {
   signal?: AbortSignal;
   timeoutMs?: number;
+  /** Records the wall time of each runc/criu call and host-side step (hibernate/resume timings). */
+  timer?: StepSink;
 }
 
 export interface ExecOptions extends CallOptions {
