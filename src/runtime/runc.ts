@@ -14,7 +14,7 @@
  *   criu.conf             CRIU options runc cannot pass (tcp-close)
  *   runc.log              runc's own log (JSON lines), read back for error messages
  */
-import { mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
@@ -74,6 +74,9 @@ interface RuncState {
   status: string;
   pid: number;
 }
+
+/** Where the cgroup hierarchies are mounted (v1: one folder per controller; v2: the one tree). */
+const CGROUP_ROOT = '/sys/fs/cgroup';
 
 const DEFAULTS = {
   stateMs: 10_000,
@@ -478,11 +481,74 @@ export class RuncRuntime implements Runtime {
   }
 
   async freeze(id: string, opts: CallOptions = {}): Promise<void> {
+    // The cgroup freezer directly: what `runc pause` does, without two runc starts (its own
+    // and a `runc state`), ~0.1 s each here. runc reads the freezer back, so it sees `paused`.
+    if (await timed(opts, 'cgroup freeze', () => this.freezeCgroup(id, opts))) return;
     const s = await this.requireStatus(id, ['running', 'paused'], 'freeze', opts);
     if (s.status === 'running') await this.runc(id, ['pause', id], opts, DEFAULTS.freezeMs);
   }
 
+  /** Thaws the sandbox's cgroup (what `runc resume` does); false when there is no such cgroup. */
+  private async thawCgroup(id: string): Promise<boolean> {
+    for (const [path, value] of [
+      [join(CGROUP_ROOT, 'freezer', this.cgroupPath(id), 'freezer.state'), 'THAWED'],
+      [join(CGROUP_ROOT, this.cgroupPath(id), 'cgroup.freeze'), '0'],
+    ] as const) {
+      try {
+        await writeFile(path, value, { flag: 'r+' });
+        return true;
+      } catch (e) {
+        if (errnoCode(e) !== 'ENOENT') throw e;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * Freezes the sandbox's cgroup (v1 freezer.state, v2 cgroup.freeze) and waits until every
+   * task is frozen. False when there is no such cgroup (no container: the caller falls back
+   * to runc, which says why); on a timeout the cgroup is thawed again and the call throws.
+   */
+  private async freezeCgroup(id: string, opts: CallOptions): Promise<boolean> {
+    const v1 = join(CGROUP_ROOT, 'freezer', this.cgroupPath(id), 'freezer.state');
+    const v2 = join(CGROUP_ROOT, this.cgroupPath(id));
+    const write = async (path: string, value: string): Promise<boolean> => {
+      try {
+        await writeFile(path, value, { flag: 'r+' });
+        return true;
+      } catch (e) {
+        if (errnoCode(e) === 'ENOENT') return false;
+        throw e;
+      }
+    };
+    let frozen: () => Promise<boolean>;
+    let thaw: () => Promise<unknown>;
+    if (await write(v1, 'FROZEN')) {
+      // Written again while it reads FREEZING, as runc pause does: a task forked mid-freeze
+      // can otherwise leave the cgroup FREEZING for good.
+      frozen = async () =>
+        (await readFile(v1, 'utf8')).trim() === 'FROZEN' || ((await write(v1, 'FROZEN')) && false);
+      thaw = () => write(v1, 'THAWED');
+    } else if (await write(join(v2, 'cgroup.freeze'), '1')) {
+      frozen = async () => /^frozen 1$/m.test(await readFile(join(v2, 'cgroup.events'), 'utf8'));
+      thaw = () => write(join(v2, 'cgroup.freeze'), '0');
+    } else return false;
+    const deadline = Date.now() + (opts.timeoutMs ?? DEFAULTS.freezeMs);
+    for (let wait = 1; !(await frozen()); wait = Math.min(wait * 2, 50)) {
+      if (Date.now() > deadline || opts.signal?.aborted) {
+        await thaw().catch(() => undefined);
+        throw new DormantError(
+          ErrorCode.COMMAND_TIMEOUT,
+          `sandbox ${id} did not freeze within ${opts.timeoutMs ?? DEFAULTS.freezeMs} ms (a task in uninterruptible sleep?); it was thawed again`,
+        );
+      }
+      await new Promise((r) => setTimeout(r, wait));
+    }
+    return true;
+  }
+
   async thaw(id: string, opts: CallOptions = {}): Promise<void> {
+    if (await timed(opts, 'cgroup thaw', () => this.thawCgroup(id))) return;
     const s = await this.requireStatus(id, ['running', 'paused'], 'thaw', opts);
     if (s.status === 'paused') await this.runc(id, ['resume', id], opts, DEFAULTS.freezeMs);
   }
@@ -490,7 +556,8 @@ export class RuncRuntime implements Runtime {
   async checkpoint(id: string, options: CheckpointOptions): Promise<CheckpointResult> {
     // runc runs criu from the bundle folder: relative paths would land there.
     const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
-    await this.requireStatus(id, ['running', 'paused'], 'checkpoint', opts);
+    // No `runc state` first (~0.1 s): runc checkpoint refuses a container that is not running
+    // or paused, and the status is looked up then, for the error.
     const rec = await this.readRecord(id);
     await mkdir(opts.imagesDir, { recursive: true, mode: 0o700 });
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
@@ -504,13 +571,21 @@ export class RuncRuntime implements Runtime {
     } catch (e) {
       // CRIU unfreezes the tasks when a dump fails, and runc keeps the container; a lock
       // left on the network would still cut the sandbox off, so clear it.
+      const after = await this.runcState(id).catch(() => undefined);
+      if (after === undefined || (after.status !== 'running' && after.status !== 'paused')) {
+        const status = after === undefined ? 'absent' : after.status === 'created' ? 'created' : 'stopped';
+        throw new DormantError(
+          ErrorCode.RUNTIME_INVALID_STATE,
+          `cannot checkpoint sandbox ${id}: it is ${status} (needs running or paused)`,
+          { status: 409, cause: e },
+        );
+      }
       await clearCriuNetworkLock(rec.network);
       const why = (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
-      const after = await this.runcState(id).catch(() => undefined);
       throw new DormantError(
         ErrorCode.RUNTIME_CHECKPOINT_FAILED,
-        `checkpoint of sandbox ${id} failed (the sandbox is ${after?.status ?? 'gone'})${why ? `:\n${why}` : ''}`,
-        { cause: e, details: { criuLog: logPath, sandboxStatus: after?.status ?? 'absent' } },
+        `checkpoint of sandbox ${id} failed (the sandbox is ${after.status})${why ? `:\n${why}` : ''}`,
+        { cause: e, details: { criuLog: logPath, sandboxStatus: after.status } },
       );
     }
     // runc removed the container; the rootfs is unmounted so the writable layer is at rest
@@ -666,9 +741,19 @@ export class RuncRuntime implements Runtime {
 
   async stop(id: string, opts: CallOptions = {}): Promise<void> {
     await this.readRecord(id);
-    // delete --force kills every process of the container (thawing a paused one first).
-    if ((await this.runcState(id, opts)) !== undefined)
-      await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
+    // delete --force kills every process of the container (thawing a paused one first). No
+    // `runc state` first (~0.1 s): a container that is not there is what stop wants anyway.
+    const r = await this.runc(
+      id,
+      ['delete', '--force', id],
+      { ...opts, okExitCodes: [0, 1] },
+      DEFAULTS.destroyMs,
+    );
+    if (r.exitCode !== 0 && (await this.runcState(id, opts)) !== undefined)
+      throw new DormantError(
+        ErrorCode.COMMAND_FAILED,
+        `runc delete ${id} failed: ${r.stderr.trim() || (await this.runcLogSince(id, 0))}`,
+      );
     await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
   }
 
