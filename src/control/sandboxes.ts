@@ -416,12 +416,17 @@ export class SandboxController {
               hint: 'dormant doctor shows what this node supports',
             },
           );
-        } finally {
-          await t.time('wipe staging', () => this.wipe(dir));
         }
-        await t.time('end processes', () => this.endProcesses(id, t));
+        // Committed: the processes end while the staging folder (CRIU's log and work files) is
+        // wiped and older checkpoints are pruned; none of the three waits for another.
+        const [ended, ...rest] = await Promise.allSettled([
+          t.time('end processes', () => this.endProcesses(id, t)),
+          t.time('wipe staging', () => this.wipe(dir)),
+          t.time('prune', () => this.pruneCheckpoints(id, s.tenant)),
+        ]);
+        if (ended.status === 'rejected') throw ended.reason;
         this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
-        await t.time('prune', () => this.pruneCheckpoints(id, s.tenant));
+        for (const r of rest) if (r.status === 'rejected') throw r.reason;
         ok = true;
         return this.get(id);
       } finally {
@@ -622,8 +627,7 @@ export class SandboxController {
 
   /** Ends a sandbox's processes and removes its container; its filesystem and network stay. */
   private async endProcesses(id: string, t?: StepTimer): Promise<void> {
-    const st = await this.runtime.state(id, t ? { timer: t } : {});
-    if (st.status === 'absent') return;
+    // stop() is a no-op for a sandbox without a container: no `runc state` first.
     await this.runtime.stop(id, t ? { timer: t } : {});
   }
 
@@ -837,11 +841,21 @@ export class SandboxController {
       await t.time('compatibility', () => this.checkCompatible(s.id, this.store.getCheckpoint(ckId)));
       await mkdir(dir, { recursive: true, mode: 0o700 });
       const images = join(dir, 'images');
-      await t.time('vault fetch', () =>
-        this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images }),
-      );
+      // The sandbox's host side (network, log collector, rootfs mount) does not need the images:
+      // it is set up while they come out of the vault.
+      const [fetched, prepared] = await Promise.allSettled([
+        t.time('vault fetch', () =>
+          this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images }),
+        ),
+        t.time('prepare', () => this.runtime.prepare(this.runtimeSpec(s), { timer: t })),
+      ]);
+      if (fetched.status === 'rejected') {
+        // A hibernated sandbox's rootfs stays unmounted (archivable, nothing holding it).
+        if (prepared.status === 'fulfilled') await this.runtime.stop(s.id).catch(() => undefined);
+        throw fetched.reason;
+      }
+      if (prepared.status === 'rejected') throw prepared.reason;
       this.step('resume:fetched');
-      await t.time('prepare', () => this.runtime.prepare(this.runtimeSpec(s), { timer: t }));
       const r = await t.time('restore', () =>
         this.runtime.restore(s.id, {
           imagesDir: images,
