@@ -392,7 +392,9 @@ export class SandboxController {
           await mkdir(dir, { recursive: true, mode: 0o700 });
           await t.time('freeze', () => this.runtime.freeze(id, { timer: t }));
           this.step('hibernate:frozen');
-          const rec = await this.dumpToVault(s, ckId, dir, 'hibernate', t);
+          // The images are wiped with the rest of the staging folder once the checkpoint is
+          // committed, beside the end of the processes: not on the way to the commit.
+          const rec = await this.dumpToVault(s, ckId, dir, 'hibernate', t, false);
           await t.time('commit', async () => {
             this.store.insertCheckpoint(rec);
             this.store.updateSandbox(id, { checkpointId: ckId });
@@ -445,6 +447,7 @@ export class SandboxController {
     dir: string,
     stepPrefix: string,
     t: StepTimer,
+    wipeImages = true,
   ): Promise<CheckpointRecord> {
     const images = join(dir, 'images');
     await t.time('checkpoint', () =>
@@ -473,7 +476,7 @@ export class SandboxController {
       }),
     );
     this.step(`${stepPrefix}:stored`);
-    await t.time('wipe images', () => this.wipe(images));
+    if (wipeImages) await t.time('wipe images', () => this.wipe(images));
     return {
       id: ckId,
       sandboxId: s.id,
