@@ -23,6 +23,7 @@ import { buildServer } from './server.js';
 import { registerCostRoutes } from './routes-cost.js';
 import { Meter, priceSheet } from '../control/meter.js';
 import type { PriceSheet } from '../domain/cost.js';
+import { formatTimings, type OperationTimings } from '../domain/timings.js';
 
 export interface DaemonOptions {
   dataDir: string;
@@ -45,6 +46,11 @@ export interface DaemonOptions {
   lazyRestore?: boolean;
   /** How long CRIU's dump may run before it is ended as hung. Default 120 s. */
   checkpointTimeoutMs?: number;
+  /**
+   * Step timings of every hibernate, resume and fork. Default: printed to stderr when the
+   * environment variable DORMANT_DEBUG contains `timings`, else dropped.
+   */
+  onTimings?: (t: OperationTimings) => void;
   /** Fault injection for crash tests. */
   failAt?: (step: string) => void;
   /** The wake proxy (default: on, API port + 1); false: none. */
@@ -125,6 +131,14 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
     ...(opts.lazyRestore ? { lazyRestore: true } : {}),
     ...(opts.gpu ? { gpu: opts.gpu } : {}),
+    ...(opts.onTimings
+      ? { onTimings: opts.onTimings }
+      : /(^|,)timings(,|$)/.test(process.env.DORMANT_DEBUG ?? '')
+        ? {
+            onTimings: (t: OperationTimings) =>
+              process.stderr.write(`dormant: timings: ${formatTimings(t)}\n`),
+          }
+        : {}),
     // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
     usage: (id) => cgroupUsage(`/dormant/${id}`),
     platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { startDaemon, stagingDirFor } from '../api/daemon.js';
 import { SandboxController } from '../control/sandboxes.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { formatTimings, type OperationTimings } from '../domain/timings.js';
 import type { BenchRow, BenchSuite } from './harness.js';
 
 const HOLDER = `
@@ -54,6 +55,12 @@ async function until(fn: () => Promise<unknown>, timeoutMs = 120_000): Promise<v
       await new Promise((r) => setTimeout(r, 100));
     }
   }
+}
+
+/** The steps of one operation, for a note: `freeze 60@1, runc checkpoint 850@62, ...`. */
+function stepLine(t: OperationTimings): string {
+  process.stderr.write(`bench: ${formatTimings(t)}\n`);
+  return t.steps.map((s) => `${s.step} ${Math.round(s.ms)}@${Math.round(s.startMs)}`).join(', ');
 }
 
 export const sandboxSuite: BenchSuite = {
@@ -105,9 +112,11 @@ export const sandboxSuite: BenchSuite = {
         t0 = performance.now();
         await d.controller.hibernate(sb.id);
         const hib = performance.now() - t0;
+        const hibSteps = d.controller.lastTimings(sb.id, 'hibernate');
         t0 = performance.now();
         await d.controller.resume(sb.id);
         const res = performance.now() - t0;
+        const resSteps = d.controller.lastTimings(sb.id, 'resume');
         await until(() => ping(sb.address!));
         // The same resume with CRIU's lazy pages: answered once the processes run.
         await d.controller.hibernate(sb.id);
@@ -118,6 +127,7 @@ export const sandboxSuite: BenchSuite = {
         // Let the pages finish arriving (the sandbox's lock is held until then).
         await lazy.pause(sb.id);
         await lazy.resume(sb.id);
+        const lazySteps = lazy.lastTimings(sb.id, 'resume');
         const ck = d.store.listCheckpoints({ sandboxId: sb.id })[0];
         rows.push(
           {
@@ -148,6 +158,12 @@ export const sandboxSuite: BenchSuite = {
         notes.push(
           `${mib} MiB: cgroup held ${(resident / 1024 ** 2).toFixed(0)} MiB; checkpoint ${((ck?.logicalBytes ?? 0) / 1024 ** 2).toFixed(0)} MiB logical, ${((ck?.storedBytes ?? 0) / 1024 ** 2).toFixed(0)} MiB stored in the vault.`,
         );
+        for (const [what, t] of [
+          ['hibernate', hibSteps],
+          ['resume', resSteps],
+          ['lazy resume', lazySteps],
+        ] as const)
+          if (t) notes.push(`${mib} MiB ${what} steps (ms, @start): ${stepLine(t)}`);
         await d.controller.remove(sb.id);
       }
     } finally {

@@ -73,6 +73,7 @@ function gpuMetaOf(m: Record<string, unknown>): GpuMeta | undefined {
     return undefined;
   return v as GpuMeta;
 }
+import { StepTimer, type OperationTimings } from '../domain/timings.js';
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
 export interface CheckpointVault {
@@ -129,6 +130,11 @@ export interface ControllerOptions {
   lazyRestore?: boolean;
   /** This node's architecture, CRIU version and CPU flags, recorded in checkpoints and checked before restores. */
   platform?: () => Promise<PlatformFacts>;
+  /**
+   * Called after every hibernate, resume from a checkpoint and fork (also failed ones) with the
+   * wall time of each step: the debug log and the benchmark print them.
+   */
+  onTimings?: (t: OperationTimings) => void;
   /** Resource use of a sandbox's cgroup right now (undefined: no processes). */
   usage?: (sandboxId: string) => Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
   /** This node's GPUs and the CUDA checkpoint steps. Default: the real node (systemGpuNode). */
@@ -182,6 +188,7 @@ export class SandboxController {
   private readonly locks = new KeyedMutex();
   private readonly opts: ControllerOptions;
   private readonly gpu: GpuNode;
+  private readonly timings = new Map<string, OperationTimings>();
 
   constructor(opts: ControllerOptions) {
     this.opts = opts;
@@ -194,6 +201,24 @@ export class SandboxController {
 
   private step(name: string): void {
     this.opts.failAt?.(name);
+  }
+
+  private timer(): StepTimer {
+    return new StepTimer(() => performance.now());
+  }
+
+  private report(t: OperationTimings): void {
+    this.timings.set(`${t.op}:${t.sandboxId}`, t);
+    try {
+      this.opts.onTimings?.(t);
+    } catch {
+      // A listener's failure is not the operation's.
+    }
+  }
+
+  /** The step timings of the sandbox's last hibernate, resume or fork (as the fork's id). */
+  lastTimings(id: string, op: OperationTimings['op']): OperationTimings | undefined {
+    return this.timings.get(`${op}:${id}`);
   }
 
   /** The sandbox, if the tenant may see it (an admin passes undefined). Else SANDBOX_NOT_FOUND. */
@@ -435,63 +460,113 @@ export class SandboxController {
       const ckId = newId('ck', randomBytes);
       const dir = this.staging(ckId);
       this.store.transition(id, before, 'hibernating', reason, this.clock.now());
+      const t = this.timer();
       let committed = false;
+      let ok = false;
       const cudaDone: { pid: number; step: 'lock' | 'checkpoint' }[] = [];
       try {
-        await mkdir(dir, { recursive: true, mode: 0o700 });
-        let gpuMeta: GpuMeta | undefined;
-        if (gpuFacts !== undefined) {
-          // The driver's lock and checkpoint need the processes running: thaw a paused sandbox.
-          if (before === 'paused') await this.runtime.thaw(id);
-          for (const h of holders) {
-            await this.gpu.step('lock', h.pid);
-            cudaDone.push({ pid: h.pid, step: 'lock' });
-            await this.gpu.step('checkpoint', h.pid);
-            cudaDone[cudaDone.length - 1]!.step = 'checkpoint';
+        try {
+          await mkdir(dir, { recursive: true, mode: 0o700 });
+          let gpuMeta: GpuMeta | undefined;
+          if (gpuFacts !== undefined) {
+            // The driver's lock and checkpoint need the processes running: thaw a paused sandbox.
+            if (before === 'paused') await this.runtime.thaw(id);
+            for (const h of holders) {
+              await this.gpu.step('lock', h.pid);
+              cudaDone.push({ pid: h.pid, step: 'lock' });
+              await this.gpu.step('checkpoint', h.pid);
+              cudaDone[cudaDone.length - 1]!.step = 'checkpoint';
+            }
+            gpuMeta = { ...gpuFacts, nsPids: holders.map((h) => h.nsPid) };
+            this.step('hibernate:gpu-checkpointed');
           }
-          gpuMeta = { ...gpuFacts, nsPids: holders.map((h) => h.nsPid) };
-          this.step('hibernate:gpu-checkpointed');
+          await t.time('freeze', () => this.runtime.freeze(id, { timer: t }));
+          this.step('hibernate:frozen');
+          // The images are wiped with the rest of the staging folder once the checkpoint is
+          // committed, beside the end of the processes: not on the way to the commit.
+          const rec = await this.dumpToVault(s, ckId, dir, 'hibernate', t, false, gpuMeta);
+          await t.time('commit', async () => {
+            this.store.insertCheckpoint(rec);
+            this.store.updateSandbox(id, { checkpointId: ckId });
+          });
+          committed = true;
+          this.step('hibernate:committed');
+        } catch (e) {
+          await this.wipe(dir);
+          if (committed) throw e;
+          // Not committed: the sandbox goes back to what it was, running or paused, its CUDA
+          // state back on the GPU.
+          let undo = '';
+          if (before === 'running' || cudaDone.length > 0) await this.runtime.thaw(id).catch(() => undefined);
+          if (cudaDone.length > 0) {
+            undo = await this.cudaUndo(cudaDone);
+            if (before === 'paused') await this.runtime.freeze(id).catch(() => undefined);
+          }
+          this.store.transition(id, 'hibernating', before, 'hibernate failed', this.clock.now(), {
+            lastError: `${asError(e).message}${undo}`,
+          });
+          throw new DormantError(
+            'HIBERNATE_FAILED',
+            `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}${undo}`,
+            {
+              status: 500,
+              cause: e,
+              hint: 'dormant doctor shows what this node supports',
+            },
+          );
         }
-        await this.runtime.freeze(id);
-        this.step('hibernate:frozen');
-        const rec = await this.dumpToVault(s, ckId, dir, 'hibernate', gpuMeta);
-        this.store.insertCheckpoint(rec);
-        this.store.updateSandbox(id, { checkpointId: ckId });
-        committed = true;
-        this.step('hibernate:committed');
-      } catch (e) {
-        await this.wipe(dir);
-        if (committed) throw e;
-        // Not committed: the sandbox goes back to what it was, running or paused, its CUDA
-        // state back on the GPU.
-        let undo = '';
-        if (before === 'running' || cudaDone.length > 0) await this.runtime.thaw(id).catch(() => undefined);
-        if (cudaDone.length > 0) {
-          undo = await this.cudaUndo(cudaDone);
-          if (before === 'paused') await this.runtime.freeze(id).catch(() => undefined);
-        }
-        this.store.transition(id, 'hibernating', before, 'hibernate failed', this.clock.now(), {
-          lastError: `${asError(e).message}${undo}`,
-        });
-        throw new DormantError(
-          'HIBERNATE_FAILED',
-          `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}${undo}`,
-          {
-            status: 500,
-            cause: e,
-            hint: 'dormant doctor shows what this node supports',
-          },
-        );
+        // Committed: the processes end (and the writable layer, whose diff is in the
+        // checkpoint, is emptied) while the staging folder is wiped and older checkpoints are
+        // pruned; none of the three waits for another.
+        const [ended, ...rest] = await Promise.allSettled([
+          t.time('end processes', async () => {
+            await this.endProcesses(id, t);
+            await emptyFolder(this.runtime.upperDir(id));
+          }),
+          t.time('wipe staging', () => this.wipe(dir)),
+          t.time('prune', () => this.pruneCheckpoints(id, s.tenant)),
+        ]);
+        if (ended.status === 'rejected') await this.afterUnendedHibernate(id, ckId, ended.reason);
+        this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
+        for (const r of rest) if (r.status === 'rejected') throw r.reason;
+        ok = true;
+        return this.get(id);
       } finally {
-        await this.wipe(dir);
+        this.report(t.finish('hibernate', id, ok));
       }
-      await this.endProcesses(id);
-      // The diff is in the committed checkpoint: no plaintext copy stays on disk.
-      await emptyFolder(this.runtime.upperDir(id));
-      this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
-      await this.pruneCheckpoints(id, s.tenant);
-      return this.get(id);
     });
+  }
+
+  /**
+   * A hibernate committed its checkpoint but could not end the processes. If they still exist
+   * they carry on: the sandbox is running again (thawed), the checkpoint kept as a restore
+   * point, and the error is thrown. If they are gone after all, it returns and the sandbox is
+   * hibernated.
+   */
+  private async afterUnendedHibernate(id: string, ckId: string, cause: unknown): Promise<void> {
+    const st = await this.runtime.state(id).catch(() => undefined);
+    if (st?.status !== 'running' && st?.status !== 'paused') return;
+    await this.runtime.thaw(id).catch(() => undefined);
+    const why = `checkpoint ${ckId} is stored, but the processes could not be ended: ${asError(cause).message}`;
+    this.store.transition(
+      id,
+      'hibernating',
+      'running',
+      'hibernate could not end the processes',
+      this.clock.now(),
+      {
+        lastError: why,
+      },
+    );
+    throw new DormantError(
+      'HIBERNATE_FAILED',
+      `hibernate of sandbox ${id} failed; it is running again: ${why}`,
+      {
+        status: 500,
+        cause,
+        hint: `the checkpoint stays; dormant hibernate ${id} tries again`,
+      },
+    );
   }
 
   /**
@@ -503,14 +578,19 @@ export class SandboxController {
     ckId: string,
     dir: string,
     stepPrefix: string,
+    t: StepTimer,
+    wipeImages = true,
     gpuMeta?: GpuMeta,
   ): Promise<CheckpointRecord> {
     const images = join(dir, 'images');
-    await this.runtime.checkpoint(s.id, {
-      imagesDir: images,
-      workDir: join(dir, 'work'),
-      leaveRunning: true,
-    });
+    await t.time('checkpoint', () =>
+      this.runtime.checkpoint(s.id, {
+        imagesDir: images,
+        workDir: join(dir, 'work'),
+        leaveRunning: true,
+        timer: t,
+      }),
+    );
     this.step(`${stepPrefix}:dumped`);
     // The processes are still frozen: the diff is consistent with the memory just dumped.
     await packFilesystem(this.runtime.upperDir(s.id), join(images, FS_DIFF));
@@ -523,15 +603,17 @@ export class SandboxController {
       ...(platform.criuVersion !== undefined ? { criuVersion: platform.criuVersion } : {}),
       ...(gpuMeta !== undefined ? { gpu: JSON.stringify(gpuMeta) } : {}),
     };
-    const put = await this.vault.putCheckpoint({
-      tenant: s.tenant,
-      sandboxId: s.id,
-      checkpointId: ckId,
-      srcDir: images,
-      meta,
-    });
+    const put = await t.time('vault put', () =>
+      this.vault.putCheckpoint({
+        tenant: s.tenant,
+        sandboxId: s.id,
+        checkpointId: ckId,
+        srcDir: images,
+        meta,
+      }),
+    );
     this.step(`${stepPrefix}:stored`);
-    await this.wipe(images);
+    if (wipeImages) await t.time('wipe images', () => this.wipe(images));
     return {
       id: ckId,
       sandboxId: s.id,
@@ -751,6 +833,8 @@ export class SandboxController {
     delete sandbox.address;
     const dir = this.staging(`${forkId}-fork`);
     await mkdir(dir, { recursive: true, mode: 0o700 });
+    const t = this.timer();
+    let ok = false;
     try {
       // Under the source's lock: a consistent checkpoint and filesystem copy of the source.
       const ckId = await this.locks.run(src.id, async () => {
@@ -762,7 +846,7 @@ export class SandboxController {
           ck = newId('ck', randomBytes);
           await this.runtime.freeze(src.id);
           try {
-            const rec = await this.dumpToVault(cur, ck, dir, 'fork');
+            const rec = await this.dumpToVault(cur, ck, dir, 'fork', t);
             this.store.insertCheckpoint(rec);
             this.store.updateSandbox(src.id, { checkpointId: ck });
             this.store.insertSandbox(sandbox, `fork of ${src.id}`);
@@ -784,16 +868,22 @@ export class SandboxController {
       });
       return await this.locks.run(forkId, async () => {
         const images = join(dir, 'images');
-        await this.vault.restoreCheckpoint({ tenant: src.tenant, checkpointId: ckId, destDir: images });
-        // The checkpoint's diff (the source's files when it was dumped) is the fork's start.
-        await this.applyFilesystem(forkId, images);
-        await this.runtime.prepare(this.runtimeSpec(this.get(forkId)));
-        const st = await this.runtime
-          .restore(forkId, { imagesDir: images, workDir: join(dir, 'work') })
-          .then(() => this.runtime.state(forkId));
+        await t.time('vault fetch', () =>
+          this.vault.restoreCheckpoint({ tenant: src.tenant, checkpointId: ckId, destDir: images }),
+        );
+        // The checkpoint's diff (the source's files when it was dumped) is the fork's start,
+        // written before its overlay is mounted (restore mounts it).
+        await t.time('unpack filesystem', () => this.applyFilesystem(forkId, images));
+        await this.runtime.prepare(this.runtimeSpec(this.get(forkId)), { timer: t, mountRootfs: false });
+        const st = await t.time('restore', () =>
+          this.runtime
+            .restore(forkId, { imagesDir: images, workDir: join(dir, 'work'), timer: t })
+            .then(() => this.runtime.state(forkId)),
+        );
         this.store.transition(forkId, 'creating', 'running', `fork of ${src.id}`, this.clock.now(), {
           address: st.network.address,
         });
+        ok = true;
         return this.get(forkId);
       });
     } catch (e) {
@@ -806,6 +896,7 @@ export class SandboxController {
       throw e;
     } finally {
       await this.wipe(dir);
+      this.report(t.finish('fork', forkId, ok));
     }
   }
 
@@ -818,10 +909,9 @@ export class SandboxController {
   }
 
   /** Ends a sandbox's processes and removes its container; its filesystem and network stay. */
-  private async endProcesses(id: string): Promise<void> {
-    const st = await this.runtime.state(id);
-    if (st.status === 'absent') return;
-    await this.runtime.stop(id);
+  private async endProcesses(id: string, t?: StepTimer): Promise<void> {
+    // stop() is a no-op for a sandbox without a container: no `runc state` first.
+    await this.runtime.stop(id, t ? { timer: t } : {});
   }
 
   private async pruneCheckpoints(id: string, tenant: string): Promise<void> {
@@ -855,26 +945,41 @@ export class SandboxController {
       answer = res;
       refuse = rej;
     });
+    // Steps are recorded only on a restore from a checkpoint (a thaw has none to show).
+    const t = this.timer();
     this.locks
       .run(id, async () => {
-        const r = await this.resumeLocked(id, tenant, reason, opts);
-        answer(r.sandbox);
-        if (r.pagesLoaded) await this.afterLazyRestore(r.sandbox, r.pagesLoaded);
+        let ok = false;
+        try {
+          const r = await this.resumeLocked(id, tenant, reason, opts, t);
+          if (t.steps().length > 0) t.mark('running');
+          answer(r.sandbox);
+          ok = r.pagesLoaded
+            ? await t.time('pages loaded', () => this.afterLazyRestore(r.sandbox, r.pagesLoaded!))
+            : true;
+        } finally {
+          if (t.steps().length > 0) this.report(t.finish('resume', this.store.getSandbox(id)?.id ?? id, ok));
+        }
       })
       .catch(refuse);
     return answered;
   }
 
-  /** A lazy restore's pages failed to arrive: the sandbox is unusable, its checkpoint is not. */
-  private async afterLazyRestore(s: Sandbox, pagesLoaded: Promise<void>): Promise<void> {
+  /**
+   * A lazy restore's pages failed to arrive: the sandbox is unusable, its checkpoint is not.
+   * True when every page arrived.
+   */
+  private async afterLazyRestore(s: Sandbox, pagesLoaded: Promise<void>): Promise<boolean> {
     try {
       await pagesLoaded;
+      return true;
     } catch (e) {
       await this.unmountAndEmpty(s.id);
       this.store.transition(s.id, 'running', 'hibernated', 'lazy restore failed', this.clock.now(), {
         lastError: `lazy restore failed, back to its checkpoint: ${asError(e).message}`,
         memoryBytes: 0,
       });
+      return false;
     } finally {
       await this.wipe(this.staging(`${s.id}-restore`));
     }
@@ -885,6 +990,7 @@ export class SandboxController {
     tenant: string | undefined,
     reason: string,
     opts: { from?: string },
+    t: StepTimer,
   ): Promise<{ sandbox: Sandbox; pagesLoaded?: Promise<void> }> {
     {
       const s = this.get(id, tenant);
@@ -925,7 +1031,7 @@ export class SandboxController {
       let pagesLoaded: Promise<void> | undefined;
       try {
         if (from === 'hibernated')
-          ({ pagesLoaded } = await this.restoreFromVault(s, opts.from ?? s.checkpointId));
+          ({ pagesLoaded } = await this.restoreFromVault(s, opts.from ?? s.checkpointId, t));
         else await this.freshStart(s);
       } catch (e) {
         this.store.transition(id, 'resuming', from, 'resume failed', this.clock.now(), {
@@ -961,7 +1067,8 @@ export class SandboxController {
         );
       }
       let why = reason;
-      if (s.spec.onResume && s.spec.onResume.length > 0) why = `${reason}; ${await this.runResumeHook(s)}`;
+      if (s.spec.onResume && s.spec.onResume.length > 0)
+        why = `${reason}; ${await t.time('on-resume hook', () => this.runResumeHook(s))}`;
       const now = this.clock.now();
       this.store.transition(id, 'resuming', 'running', why, now, {
         lastActiveAt: Math.max(s.lastActiveAt, now),
@@ -1008,6 +1115,7 @@ export class SandboxController {
   private async restoreFromVault(
     s: Sandbox,
     ckId: string | undefined,
+    t: StepTimer,
   ): Promise<{ pagesLoaded: Promise<void> | undefined }> {
     if (ckId === undefined)
       throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
@@ -1019,20 +1127,39 @@ export class SandboxController {
     let restored = false;
     try {
       const ck = this.store.getCheckpoint(ckId);
-      await this.checkCompatible(s.id, ck);
-      const gpuMeta = ck && gpuMetaOf(ck.meta);
+      await t.time('compatibility', () => this.checkCompatible(s.id, ck));
+      const gpuMeta = ck ? gpuMetaOf(ck.meta) : undefined;
+      // A checkpoint with its diff: the writable layer is filled before the overlay is mounted.
+      const hasDiff = ck?.meta[FS_META] === 'tar';
       await mkdir(dir, { recursive: true, mode: 0o700 });
       const images = join(dir, 'images');
-      await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images });
+      // The sandbox's host side (network, log collector, rootfs mount) does not need the images:
+      // it is set up while they come out of the vault.
+      const [fetched, prepared] = await Promise.allSettled([
+        t.time('vault fetch', () =>
+          this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images }),
+        ),
+        t.time('prepare', () =>
+          this.runtime.prepare(this.runtimeSpec(s), { timer: t, mountRootfs: !hasDiff }),
+        ),
+      ]);
+      if (fetched.status === 'rejected') {
+        // A hibernated sandbox's rootfs stays unmounted (archivable, nothing holding it).
+        if (prepared.status === 'fulfilled') await this.runtime.stop(s.id).catch(() => undefined);
+        throw fetched.reason;
+      }
+      if (prepared.status === 'rejected') throw prepared.reason;
       this.step('resume:fetched');
-      unpacked = await this.applyFilesystem(s.id, images);
-      await this.runtime.prepare(this.runtimeSpec(s));
-      const r = await this.runtime.restore(s.id, {
-        imagesDir: images,
-        workDir: join(dir, 'work'),
-        // CUDA's restore reads the whole host copy of device memory at once: no lazy pages.
-        lazyPages: lazy && gpuMeta === undefined,
-      });
+      unpacked = await t.time('unpack filesystem', () => this.applyFilesystem(s.id, images));
+      const r = await t.time('restore', () =>
+        this.runtime.restore(s.id, {
+          imagesDir: images,
+          workDir: join(dir, 'work'),
+          // CUDA's restore reads the whole host copy of device memory at once: no lazy pages.
+          lazyPages: lazy && gpuMeta === undefined,
+          timer: t,
+        }),
+      );
       if (gpuMeta !== undefined) await this.cudaRestore(s.id, gpuMeta);
       restored = true;
       if (ckId !== s.checkpointId) this.store.updateSandbox(s.id, { checkpointId: ckId });
@@ -1506,6 +1633,7 @@ export class SandboxController {
       const s = this.get(id, tenant);
       if (s.state !== 'deleting') this.store.transition(id, s.state, 'deleting', reason, this.clock.now());
       await this.runtime.destroy(id);
+      for (const op of ['hibernate', 'resume', 'fork'] as const) this.timings.delete(`${op}:${id}`);
       // Crypto-shredding: without the sandbox's key its checkpoints cannot be read again.
       await this.vault.destroySandboxKey({ tenant: s.tenant, sandboxId: id });
       this.store.deleteSandbox(id, reason, this.clock.now());

@@ -256,10 +256,22 @@ export async function setUpNetwork(
 }
 
 /**
- * Removes CRIU's network-lock chain if a failed dump or restore left it behind: while it is
- * there the sandbox's traffic is dropped.
+ * Removes CRIU's network lock if a failed dump or restore left it behind: while it is there
+ * the sandbox's traffic is dropped. CRIU locks with nftables (a `CRIU-<pid>` table; criu.conf
+ * asks for it) or, for checkpoints made before, with an iptables `CRIU` chain: both go.
  */
 export async function clearCriuNetworkLock(net: SandboxNetwork): Promise<void> {
+  // nft may be missing (CRIU links libnftables itself): then there is nothing to list.
+  const tables = await run('ip', ['netns', 'exec', net.netns, 'nft', 'list', 'tables'], {
+    timeoutMs: IP_TIMEOUT_MS,
+    okExitCodes: Array.from({ length: 256 }, (_, i) => i),
+  }).catch(() => undefined);
+  for (const m of (tables?.stdout ?? '').matchAll(/^table (\S+) (CRIU-\d+)$/gm)) {
+    await run('ip', ['netns', 'exec', net.netns, 'nft', 'delete', 'table', m[1]!, m[2]!], {
+      timeoutMs: IP_TIMEOUT_MS,
+      okExitCodes: [0, 1],
+    });
+  }
   for (const tool of ['iptables', 'ip6tables']) {
     const r = await run('ip', ['netns', 'exec', net.netns, tool, '-S'], {
       timeoutMs: IP_TIMEOUT_MS,

@@ -192,8 +192,12 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
 /**
  * CRIU options runc cannot pass itself. `tcp-close`: established connections are dumped
  * as closed and restored closed (their peers get a reset and reconnect); listening sockets
- * are restored listening.
+ * are restored listening. `network-lock nftables`: CRIU locks the sandbox's network during a
+ * dump or restore through libnftables, in-process, instead of running iptables-restore and
+ * ip6tables-restore to lock and again to unlock (~0.2 s of a dump and ~0.15 s of a restore
+ * here). A restore unlocks with the method its checkpoint was dumped with, so checkpoints
+ * made with the iptables lock still restore.
  */
 export function criuConfigText(): string {
-  return 'tcp-close\n';
+  return 'tcp-close\nnetwork-lock nftables\n';
 }

@@ -6,6 +6,7 @@
  * layer, log, network reservation). The runtime knows nothing of the vault, tenants or
  * policies: the daemon hands it folders to write CRIU images into and to restore from.
  */
+import type { StepSink } from '../domain/timings.js';
 
 /** A host folder made visible, read-only, inside the sandbox. */
 export interface ReadonlyBind {
@@ -77,6 +78,16 @@ export interface SandboxState {
 export interface CallOptions {
   signal?: AbortSignal;
   timeoutMs?: number;
+  /** Records the wall time of each runc/criu call and host-side step (hibernate/resume timings). */
+  timer?: StepSink;
+}
+
+export interface PrepareOptions extends CallOptions {
+  /**
+   * Mount the rootfs overlay too (default true). False leaves the writable layer at rest so
+   * it can be filled first; restore() mounts it.
+   */
+  mountRootfs?: boolean;
 }
 
 export interface ExecOptions extends CallOptions {
@@ -138,7 +149,7 @@ export interface RestoreResult {
  */
 export interface Runtime {
   /** Sets up the sandbox's directory, writable layer, network and log, without a container. */
-  prepare(spec: SandboxSpec, opts?: CallOptions): Promise<SandboxState>;
+  prepare(spec: SandboxSpec, opts?: PrepareOptions): Promise<SandboxState>;
   /** Where sandbox `id`'s writable layer is (whether or not it is prepared yet). */
   upperDir(id: string): string;
   /** prepare() plus a created (not yet started) container. */
