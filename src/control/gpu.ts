@@ -12,9 +12,11 @@ import {
   gpuHolders,
   locateCudaHelper,
   nsPidOf,
+  nvidiaDeviceNodes,
   pidsInNamespaceOf,
   type CudaStep,
   type GpuHolder,
+  type HostDevice,
 } from '../sys/gpu.js';
 import { nvidiaFacts } from '../sys/node-facts.js';
 
@@ -36,6 +38,11 @@ export interface GpuNode {
   /** Every process in the pid namespace of `pid1`: host pid and pid inside. */
   processes(pid1: number): Promise<{ pid: number; nsPid: number }[]>;
   step(step: CudaStep, pid: number): Promise<void>;
+  /**
+   * The device nodes a sandbox declared with `gpus` ("all" or "0,1") gets; throws when one
+   * is missing. Absent: the sandbox gets no device nodes (a node described by a test).
+   */
+  deviceNodes?(gpus: string): Promise<HostDevice[]>;
 }
 
 /** Why this node cannot checkpoint CUDA state, or undefined when it can. */
@@ -91,6 +98,9 @@ export function systemGpuNode(env: NodeJS.ProcessEnv = process.env): GpuNode {
     },
     async step(step, pid) {
       await cudaStep(await helper(), step, pid);
+    },
+    async deviceNodes(gpus) {
+      return nvidiaDeviceNodes(gpus);
     },
   };
 }

@@ -275,6 +275,7 @@ export class SandboxController {
       ports: s.spec.ports.map((p) => p.port),
       limits: { memoryBytes: s.spec.memoryBytes, cpus: s.spec.cpus, pids: 512 },
       ...(this.opts.readonlyBinds ? { readonlyBinds: this.opts.readonlyBinds } : {}),
+      ...(s.spec.devices !== undefined && s.spec.devices.length > 0 ? { devices: s.spec.devices } : {}),
     };
   }
 
@@ -357,6 +358,7 @@ export class SandboxController {
     const gpus = input.gpus === undefined ? undefined : parseGpus(input.gpus);
     const gpuPolicy = input.gpuPolicy === undefined ? DEFAULT_GPU_POLICY : parseGpuPolicy(input.gpuPolicy);
     if (gpus !== undefined) await this.checkGpusAvailable(gpus);
+    const devices = gpus !== undefined ? await this.gpuDevices(gpus) : [];
     const now = this.clock.now();
     const sandbox: Sandbox = {
       id,
@@ -370,6 +372,7 @@ export class SandboxController {
         command,
         env: { ...image?.env, ...input.env },
         ...(image?.workingDir !== undefined ? { cwd: image.workingDir } : {}),
+        ...(devices.length > 0 ? { devices } : {}),
         ports,
         memoryBytes: input.memoryBytes ?? DEFAULT_MEMORY,
         cpus: input.cpus ?? 1,
@@ -628,6 +631,24 @@ export class SandboxController {
         ...(gpuMeta !== undefined ? { gpu: gpuMeta } : {}),
       },
     };
+  }
+
+  /** The device nodes of GPUs `gpus` on this node; refuses (409) when one is missing. */
+  private async gpuDevices(gpus: string): Promise<{ path: string; major: number; minor: number }[]> {
+    if (this.gpu.deviceNodes === undefined) return [];
+    try {
+      return await this.gpu.deviceNodes(gpus);
+    } catch (e) {
+      throw new DormantError(
+        'GPU_UNAVAILABLE',
+        `cannot create a sandbox with GPUs (${gpus}): ${asError(e).message}`,
+        {
+          status: 409,
+          cause: e,
+          hint: 'ls /dev/nvidia* shows the GPUs this node has; --gpus all takes every one',
+        },
+      );
+    }
   }
 
   /** Refuses GPUs on a node without an NVIDIA driver. */

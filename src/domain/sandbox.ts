@@ -157,6 +157,8 @@ export interface SandboxSpec {
   cpus: number;
   onResume?: string[];
   policy: SandboxPolicy;
+  /** Host device nodes it was given at create (its GPUs: /dev/nvidiaN and the control nodes). */
+  devices?: { path: string; major: number; minor: number }[];
   /** Set on a sandbox made by `checkpoint import`: the archive's file name. */
   importedFrom?: string;
 }

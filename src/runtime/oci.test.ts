@@ -104,6 +104,41 @@ describe('buildOciConfig', () => {
     const usr = config.mounts.find((m) => m.destination === '/usr');
     assert.ok(usr?.options?.includes('ro'));
   });
+
+  test('devices: all denied, only the declared ones (a GPU) created and allowed; none by default', () => {
+    const withGpu = buildOciConfig({
+      spec: compileSandboxSpec({
+        id: 'gpu-box',
+        rootfs: '/images/py',
+        args: ['python3'],
+        devices: [{ path: '/dev/nvidia0', major: 195, minor: 0 }],
+      }),
+      netnsPath: '/var/run/netns/dormant-gpu-box',
+      cgroupsPath: '/dormant/gpu-box',
+      criuConfigPath: '/state/gpu-box/criu.conf',
+    }) as { linux: { devices?: unknown[]; resources: { devices: unknown[] } } };
+    assert.deepEqual(withGpu.linux.resources.devices, [
+      { allow: false, access: 'rwm' },
+      { allow: true, type: 'c', major: 195, minor: 0, access: 'rwm' },
+    ]);
+    assert.deepEqual(withGpu.linux.devices, [
+      { path: '/dev/nvidia0', type: 'c', major: 195, minor: 0, fileMode: 0o666, uid: 0, gid: 0 },
+    ]);
+    const plain = config as unknown as { linux: { devices?: unknown[]; resources: { devices: unknown[] } } };
+    assert.equal(plain.linux.devices, undefined);
+    assert.deepEqual(plain.linux.resources.devices, [{ allow: false, access: 'rwm' }]);
+    assert.equal('devices' in spec, false, 'a spec without devices is unchanged (prepare compares it)');
+    assert.throws(
+      () =>
+        compileSandboxSpec({
+          id: 'x',
+          rootfs: '/r',
+          args: ['a'],
+          devices: [{ path: '/etc/passwd', major: 1, minor: 1 }],
+        }),
+      /device \/etc\/passwd/,
+    );
+  });
 });
 
 describe('network addressing', () => {

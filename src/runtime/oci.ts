@@ -36,6 +36,15 @@ export function compileSandboxSpec(raw: SandboxSpec): Readonly<SandboxSpec> {
   for (const b of raw.readonlyBinds ?? [])
     if (!b.source.startsWith('/') || !b.destination.startsWith('/'))
       throw invalid(`sandbox ${raw.id}: bind ${b.source}:${b.destination} must use absolute paths`);
+  for (const d of raw.devices ?? [])
+    if (
+      !/^\/dev\/[A-Za-z0-9][A-Za-z0-9._-]*$/.test(d.path) ||
+      !Number.isInteger(d.major) ||
+      !Number.isInteger(d.minor) ||
+      d.major < 0 ||
+      d.minor < 0
+    )
+      throw invalid(`sandbox ${raw.id}: device ${d.path} ${d.major}:${d.minor} is not valid`);
   for (const k of Object.keys(raw.env ?? {}))
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw invalid(`sandbox ${raw.id}: env name "${k}" is not valid`);
   return Object.freeze({
@@ -48,6 +57,14 @@ export function compileSandboxSpec(raw: SandboxSpec): Readonly<SandboxSpec> {
     ports: Object.freeze(ports.sort((a, b) => a - b)),
     limits: Object.freeze({ ...limits }),
     readonlyBinds: Object.freeze((raw.readonlyBinds ?? []).map((b) => Object.freeze({ ...b }))),
+    // Only when there are some: the spec of a sandbox without devices stays what it was.
+    ...(raw.devices !== undefined && raw.devices.length > 0
+      ? {
+          devices: Object.freeze(
+            raw.devices.map((d) => Object.freeze({ path: d.path, major: d.major, minor: d.minor })),
+          ),
+        }
+      : {}),
   });
 }
 
@@ -111,8 +128,13 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
   const { spec } = input;
   const env = { PATH: DEFAULT_PATH, HOME: '/root', HOSTNAME: spec.hostname ?? spec.id, ...spec.env };
   const limits = spec.limits ?? {};
+  const devices = spec.devices ?? [];
   const resources: Record<string, unknown> = {
-    devices: [{ allow: false, access: 'rwm' }],
+    // Everything denied, then exactly the declared devices (a GPU's nodes) allowed.
+    devices: [
+      { allow: false, access: 'rwm' },
+      ...devices.map((d) => ({ allow: true, type: 'c', major: d.major, minor: d.minor, access: 'rwm' })),
+    ],
   };
   if (limits.memoryBytes !== undefined) resources.memory = { limit: limits.memoryBytes };
   if (limits.cpus !== undefined)
@@ -176,6 +198,19 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
     linux: {
       cgroupsPath: input.cgroupsPath,
       resources,
+      ...(devices.length > 0
+        ? {
+            devices: devices.map((d) => ({
+              path: d.path,
+              type: 'c',
+              major: d.major,
+              minor: d.minor,
+              fileMode: 0o666,
+              uid: 0,
+              gid: 0,
+            })),
+          }
+        : {}),
       namespaces: [
         { type: 'pid' },
         { type: 'network', path: input.netnsPath },

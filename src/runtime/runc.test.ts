@@ -209,6 +209,30 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
     await assert.rejects(rt.state(id), (e) => isDormantError(e, ErrorCode.RUNTIME_SANDBOX_NOT_FOUND));
   });
 
+  test('a declared device node (how a GPU is given) is created inside and usable', async () => {
+    const id = `dev-${suffix}`;
+    // A stand-in for /dev/nvidia0: the null device, 1:3, under a GPU-like name.
+    await rt.create({
+      id,
+      rootfs,
+      args: ['sleep', '300'],
+      devices: [{ path: '/dev/gpu-standin0', major: 1, minor: 3 }],
+    });
+    await rt.start(id);
+    try {
+      const r = await rt.exec(id, [
+        'sh',
+        '-c',
+        'echo data > /dev/gpu-standin0 && echo written; ls -l /dev/gpu-standin0',
+      ]);
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.match(r.stdout, /^written\n/);
+      assert.match(r.stdout, /^c.* 1,\s+3 .*\/dev\/gpu-standin0$/m, 'a character device 1:3');
+    } finally {
+      await rt.destroy(id);
+    }
+  });
+
   test('an HTTP server keeps its memory across checkpoint and restore; logs carry on', async () => {
     const id = `http-${suffix}`;
     await rt.create({

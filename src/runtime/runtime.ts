@@ -16,6 +16,14 @@ export interface ReadonlyBind {
   destination: string;
 }
 
+/** A host character device created inside the sandbox (a GPU's /dev/nvidia0, say). */
+export interface DeviceNode {
+  /** Under /dev, the same inside the sandbox as on the host. */
+  path: string;
+  major: number;
+  minor: number;
+}
+
 export interface SandboxLimits {
   /** Memory limit (the cgroup's hard limit) in bytes. */
   memoryBytes?: number;
@@ -42,6 +50,8 @@ export interface SandboxSpec {
   ports?: readonly number[];
   limits?: SandboxLimits;
   readonlyBinds?: readonly ReadonlyBind[];
+  /** Character devices the sandbox may use (created in its /dev, allowed in its cgroup). */
+  devices?: readonly DeviceNode[];
 }
 
 /** The addresses of a sandbox's private link (a /30 of the runtime's subnet). */

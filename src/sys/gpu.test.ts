@@ -11,7 +11,7 @@ import { existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { run } from './exec.js';
-import { cudaInfo, cudaStep, gpuEvidence, gpuHolders, nsPidOf } from './gpu.js';
+import { cudaInfo, cudaStep, gpuEvidence, gpuHolders, nsPidOf, nvidiaDeviceNodes } from './gpu.js';
 import { isDormantError } from '../domain/errors.js';
 
 const HEADER = '/usr/local/cuda/include/cuda.h';
@@ -105,5 +105,35 @@ describe('GPU state detection', () => {
     assert.deepEqual(await gpuEvidence(plain), []);
     const found = await gpuHolders([plain, gpu, 999_999_999]);
     assert.deepEqual(found, [{ pid: gpu, nsPid: await nsPidOf(gpu), evidence: [`maps ${fake}`] }]);
+  });
+});
+
+describe('NVIDIA device nodes for a sandbox declared with GPUs', () => {
+  test('"all", an index list, the control nodes; a missing GPU is named', async () => {
+    const dev = await mkdtemp(join(tmpdir(), 'dormant-dev-'));
+    try {
+      const node = (name: string, major: number, minor: number) =>
+        run('mknod', [join(dev, name), 'c', String(major), String(minor)], { timeoutMs: 5000 });
+      await node('nvidia0', 195, 0);
+      await node('nvidia1', 195, 1);
+      await node('nvidiactl', 195, 255);
+      await node('nvidia-uvm', 507, 0);
+      assert.deepEqual(await nvidiaDeviceNodes('all', dev), [
+        { path: '/dev/nvidia0', major: 195, minor: 0 },
+        { path: '/dev/nvidia1', major: 195, minor: 1 },
+        { path: '/dev/nvidiactl', major: 195, minor: 255 },
+        { path: '/dev/nvidia-uvm', major: 507, minor: 0 },
+      ]);
+      assert.deepEqual(
+        (await nvidiaDeviceNodes('1', dev)).map((d) => d.path),
+        ['/dev/nvidia1', '/dev/nvidiactl', '/dev/nvidia-uvm'],
+      );
+      await assert.rejects(nvidiaDeviceNodes('0,3', dev), /no device node .*nvidia3/);
+      const empty = await mkdtemp(join(tmpdir(), 'dormant-dev-'));
+      await assert.rejects(nvidiaDeviceNodes('all', empty), /no NVIDIA GPU device node/);
+      await rm(empty, { recursive: true });
+    } finally {
+      await rm(dev, { recursive: true, force: true });
+    }
   });
 });

@@ -5,7 +5,7 @@
  * /dev/nvidiactl, /dev/nvidia-uvm...) or mapped, or has the CUDA driver library (libcuda.so)
  * mapped: CRIU alone cannot save that state, so such a sandbox must not be hibernated blindly.
  */
-import { access, constants, readFile, readdir, readlink } from 'node:fs/promises';
+import { access, constants, readFile, readdir, readlink, stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DormantError, errnoCode } from '../domain/errors.js';
@@ -184,4 +184,54 @@ export async function cudaStep(
   if (step === 'lock') args.push(String(opts.lockTimeoutMs ?? 10_000));
   // Moving tens of GiB between device and host takes seconds; allow minutes.
   await callHelper(helper, args, opts.timeoutMs ?? 600_000);
+}
+
+/** A character device of the host to create inside a sandbox. */
+export interface HostDevice {
+  /** Path on the host and inside the sandbox, under /dev. */
+  path: string;
+  major: number;
+  minor: number;
+}
+
+/** Linux dev_t split as glibc does (major: bits 8-19 and 32-43; minor: bits 0-7 and 20-31). */
+function splitDev(rdev: number): { major: number; minor: number } {
+  const hi = Math.floor(rdev / 2 ** 32);
+  const lo = rdev >>> 0;
+  return {
+    major: ((lo >>> 8) & 0xfff) | ((hi & 0xfffff000) >>> 0),
+    minor: (lo & 0xff) | ((lo >>> 12) & 0xfff00),
+  };
+}
+
+/**
+ * The NVIDIA device nodes a sandbox declared with `gpus` needs: the chosen GPUs
+ * (`/dev/nvidiaN`; "all" or a comma list of indexes) and the control devices (nvidiactl,
+ * nvidia-uvm, nvidia-uvm-tools, nvidia-modeset) that exist. Throws when a chosen GPU has no
+ * device node.
+ */
+export async function nvidiaDeviceNodes(gpus: string, devDir = '/dev'): Promise<HostDevice[]> {
+  const names = await readdir(devDir).catch(() => [] as string[]);
+  const gpuNames = names
+    .filter((n) => /^nvidia\d+$/.test(n))
+    .sort((a, b) => Number(a.slice(6)) - Number(b.slice(6)));
+  let chosen: string[];
+  if (gpus === 'all') chosen = gpuNames;
+  else {
+    chosen = gpus.split(',').map((i) => `nvidia${i.trim()}`);
+    const missing = chosen.filter((n) => !gpuNames.includes(n));
+    if (missing.length > 0)
+      throw new Error(`no device node ${missing.map((n) => `${devDir}/${n}`).join(', ')} on this node`);
+  }
+  if (chosen.length === 0) throw new Error(`no NVIDIA GPU device node (${devDir}/nvidiaN) on this node`);
+  const control = ['nvidiactl', 'nvidia-uvm', 'nvidia-uvm-tools', 'nvidia-modeset'].filter((n) =>
+    names.includes(n),
+  );
+  const out: HostDevice[] = [];
+  for (const n of [...chosen, ...control]) {
+    const st = await stat(join(devDir, n));
+    if (!st.isCharacterDevice()) continue;
+    out.push({ path: `/dev/${n}`, ...splitDev(st.rdev) });
+  }
+  return out;
 }
