@@ -350,4 +350,30 @@ describe('checkpoint import and export', () => {
       await nothingLeft(before);
     }
   });
+  test('the export of a checkpoint holding a secret is refused, and allowed with encrypted (the client encrypts it)', async () => {
+    const s = await client.createSandbox({
+      name: 'secretive',
+      image: `${layout}:latest`,
+      command: ['/usr/bin/python3', '-u', '/srv/server.py'],
+      env: { STRIPE_SECRET_KEY: ['sk', 'live', '4eC39HqLyjWDarjtT1zdp7dc'].join('_') },
+      memory: '128M',
+    });
+    const h = await client.hibernate(s.id);
+    assert.ok(h.checkpointId);
+    await assert.rejects(client.exportCheckpoint(h.checkpointId), (e: unknown) => {
+      assert.ok(e instanceof DormantApiError);
+      assert.equal(e.code, 'CHECKPOINT_HAS_SECRETS');
+      return true;
+    });
+    const r = await client.exportCheckpoint(h.checkpointId, { encrypted: true, compression: 'none' });
+    assert.ok(r.secretsFound > 0, 'the findings are still reported');
+    let n = 0;
+    for await (const chunk of Readable.fromWeb(r.body as Parameters<typeof Readable.fromWeb>[0]))
+      n += (chunk as Buffer).length;
+    assert.ok(n > 0);
+    await eventually('staging wiped', async () => {
+      assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'staging wiped');
+    });
+    await client.remove(s.id);
+  });
 });

@@ -251,7 +251,8 @@ const ROUTES: Route[] = [
   {
     method: 'get',
     path: '/v1/checkpoints/{id}/export',
-    summary: 'the checkpoint as a podman / CRI-O archive (409 CHECKPOINT_HAS_SECRETS unless allowPlaintext)',
+    summary:
+      'the checkpoint as a podman / CRI-O archive (409 CHECKPOINT_HAS_SECRETS unless allowPlaintext, or encrypted: the client encrypts it)',
     query: ExportQuery,
     ok: [200, 'application/octet-stream'],
   },

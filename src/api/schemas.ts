@@ -94,6 +94,8 @@ export const ImportBody = z.strictObject({
 
 export const ExportQuery = z.object({
   allowPlaintext: z.enum(['true', 'false', '1', '0']).optional(),
+  /** The client encrypts the archive (an encrypted OCI layer) before it is written anywhere. */
+  encrypted: z.enum(['true', 'false', '1', '0']).optional(),
   compression: z.enum(['zstd', 'gzip', 'none']).optional(),
 });
 

@@ -291,6 +291,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     const q = parse(ExportQuery, req.query, 'query');
     const r = await controller.exportArchive(id, scope(req), {
       allowPlaintext: q.allowPlaintext === 'true' || q.allowPlaintext === '1',
+      encrypted: q.encrypted === 'true' || q.encrypted === '1',
       compression: q.compression ?? 'zstd',
     });
     const body = createReadStream(r.file);

@@ -160,6 +160,11 @@ export interface ExportOptions {
   compression?: Compression;
   /** Export even when the scan finds secrets. */
   allowPlaintext?: boolean;
+  /**
+   * The caller encrypts the archive before it reaches a disk (an encrypted OCI layer): export
+   * even when the scan finds secrets (they are still reported).
+   */
+  encrypted?: boolean;
   meta: PodmanMetadata;
   /** Members beyond the images (rootfs-diff.tar, deleted.files), replacing the checkpoint's own. */
   extra?: ArchiveMember[];
@@ -169,21 +174,21 @@ export interface ExportOptions {
 /**
  * Exports an opened checkpoint as a podman archive, after scanning it. Throws
  * CHECKPOINT_HAS_SECRETS (with the findings' kinds and places, never the secrets) unless
- * `allowPlaintext`.
+ * `allowPlaintext` or `encrypted`.
  */
 export async function exportCheckpoint(
   ck: OpenedCheckpoint,
   opts: ExportOptions,
 ): Promise<{ out: string; sizeBytes: number; scan: ScanReport }> {
   const scan = await scanCheckpoint(ck, { signal: opts.signal });
-  if (scan.findings.length > 0 && opts.allowPlaintext !== true) {
+  if (scan.findings.length > 0 && opts.allowPlaintext !== true && opts.encrypted !== true) {
     const kinds = [...new Set(scan.findings.map((f) => f.kind))].join(', ');
     throw new DormantError(
       ErrorCode.CHECKPOINT_HAS_SECRETS,
       `checkpoint ${ck.ref} holds ${scan.findings.length} secret(s) (${kinds}); refusing to write it out in plaintext`,
       {
         status: 409,
-        hint: '`dormant checkpoint scan` lists them; pass --allow-plaintext to export anyway',
+        hint: '`dormant checkpoint scan` lists them; export with --format oci --encrypt --recipient jwe:PUB.pem, or pass --allow-plaintext to export anyway',
         details: { findings: scan.findings.map((f) => ({ kind: f.kind, where: f.where, path: f.path })) },
       },
     );

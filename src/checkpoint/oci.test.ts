@@ -7,11 +7,13 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtemp, readFile, readdir, rm, stat } from 'node:fs/promises';
+import { generateKeyPairSync } from 'node:crypto';
+import { mkdtemp, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { unpackImage } from '../runtime/image.js';
 import { CRIO_CHECKPOINT_NAME } from './oci.js';
+import { decryptLayer } from './testing/decrypt.js';
 import { dump, kill, shm, startPython } from './testing/fixtures.js';
 
 const BIN = fileURLToPath(new URL('../../bin/dormant', import.meta.url));
@@ -22,6 +24,7 @@ open(sys.argv[1], 'w').write('ok')
 time.sleep(3600)
 `;
 
+const SECRET = ['sk', 'live', '4eC39HqLyjWDarjtT1zdp7dc'].join('_');
 let dir: string;
 let images: string;
 let work: string;
@@ -43,9 +46,7 @@ before(async () => {
   dir = await shm('dormant-oci-test-');
   work = await mkdtemp('/tmp/dormant-oci-test-');
   const clean = await startPython(HOLDER, dir);
-  const dirty = await startPython(HOLDER, dir, {
-    STRIPE_SECRET_KEY: ['sk', 'live', '4eC39HqLyjWDarjtT1zdp7dc'].join('_'),
-  });
+  const dirty = await startPython(HOLDER, dir, { STRIPE_SECRET_KEY: SECRET });
   try {
     images = join(dir, 'images');
     await dump(clean, images);
@@ -112,4 +113,129 @@ test('export --format oci of a checkpoint holding secrets is refused, and writes
     (await readdir(work)).filter((f) => f.endsWith('.tar') || f.endsWith('.tmp')),
     [],
   );
+});
+
+async function filesUnder(d: string): Promise<string[]> {
+  const out: string[] = [];
+  for (const e of await readdir(d, { withFileTypes: true })) {
+    const p = join(d, e.name);
+    if (e.isDirectory()) out.push(...(await filesUnder(p)));
+    else out.push(p);
+  }
+  return out;
+}
+
+test('export --format oci --encrypt of a checkpoint holding secrets writes an ocicrypt layer that only the recipients open', async () => {
+  const keys = [
+    generateKeyPairSync('rsa', { modulusLength: 2048 }),
+    generateKeyPairSync('rsa', { modulusLength: 3072 }),
+  ];
+  const pubs = await Promise.all(
+    keys.map(async (k, i) => {
+      const p = join(work, `pub${i}.pem`);
+      await writeFile(p, k.publicKey.export({ type: 'spki', format: 'pem' }));
+      return p;
+    }),
+  );
+  const out = join(work, 'enc-image');
+  const args = [
+    'checkpoint',
+    'export',
+    join(dir, 'dirty'),
+    '--format',
+    'oci',
+    '--out',
+    out,
+    '--name',
+    'dirty',
+  ];
+  // Without --encrypt: refused, as before.
+  const plain = await dormant(args);
+  assert.equal(plain.code, 1, plain.stdout);
+  assert.match(plain.stderr, /CHECKPOINT_HAS_SECRETS/);
+  const r = await dormant([
+    ...args,
+    '--encrypt',
+    '--recipient',
+    `jwe:${pubs[0]!}`,
+    '--recipient',
+    pubs[1]!,
+    '--json',
+  ]);
+  assert.equal(r.code, 0, r.stderr);
+  const res = JSON.parse(r.stdout) as { findings: number; encrypted: boolean };
+  assert.ok(res.findings > 0, 'the findings are still reported');
+  assert.equal(res.encrypted, true);
+  // The secret's bytes are in no file of the layout, and no plaintext staging is left anywhere.
+  const secret = Buffer.from(SECRET);
+  for (const f of await filesUnder(out)) assert.equal((await readFile(f)).indexOf(secret), -1, f);
+  assert.deepEqual(
+    (await readdir(work)).filter((f) => f.endsWith('.tar') || f.endsWith('.tmp')),
+    [],
+  );
+  assert.deepEqual(
+    (await readdir('/dev/shm')).filter((f) => f.startsWith(`.dormant-export-`)),
+    [],
+  );
+
+  const index = JSON.parse(await readFile(join(out, 'index.json'), 'utf8')) as {
+    manifests: { digest: string }[];
+  };
+  const blob = (d: string): Promise<Buffer> => readFile(join(out, 'blobs', 'sha256', d.slice(7)));
+  const manifest = JSON.parse((await blob(index.manifests[0]!.digest)).toString()) as {
+    config: { digest: string };
+    layers: { mediaType: string; digest: string; size: number; annotations: Record<string, string> }[];
+  };
+  const layer = manifest.layers[0]!;
+  assert.equal(layer.mediaType, 'application/vnd.oci.image.layer.v1.tar+encrypted');
+  const enc = await blob(layer.digest);
+  assert.equal(enc.length, layer.size);
+  const config = JSON.parse((await blob(manifest.config.digest)).toString()) as {
+    rootfs: { diff_ids: string[] };
+  };
+  // Each recipient's private key gives back the plain layer: the podman archive with the secret in it.
+  for (const k of keys) {
+    const d = decryptLayer(enc, layer.annotations, k.privateKey);
+    assert.equal(d.priv.digest, config.rootfs.diff_ids[0]);
+    assert.ok(d.plain.indexOf(secret) >= 0, 'the decrypted layer is the checkpoint memory');
+    assert.ok(d.plain.indexOf(Buffer.from('checkpoint/pstree.img')) >= 0);
+  }
+  // A stranger's key opens nothing; one flipped byte fails the HMAC.
+  assert.throws(
+    () =>
+      decryptLayer(enc, layer.annotations, generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey),
+    /no JWE recipient/,
+  );
+  const flipped = Buffer.from(enc);
+  flipped[flipped.length >> 1]! ^= 1;
+  assert.throws(() => decryptLayer(flipped, layer.annotations, keys[0]!.privateKey), /HMAC mismatch/);
+});
+
+test('export --encrypt refuses bad recipients and the podman format, clearly and before writing', async () => {
+  const out = join(work, 'bad-enc');
+  const base = ['checkpoint', 'export', images, '--format', 'oci', '--out', out];
+  const notKey = join(work, 'not-a-key.pem');
+  await writeFile(notKey, 'hello\n');
+  const ec = join(work, 'ec.pem');
+  await writeFile(
+    ec,
+    generateKeyPairSync('ec', { namedCurve: 'P-256' }).publicKey.export({ type: 'spki', format: 'pem' }),
+  );
+  const cases: [string[], RegExp][] = [
+    [[...base, '--encrypt'], /--encrypt needs at least one --recipient/],
+    [[...base, '--encrypt', '--recipient', `jwe:${join(work, 'missing.pem')}`], /cannot read .*missing\.pem/],
+    [[...base, '--encrypt', '--recipient', `jwe:${notKey}`], /not-a-key\.pem is not a PEM public key/],
+    [[...base, '--encrypt', '--recipient', `pgp:${notKey}`], /only jwe:PUBKEY\.pem is supported/],
+    [[...base, '--encrypt', '--recipient', ec], /ec key; an RSA public key/],
+    [
+      ['checkpoint', 'export', images, '--out', join(work, 'x.tar'), '--encrypt', '--recipient', notKey],
+      /--encrypt needs --format oci/,
+    ],
+  ];
+  for (const [args, re] of cases) {
+    const r = await dormant(args);
+    assert.equal(r.code, 2, `${args.join(' ')}: ${r.stderr}`);
+    assert.match(r.stderr, re);
+  }
+  await assert.rejects(stat(out), { code: 'ENOENT' });
 });

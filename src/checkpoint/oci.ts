@@ -12,7 +12,9 @@ import { createReadStream } from 'node:fs';
 import { copyFile, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { arch } from 'node:os';
 import { join } from 'node:path';
+import type { KeyObject } from 'node:crypto';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
+import { encryptLayer } from './encrypt.js';
 
 /** The annotation CRI-O reads to restore a container from a checkpoint image. */
 export const CRIO_CHECKPOINT_NAME = 'io.kubernetes.cri-o.annotations.checkpoint.name';
@@ -44,6 +46,11 @@ export interface OciCheckpointOptions {
   /** More manifest annotations (where the checkpoint came from). */
   annotations?: Record<string, string>;
   created?: string;
+  /**
+   * Encrypt the layer for these RSA public keys (ocicrypt's AES_256_CTR_HMAC_SHA256 with a JWE
+   * key annotation; see encrypt.ts). The plain archive is read once and never copied.
+   */
+  encryptFor?: KeyObject[];
 }
 
 /**
@@ -66,23 +73,48 @@ export async function writeOciCheckpointImage(
   }
   const blobs = join(outDir, 'blobs', 'sha256');
   await mkdir(blobs, { recursive: true, mode: 0o700 });
-  const layer = await sha256File(archiveTar);
-  await copyFile(archiveTar, join(blobs, layer.digest.slice(7)));
+  let layer: { digest: string; size: number };
+  let diffId: string;
+  let layerDesc: Record<string, unknown>;
+  if (opts.encryptFor !== undefined) {
+    const tmp = join(blobs, `.layer.${process.pid}.tmp`);
+    try {
+      const enc = await encryptLayer(archiveTar, tmp, opts.encryptFor);
+      layer = { digest: enc.digest, size: enc.size };
+      await rename(tmp, join(blobs, enc.digest.slice(7)));
+      diffId = enc.plainDigest;
+      layerDesc = {
+        mediaType: 'application/vnd.oci.image.layer.v1.tar+encrypted',
+        ...layer,
+        annotations: enc.annotations,
+      };
+    } catch (e) {
+      await rm(tmp, { force: true });
+      throw e;
+    }
+  } else {
+    layer = await sha256File(archiveTar);
+    await copyFile(archiveTar, join(blobs, layer.digest.slice(7)));
+    diffId = layer.digest;
+    layerDesc = { mediaType: 'application/vnd.oci.image.layer.v1.tar', ...layer };
+  }
   const created = opts.created ?? new Date().toISOString();
   const config = await putJson(blobs, {
     created,
     architecture: OCI_ARCH[arch()] ?? arch(),
     os: 'linux',
     config: {},
-    rootfs: { type: 'layers', diff_ids: [layer.digest] },
-    history: [{ created, created_by: 'dormant checkpoint export --format oci' }],
+    rootfs: { type: 'layers', diff_ids: [diffId] },
+    history: [
+      { created, created_by: `dormant checkpoint export --format oci${opts.encryptFor ? ' --encrypt' : ''}` },
+    ],
   });
   const annotations = { ...opts.annotations, [CRIO_CHECKPOINT_NAME]: opts.containerName };
   const manifest = await putJson(blobs, {
     schemaVersion: 2,
     mediaType: 'application/vnd.oci.image.manifest.v1+json',
     config: { mediaType: 'application/vnd.oci.image.config.v1+json', ...config },
-    layers: [{ mediaType: 'application/vnd.oci.image.layer.v1.tar', ...layer }],
+    layers: [layerDesc],
     annotations,
   });
   await writeFile(join(outDir, 'oci-layout'), '{"imageLayoutVersion":"1.0.0"}', { mode: 0o600 });

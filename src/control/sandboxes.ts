@@ -1463,7 +1463,12 @@ export class SandboxController {
   async exportArchive(
     ckId: string,
     tenant: string | undefined,
-    opts: { allowPlaintext?: boolean; compression?: Compression; signal?: AbortSignal } = {},
+    opts: {
+      allowPlaintext?: boolean;
+      encrypted?: boolean;
+      compression?: Compression;
+      signal?: AbortSignal;
+    } = {},
   ): Promise<{ file: string; sizeBytes: number; findings: number; close(): Promise<void> }> {
     const c = this.store.getCheckpoint(ckId);
     if (!c || (tenant !== undefined && c.tenant !== tenant))
@@ -1528,6 +1533,7 @@ export class SandboxController {
         format: 'podman',
         compression: opts.compression ?? 'zstd',
         allowPlaintext: opts.allowPlaintext === true,
+        encrypted: opts.encrypted === true,
         extra,
         meta: {
           id: Buffer.from(c.id).toString('hex').padEnd(64, '0').slice(0, 64),

@@ -381,14 +381,21 @@ export class DormantClient {
   }
   /**
    * The checkpoint as a podman / CRI-O archive (zstd by default), streamed. Refused with
-   * CHECKPOINT_HAS_SECRETS when its scan finds secrets, unless `allowPlaintext`.
+   * CHECKPOINT_HAS_SECRETS when its scan finds secrets, unless `allowPlaintext`, or `encrypted`
+   * (the caller promises to encrypt the stream before it reaches a disk, as the CLI's
+   * `--format oci --encrypt` does).
    */
   async exportCheckpoint(
     id: string,
-    o: { allowPlaintext?: boolean; compression?: 'zstd' | 'gzip' | 'none' } & CallOptions = {},
+    o: {
+      allowPlaintext?: boolean;
+      encrypted?: boolean;
+      compression?: 'zstd' | 'gzip' | 'none';
+    } & CallOptions = {},
   ): Promise<{ body: ReadableStream<Uint8Array>; sizeBytes: number; secretsFound: number }> {
     const q = new URLSearchParams();
     if (o.allowPlaintext === true) q.set('allowPlaintext', 'true');
+    if (o.encrypted === true) q.set('encrypted', 'true');
     if (o.compression !== undefined) q.set('compression', o.compression);
     const path = `/v1/checkpoints/${encodeURIComponent(id)}/export?${q.toString()}`;
     let res: Response;

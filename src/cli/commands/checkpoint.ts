@@ -16,6 +16,8 @@ import { scanCheckpoint, type ScanReport } from '../../checkpoint/scan.js';
 import { exportCheckpoint } from '../../checkpoint/export.js';
 import { openCheckpointPath } from '../../checkpoint/source.js';
 import { writeOciCheckpointImage } from '../../checkpoint/oci.js';
+import { loadRecipients } from '../../checkpoint/encrypt.js';
+import { randomBytes } from 'node:crypto';
 
 /** Exit status of `scan` when it finds anything (INTERFACE.md). */
 export const EXIT_SECRETS_FOUND = 3;
@@ -180,6 +182,16 @@ export function registerCheckpoint(program: Command): void {
     .option('--format <format>', 'podman or oci', 'podman')
     .option('--name <name>', 'container name recorded in config.dump (and the OCI checkpoint annotation)')
     .option('--allow-plaintext', 'export even when the scan finds secrets')
+    .option(
+      '--encrypt',
+      'oci only: encrypt the layer (ocicrypt AES_256_CTR_HMAC_SHA256, keys in a JWE) for each --recipient; allowed even when the scan finds secrets',
+    )
+    .option(
+      '--recipient <jwe:pubkey.pem>',
+      'an RSA public key (PEM) that can decrypt an --encrypt export (repeatable)',
+      (v: string, prev: string[]) => [...prev, v],
+      [] as string[],
+    )
     .option('--json', 'print JSON')
     .action(async (ref, o) => {
       if (o.format !== 'podman' && o.format !== 'oci')
@@ -187,8 +199,25 @@ export function registerCheckpoint(program: Command): void {
           status: 400,
         });
       const oci = o.format === 'oci';
-      // An OCI image's layer is the uncompressed podman archive, written beside the folder first.
-      const archive = oci ? join(dirname(resolve(o.out)), `.${basename(o.out)}.${process.pid}.tar`) : o.out;
+      const encrypt = o.encrypt === true;
+      if (encrypt && !oci)
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, '--encrypt needs --format oci', {
+          status: 400,
+          hint: 'an encrypted export is an OCI image layout whose layer is encrypted (ocicrypt)',
+        });
+      if (!encrypt && o.recipient.length > 0)
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, '--recipient is only used with --encrypt', {
+          status: 400,
+        });
+      // Recipients are read before anything is exported: a bad key file fails fast.
+      const recipients = encrypt ? await loadRecipients(o.recipient) : undefined;
+      // An OCI image's layer is the uncompressed podman archive, written beside the folder first;
+      // when it is to be encrypted, in /dev/shm (memory), so its plaintext never reaches a disk.
+      const archive = encrypt
+        ? join('/dev/shm', `.dormant-export-${process.pid}-${randomBytes(6).toString('hex')}.tar`)
+        : oci
+          ? join(dirname(resolve(o.out)), `.${basename(o.out)}.${process.pid}.tar`)
+          : o.out;
       const compression = oci || o.out.endsWith('.tar') ? 'none' : o.out.endsWith('.gz') ? 'gzip' : 'zstd';
       let findings: number;
       try {
@@ -196,6 +225,7 @@ export function registerCheckpoint(program: Command): void {
           // A checkpoint id: the daemon scans and builds the archive; it is written here atomically.
           const r = await clientFromEnv().exportCheckpoint(ref, {
             allowPlaintext: o.allowPlaintext === true,
+            encrypted: encrypt,
             compression,
           });
           const tmp = join(dirname(archive), `.${basename(archive)}.${process.pid}.tmp`);
@@ -217,6 +247,7 @@ export function registerCheckpoint(program: Command): void {
               format: 'podman',
               compression,
               allowPlaintext: o.allowPlaintext === true,
+              encrypted: encrypt,
               meta: {
                 id: Buffer.from(ref).toString('hex').padEnd(64, '0').slice(0, 64),
                 name: o.name ?? 'dormant-export',
@@ -229,15 +260,16 @@ export function registerCheckpoint(program: Command): void {
           await writeOciCheckpointImage(archive, o.out, {
             containerName: o.name ?? ((await isLocalRef(ref)) ? 'dormant-export' : ref),
             annotations: { 'org.dormant.checkpoint': ref },
+            ...(recipients ? { encryptFor: recipients } : {}),
           });
       } finally {
         if (oci) await rm(archive, { force: true });
       }
       const sizeBytes = oci ? 0 : (await stat(o.out)).size;
-      if (o.json) printJson({ out: o.out, format: o.format, sizeBytes, findings });
+      if (o.json) printJson({ out: o.out, format: o.format, sizeBytes, findings, encrypted: encrypt });
       else
         process.stdout.write(
-          `${o.out}${oci ? ' (OCI image layout)' : ` (${formatBytes(sizeBytes)})`}${findings > 0 ? pc.yellow(` with ${findings} secret(s) in plaintext`) : ''}\n`,
+          `${o.out}${oci ? ` (OCI image layout${encrypt ? ', layer encrypted' : ''})` : ` (${formatBytes(sizeBytes)})`}${findings > 0 ? (encrypt ? pc.dim(` with ${findings} secret(s), encrypted`) : pc.yellow(` with ${findings} secret(s) in plaintext`)) : ''}\n`,
         );
     });
   ck.command('import')
