@@ -26,26 +26,8 @@ import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { createWriteStream } from 'node:fs';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { eventually, httpGet, leftovers, sandboxProcesses } from './testing/host.js';
-
-const SERVER = `
-import http.server, os
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
+import { leftovers, sandboxProcesses } from './testing/host.js';
+import { COUNTER_SERVER_PY, serveCounter } from './testing/servers.js';
 
 const CRASH_DAEMON = fileURLToPath(new URL('./testing/crash-daemon.js', import.meta.url));
 
@@ -98,13 +80,6 @@ async function crashDuring(child: Child, step: string, op: () => Promise<unknown
   assert.match(child.stderr(), new RegExp(`SIGKILL at ${step}`));
 }
 
-async function serve(sb: SandboxInfo): Promise<[number, string]> {
-  const body = await eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080));
-  const [n, token] = body.split(' ');
-  assert.match(body, /^\d+ [0-9a-f]{16}$/);
-  return [Number(n), token!];
-}
-
 /** Reported to the lead: what reconcile gets wrong today (see each test for the step). */
 
 describe('crash at every step: a restarted daemon loses nothing and leaves nothing', () => {
@@ -117,7 +92,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
   before(async () => {
     dir = await mkdtemp('/tmp/dormant-crash-');
     rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER });
+    await buildBusyboxRootfs(rootfs, { 'srv/server.py': COUNTER_SERVER_PY });
     layout = join(dir, 'layout');
     await writeOciLayout(layout, { layers: [rootfs], tag: 'latest', config: {} });
   });
@@ -199,7 +174,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       assert.deepEqual(leftovers(s.id), [], 'reconcile destroyed what the create had set up');
       const again = await create(client, 'second');
       assert.equal(again.state, 'running');
-      await serve(again);
+      await serveCounter(again);
       await finish(daemon, client, [s.id, again.id]);
     });
   }
@@ -216,7 +191,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       const child = await startCrashDaemon(data, step);
       children.push(child.proc);
       const sb = await create(child.client, 'victim');
-      const [n, token] = await serve(sb);
+      const [n, token] = await serveCounter(sb);
       await crashDuring(child, step, () => child.client.hibernate(sb.id));
       const { daemon, client } = await restart(data);
       const s = await client.getSandbox(sb.id);
@@ -225,7 +200,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
         assert.ok(s.checkpointId, 'the committed checkpoint is the current one');
         assert.equal((await client.resume(sb.id)).state, 'running');
       }
-      assert.equal((await serve(sb)).join(' '), `${n + 1} ${token}`, 'same process, same memory');
+      assert.equal((await serveCounter(sb)).join(' '), `${n + 1} ${token}`, 'same process, same memory');
       const lost = await unrecorded(daemon);
       await t.test('every checkpoint in the vault has a record', {}, () => {
         assert.deepEqual(lost, []);
@@ -233,7 +208,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       // And the sandbox is fully usable: a full cycle works after the crash.
       assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
       assert.equal((await client.resume(sb.id)).state, 'running');
-      assert.equal((await serve(sb)).join(' '), `${n + 2} ${token}`);
+      assert.equal((await serveCounter(sb)).join(' '), `${n + 2} ${token}`);
       await finish(daemon, client, [sb.id]);
     });
   }
@@ -244,14 +219,14 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     const child = await startCrashDaemon(data, step);
     children.push(child.proc);
     const sb = await create(child.client, 'victim');
-    const [n, token] = await serve(sb);
+    const [n, token] = await serveCounter(sb);
     await child.client.hibernate(sb.id);
     await crashDuring(child, step, () => child.client.resume(sb.id));
     const { daemon, client } = await restart(data);
     const s = await client.getSandbox(sb.id);
     assert.equal(s.state, 'hibernated');
     assert.equal((await client.resume(sb.id)).state, 'running');
-    assert.equal((await serve(sb)).join(' '), `${n + 1} ${token}`);
+    assert.equal((await serveCounter(sb)).join(' '), `${n + 1} ${token}`);
     await finish(daemon, client, [sb.id]);
   });
 
@@ -261,7 +236,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       const child = await startCrashDaemon(data, step);
       children.push(child.proc);
       const sb = await create(child.client, 'victim');
-      const [n, token] = await serve(sb);
+      const [n, token] = await serveCounter(sb);
       await crashDuring(child, step, () => child.client.fork(sb.id, { name: 'victim-fork' }));
       const { daemon, client } = await restart(data);
       const all = await client.listSandboxes();
@@ -276,13 +251,13 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       });
       assert.ok(['running', 'paused'].includes(after), `the source is alive (${after})`);
       if (after === 'paused') await client.resume(sb.id);
-      assert.equal((await serve(sb)).join(' '), `${n + 1} ${token}`, 'same process, same memory');
+      assert.equal((await serveCounter(sb)).join(' '), `${n + 1} ${token}`, 'same process, same memory');
       const lost = await unrecorded(daemon);
       await t.test('every checkpoint in the vault has a record', {}, () => {
         assert.deepEqual(lost, []);
       });
       const f = await client.fork(sb.id, { name: 'victim-fork-2' });
-      assert.equal((await serve(f)).join(' '), `${n + 2} ${token}`, 'a fork after the crash works');
+      assert.equal((await serveCounter(f)).join(' '), `${n + 2} ${token}`, 'a fork after the crash works');
       await finish(daemon, client, all.map((x) => x.id).concat(f.id));
     });
   }
@@ -298,7 +273,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       const child = await startCrashDaemon(data, step);
       children.push(child.proc);
       const sb = await create(child.client, 'victim');
-      await serve(sb);
+      await serveCounter(sb);
       if (from === 'hibernated') await child.client.hibernate(sb.id);
       await crashDuring(child, step, () => child.client.archive(sb.id));
       const { daemon, client } = await restart(data);
@@ -317,7 +292,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
         assert.deepEqual(lost, []);
       });
       assert.equal((await client.resume(sb.id)).state, 'running');
-      const [n] = await serve(sb);
+      const [n] = await serveCounter(sb);
       assert.equal(n, 1, 'a fresh start of its command');
       await finish(daemon, client, [sb.id]);
     });
@@ -343,7 +318,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
         ports: [8080],
         memory: '128M',
       });
-      const [n, token] = await serve(sb);
+      const [n, token] = await serveCounter(sb);
       const ck = (await child.client.hibernate(sb.id)).checkpointId!;
       const archive = `${data}-export.tar.zst`;
       const exp = await child.client.exportCheckpoint(ck, { allowPlaintext: true });
@@ -377,7 +352,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       }
       for (const s of toResume) {
         const r = await client.resume(s.id);
-        assert.equal((await serve(r)).join(' '), `${n + 1} ${token}`, 'the imported memory');
+        assert.equal((await serveCounter(r)).join(' '), `${n + 1} ${token}`, 'the imported memory');
       }
       await finish(daemon, client, [sb.id, ...toResume.map((x) => x.id)]);
     });
@@ -389,10 +364,10 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     const child = await startCrashDaemon(data, 'none');
     children.push(child.proc);
     const sb = await create(child.client, 'victim');
-    await serve(sb);
+    await serveCounter(sb);
     await child.client.hibernate(sb.id);
     await child.client.resume(sb.id);
-    await serve(sb);
+    await serveCounter(sb);
     const db = new Database(join(data, 'state.db'), { readonly: true, fileMustExist: true });
     let sawDeleting = false;
     try {

@@ -14,40 +14,15 @@ import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createWriteStream } from 'node:fs';
 import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
-import { DormantClient, type SandboxInfo } from '../sdk/client.js';
+import { DormantClient } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { writeOciLayout } from '../runtime/testing/oci-layout.js';
-import { eventually, httpGet, leftovers } from './testing/host.js';
+import { eventually, leftovers } from './testing/host.js';
 import { writeArchive, type ArchiveMember } from '../checkpoint/export.js';
 import { TAR_END, tarHeader, tarPadding } from '../checkpoint/tar.js';
 import { run } from '../sys/exec.js';
 import { DormantApiError } from '../sdk/errors.js';
-
-const SERVER = `
-import http.server, os
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
-
-async function serve(sb: SandboxInfo): Promise<[number, string]> {
-  const body = await eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080));
-  assert.match(body, /^\d+ [0-9a-f]{16}$/);
-  const [n, token] = body.split(' ');
-  return [Number(n), token!];
-}
+import { COUNTER_SERVER_PY, serveCounter } from './testing/servers.js';
 
 async function rejection(p: Promise<unknown>): Promise<DormantApiError> {
   const e = await p.then(
@@ -68,11 +43,17 @@ describe('checkpoint import and export', () => {
   before(async () => {
     dir = await mkdtemp('/tmp/dormant-import-');
     const base = join(dir, 'base');
-    await buildBusyboxRootfs(base, { 'srv/server.py': SERVER, 'srv/data.txt': 'from the image\n' });
+    await buildBusyboxRootfs(base, {
+      'srv/server.py': COUNTER_SERVER_PY,
+      'srv/data.txt': 'from the image\n',
+    });
     layout = join(dir, 'layout');
     await writeOciLayout(layout, { layers: [base], tag: 'latest', config: { config: { WorkingDir: '/' } } });
     const base2 = join(dir, 'base2');
-    await buildBusyboxRootfs(base2, { 'srv/server.py': SERVER, 'srv/data.txt': 'another image\n' });
+    await buildBusyboxRootfs(base2, {
+      'srv/server.py': COUNTER_SERVER_PY,
+      'srv/data.txt': 'another image\n',
+    });
     other = join(dir, 'other');
     await writeOciLayout(other, { layers: [base2], tag: 'latest', config: {} });
     daemon = await startDaemon({
@@ -144,7 +125,7 @@ describe('checkpoint import and export', () => {
 
   test('a podman export of a sandbox imports as a hibernated sandbox that resumes with its memory and files', async () => {
     const a = await create('source');
-    const [n, token] = await serve(a);
+    const [n, token] = await serveCounter(a);
     await client.exec(a.id, ['sh', '-c', 'echo changed > /srv/note.txt && rm /srv/data.txt']);
     const ha = await client.hibernate(a.id);
     assert.ok(ha.checkpointId);
@@ -170,7 +151,7 @@ describe('checkpoint import and export', () => {
     const rb = await client.resume(b.id);
     assert.equal(rb.state, 'running');
     assert.equal(
-      (await serve(rb)).join(' '),
+      (await serveCounter(rb)).join(' '),
       `${n + 1} ${token}`,
       'same process memory: the counter continues',
     );
@@ -183,7 +164,7 @@ describe('checkpoint import and export', () => {
     // And it is an ordinary sandbox now: it hibernates and resumes again.
     await client.hibernate(b.id);
     const again = await client.resume(b.id);
-    assert.equal((await serve(again)).join(' '), `${n + 2} ${token}`);
+    assert.equal((await serveCounter(again)).join(' '), `${n + 2} ${token}`);
     await client.remove(b.id);
     assert.deepEqual(leftovers(b.id), []);
   });
@@ -203,7 +184,7 @@ describe('checkpoint import and export', () => {
 
   test('a kubelet checkpoint archive built from a real runc checkpoint imports and resumes', async () => {
     const k = await create('kubelet-source');
-    const [n, token] = await serve(k);
+    const [n, token] = await serveCounter(k);
     await client.exec(k.id, ['sh', '-c', 'echo from-the-pod > /srv/pod.txt']);
     const images = join(dir, 'k-images');
     // A real runc checkpoint of the running container (it keeps running).
@@ -256,7 +237,7 @@ describe('checkpoint import and export', () => {
     assert.equal(m.state, 'hibernated');
     assert.equal(m.name, 'server', "the kubelet container's name");
     const r = await client.resume(m.id);
-    assert.equal((await serve(r)).join(' '), `${n + 1} ${token}`, 'the checkpointed memory');
+    assert.equal((await serveCounter(r)).join(' '), `${n + 1} ${token}`, 'the checkpointed memory');
     const files = await client.exec(m.id, [
       'sh',
       '-c',

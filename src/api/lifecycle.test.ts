@@ -8,60 +8,13 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
-import { request } from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
-
-const SERVER = `
-import http.server, os, sys
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-print("serving", flush=True)
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
-
-function get(host: string, port: number): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = request({ host, port, path: '/', agent: false, timeout: 3000 }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (body += c));
-      res.on('end', () => resolve(body));
-    });
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.on('error', reject);
-    req.end();
-  });
-}
-
-async function eventually<T>(what: string, fn: () => Promise<T>, timeoutMs = 15_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  while (Date.now() < deadline) {
-    try {
-      return await fn();
-    } catch (e) {
-      last = e;
-      await new Promise((r) => setTimeout(r, 100));
-    }
-  }
-  throw new Error(`${what}: not after ${timeoutMs} ms: ${String(last)}`);
-}
+import { COUNTER_SERVER_PY } from './testing/servers.js';
+import { eventually, httpGet } from './testing/host.js';
 
 async function apiError(p: Promise<unknown>): Promise<DormantApiError> {
   try {
@@ -131,7 +84,7 @@ describe('sandbox lifecycle through the daemon', () => {
   before(async () => {
     dir = await mkdtemp('/tmp/dormant-lifecycle-');
     rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER });
+    await buildBusyboxRootfs(rootfs, { 'srv/server.py': COUNTER_SERVER_PY });
     await start();
   });
 
@@ -153,7 +106,7 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.equal(sb.state, 'running');
     assert.equal(sb.name, 'counter');
     assert.ok(sb.address);
-    const first = await eventually('server', () => get(sb.address!, 8080));
+    const first = await eventually('server', () => httpGet(sb.address!, 8080));
     assert.match(first, /^1 [0-9a-f]{16}$/);
     assert.deepEqual(
       (await client.listSandboxes()).map((s) => s.id),
@@ -166,7 +119,7 @@ describe('sandbox lifecycle through the daemon', () => {
   });
 
   test('hibernate: processes gone, checkpoint in the vault, nothing left in staging; resume: memory intact', async () => {
-    const token = (await get(sb.address!, 8080)).split(' ')[1];
+    const token = (await httpGet(sb.address!, 8080)).split(' ')[1];
     // A file the agent wrote: while hibernated it lives only in the vault, encrypted.
     const secret = `FILE-SECRET-${randomBytes(12).toString('hex')}`;
     await client.exec(sb.id, ['sh', '-c', `echo ${secret} > /srv/secret.txt`]);
@@ -176,7 +129,7 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.equal(h.memoryBytes, 0);
     assert.ok(h.checkpointId);
     assert.deepEqual(hostPids(sb.id), [], 'no process of the sandbox runs while it is hibernated');
-    await assert.rejects(get(sb.address!, 8080), 'nothing answers while hibernated');
+    await assert.rejects(httpGet(sb.address!, 8080), 'nothing answers while hibernated');
     const cks = await client.listCheckpoints(sb.id);
     assert.equal(cks.length, 1);
     assert.ok(cks[0]!.storedBytes > 0 && cks[0]!.storedBytes < cks[0]!.logicalBytes, 'stored compressed');
@@ -187,7 +140,7 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.equal(r.state, 'running');
     assert.equal((await client.exec(sb.id, ['cat', '/srv/secret.txt'])).stdout, `${secret}\n`);
     // The counter and the random token lived only in the process's memory.
-    assert.equal(await eventually('resumed server', () => get(sb.address!, 8080)), `3 ${token}`);
+    assert.equal(await eventually('resumed server', () => httpGet(sb.address!, 8080)), `3 ${token}`);
     const logs = await client.logs(sb.id);
     assert.match(logs, /serving/, 'output from before the hibernate is kept');
   });
@@ -209,16 +162,16 @@ describe('sandbox lifecycle through the daemon', () => {
   });
 
   test('a paused sandbox hibernates and resumes too', async () => {
-    const before = await get(sb.address!, 8080);
+    const before = await httpGet(sb.address!, 8080);
     await client.pause(sb.id);
     assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
     assert.equal((await client.resume(sb.id)).state, 'running');
     const [n, token] = before.split(' ');
-    assert.equal(await eventually('server', () => get(sb.address!, 8080)), `${Number(n) + 1} ${token}`);
+    assert.equal(await eventually('server', () => httpGet(sb.address!, 8080)), `${Number(n) + 1} ${token}`);
   });
 
   test('a hibernate that fails after the dump leaves the sandbox running, memory intact', async () => {
-    const before = await get(sb.address!, 8080);
+    const before = await httpGet(sb.address!, 8080);
     failNext = 'hibernate:dumped';
     const e = await apiError(client.hibernate(sb.id));
     assert.equal(e.code, 'HIBERNATE_FAILED');
@@ -226,12 +179,12 @@ describe('sandbox lifecycle through the daemon', () => {
     const s = await client.getSandbox(sb.id);
     assert.equal(s.state, 'running');
     const n = Number(before.split(' ')[0]);
-    assert.equal(await get(sb.address!, 8080), `${n + 1} ${before.split(' ')[1]}`);
+    assert.equal(await httpGet(sb.address!, 8080), `${n + 1} ${before.split(' ')[1]}`);
     assert.equal((await client.listCheckpoints(sb.id)).length, 2, 'no half checkpoint was recorded');
   });
 
   test('a restarted daemon finds every sandbox as it was, and hibernates and resumes it', async () => {
-    const before = await get(sb.address!, 8080);
+    const before = await httpGet(sb.address!, 8080);
     await daemon.close();
     await start();
     assert.deepEqual(daemon.reconciled, []);
@@ -241,7 +194,7 @@ describe('sandbox lifecycle through the daemon', () => {
     await client.resume(sb.id);
     const n = Number(before.split(' ')[0]);
     assert.equal(
-      await eventually('server', () => get(sb.address!, 8080)),
+      await eventually('server', () => httpGet(sb.address!, 8080)),
       `${n + 1} ${before.split(' ')[1]}`,
     );
     assert.equal(
@@ -253,20 +206,20 @@ describe('sandbox lifecycle through the daemon', () => {
 
   test('fork: a new sandbox with the same memory and files; both carry on independently', async () => {
     await client.exec(sb.id, ['sh', '-c', 'echo from-parent > /srv/parent-file']);
-    const before = await get(sb.address!, 8080);
+    const before = await httpGet(sb.address!, 8080);
     const [n, token] = before.split(' ');
     const f = await client.fork(sb.id, { name: 'counter-fork' });
     assert.equal(f.state, 'running');
     assert.notEqual(f.id, sb.id);
     assert.notEqual(f.address, sb.address, 'the fork has its own address');
     assert.equal(
-      await eventually('fork', () => get(f.address!, 8080)),
+      await eventually('fork', () => httpGet(f.address!, 8080)),
       `${Number(n) + 1} ${token}`,
       'same memory as the parent',
     );
-    assert.equal(await get(f.address!, 8080), `${Number(n) + 2} ${token}`);
+    assert.equal(await httpGet(f.address!, 8080), `${Number(n) + 2} ${token}`);
     assert.equal(
-      await get(sb.address!, 8080),
+      await httpGet(sb.address!, 8080),
       `${Number(n) + 1} ${token}`,
       'the parent kept running, unaffected',
     );
@@ -279,7 +232,7 @@ describe('sandbox lifecycle through the daemon', () => {
     );
     await client.remove(f.id);
     assert.equal(
-      await get(sb.address!, 8080),
+      await httpGet(sb.address!, 8080),
       `${Number(n) + 2} ${token}`,
       'the parent survives the fork being removed',
     );
@@ -287,7 +240,9 @@ describe('sandbox lifecycle through the daemon', () => {
 
   test('a damaged newest checkpoint is refused by name, and the previous one still restores', async () => {
     await client.hibernate(sb.id);
-    const atOlder = await client.resume(sb.id).then(() => eventually('server', () => get(sb.address!, 8080)));
+    const atOlder = await client
+      .resume(sb.id)
+      .then(() => eventually('server', () => httpGet(sb.address!, 8080)));
     await client.hibernate(sb.id);
     const [newest, older] = await client.listCheckpoints(sb.id);
     assert.ok(newest && older, 'two checkpoints kept');
@@ -311,7 +266,7 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.equal(r.state, 'running');
     // The older checkpoint was taken before the request that answered `atOlder`: it answers it again.
     assert.equal(
-      await eventually('server', () => get(sb.address!, 8080)),
+      await eventually('server', () => httpGet(sb.address!, 8080)),
       atOlder,
       'the state of the older checkpoint',
     );
@@ -335,7 +290,7 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.deepEqual(filesHolding(join(dir, 'data'), secret), [], 'the file is nowhere in plaintext');
     await client.resume(sb.id);
     assert.match(
-      await eventually('fresh server', () => get(sb.address!, 8080)),
+      await eventually('fresh server', () => httpGet(sb.address!, 8080)),
       /^1 /,
       'a fresh process: its counter starts over',
     );

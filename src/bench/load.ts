@@ -13,25 +13,7 @@ import { startDaemon } from '../api/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import type { BenchRow, BenchSuite } from './harness.js';
-
-const SERVER = `
-import http.server, os
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
+import { COUNTER_SERVER_PY } from '../api/testing/servers.js';
 
 /** The poller: a separate node process, so its timings are not the daemon's event loop's. */
 const POLLER = `
@@ -127,7 +109,7 @@ export const loadSuite: BenchSuite = {
     const client = new DormantClient({ url: d.url, token: d.adminToken });
     const created: SandboxInfo[] = [];
     try {
-      await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/server.py': SERVER });
+      await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/server.py': COUNTER_SERVER_PY });
       const idle = await poll(d.url, d.adminToken, () => new Promise((r) => setTimeout(r, 3000)));
       const times = { create: [] as number[], hibernate: [] as number[], resume: [] as number[] };
       let wrong = 0;
