@@ -60,7 +60,7 @@ describe('GPU sandboxes', () => {
   const gpu: GpuNode = {
     support: () => (support ? Promise.resolve(support) : real.support()),
     checkpointFacts: () => Promise.resolve(facts),
-    holders: (pid1) => real.holders(pid1),
+    holders: (pids) => real.holders(pids),
     processes: (pid1) => real.processes(pid1),
     step: (step, pid) => {
       steps.push(`${step} ${pid}`);

@@ -33,8 +33,8 @@ export interface GpuNode {
   support(): Promise<GpuSupport>;
   /** This node's GPUs as a checkpoint records them; throws when there is no usable driver. */
   checkpointFacts(): Promise<GpuCheckpointFacts>;
-  /** Processes in the pid namespace of `pid1` that hold GPU state. */
-  holders(pid1: number): Promise<GpuHolder[]>;
+  /** Which of the host processes `pids` (a sandbox's) hold GPU state. */
+  holders(pids: readonly number[]): Promise<GpuHolder[]>;
   /** Every process in the pid namespace of `pid1`: host pid and pid inside. */
   processes(pid1: number): Promise<{ pid: number; nsPid: number }[]>;
   step(step: CudaStep, pid: number): Promise<void>;
@@ -85,8 +85,8 @@ export function systemGpuNode(env: NodeJS.ProcessEnv = process.env): GpuNode {
         devices: info.devices.map((d) => ({ name: d.name, memoryBytes: d.memoryBytes })),
       };
     },
-    async holders(pid1) {
-      return gpuHolders(await pidsInNamespaceOf(pid1));
+    async holders(pids) {
+      return gpuHolders(pids);
     },
     async processes(pid1) {
       const out: { pid: number; nsPid: number }[] = [];

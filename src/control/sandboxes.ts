@@ -668,9 +668,9 @@ export class SandboxController {
 
   /** The sandbox's processes that hold GPU state now (none when it has no processes). */
   async gpuHolders(id: string): Promise<GpuHolder[]> {
-    const st = await this.runtime.state(id).catch(() => undefined);
-    if (st?.pid === undefined) return [];
-    return this.gpu.holders(st.pid);
+    // From the sandbox's cgroup: no `runc state` on every hibernate's path.
+    const pids = await this.runtime.pids(id);
+    return pids.length === 0 ? [] : this.gpu.holders(pids);
   }
 
   /**

@@ -489,6 +489,28 @@ export class RuncRuntime implements Runtime {
     return { stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode ?? 255, durationMs: r.durationMs };
   }
 
+  async pids(id: string): Promise<number[]> {
+    // cgroup v2 (unified), else the v1 pids or freezer hierarchy runc also placed it in.
+    for (const dir of [
+      join(CGROUP_ROOT, this.cgroupPath(id)),
+      join(CGROUP_ROOT, 'pids', this.cgroupPath(id)),
+      join(CGROUP_ROOT, 'freezer', this.cgroupPath(id)),
+    ]) {
+      let text: string;
+      try {
+        text = await readFile(join(dir, 'cgroup.procs'), 'utf8');
+      } catch (e) {
+        if (errnoCode(e) === 'ENOENT') continue;
+        throw e;
+      }
+      return text
+        .split('\n')
+        .filter((l) => l !== '')
+        .map(Number);
+    }
+    return [];
+  }
+
   async freeze(id: string, opts: CallOptions = {}): Promise<void> {
     // The cgroup freezer directly: what `runc pause` does, without two runc starts (its own
     // and a `runc state`), ~0.1 s each here. runc reads the freezer back, so it sees `paused`.

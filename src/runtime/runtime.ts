@@ -167,6 +167,8 @@ export interface Runtime {
   start(id: string, opts?: CallOptions): Promise<void>;
   state(id: string, opts?: CallOptions): Promise<SandboxState>;
   exec(id: string, args: readonly string[], opts?: ExecOptions): Promise<ExecResult>;
+  /** Host pids of the sandbox's processes, read from its cgroup (no runc call); [] when none. */
+  pids(id: string): Promise<number[]>;
   /** Freezes every process (cgroup freezer); memory stays. */
   freeze(id: string, opts?: CallOptions): Promise<void>;
   thaw(id: string, opts?: CallOptions): Promise<void>;
