@@ -1220,8 +1220,8 @@ export class SandboxController {
   }
 
   private async freshStart(s: Sandbox): Promise<void> {
-    const st = await this.runtime.state(s.id).catch(() => undefined);
-    if (st && st.status !== 'absent') await this.runtime.stop(s.id);
+    // Ends anything left and unmounts the overlay, so the writable layer is at rest.
+    await this.endProcesses(s.id);
     // An archive keeps the diff in the vault: back into the writable layer first.
     const ck = s.checkpointId !== undefined ? this.store.getCheckpoint(s.checkpointId) : undefined;
     if (ck && ck.meta[FS_META] === 'tar') {
@@ -1230,7 +1230,6 @@ export class SandboxController {
         await mkdir(dir, { recursive: true, mode: 0o700 });
         const files = join(dir, 'files');
         await this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ck.id, destDir: files });
-        await this.runtime.stop(s.id).catch(() => undefined);
         await this.applyFilesystem(s.id, files);
       } finally {
         await this.wipe(dir);
@@ -1615,7 +1614,6 @@ export class SandboxController {
       });
       this.step('archive:recorded');
       await this.endProcesses(id);
-      await this.runtime.stop(id).catch(() => undefined);
       await emptyFolder(this.runtime.upperDir(id));
       this.step('archive:ended');
       for (const c of old) await this.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
