@@ -7,7 +7,7 @@ import { deriveTenantKeys } from './crypto.js';
 type Piece = { hole: number } | { hash: string; len: number };
 
 /** Feeds `data` through splitPieces in reads of `readBytes`, the way ingest does. */
-function pieces(c: Chunker, data: Buffer, readBytes: number): Piece[] {
+function pieces(c: Chunker, data: Buffer, readBytes: number, pageAligned = false): Piece[] {
   const out: Piece[] = [];
   const work = Buffer.alloc(readBytes + c.params.maxBytes + 2 * PAGE_BYTES);
   let carry = 0;
@@ -19,16 +19,25 @@ function pieces(c: Chunker, data: Buffer, readBytes: number): Piece[] {
     at += n;
     const have = carry + n;
     const eof = n === 0;
-    const pos = splitPieces(c, work, 0, have, offset, eof, {
-      data(s, e) {
-        out.push({ hash: createHash('sha256').update(work.subarray(s, e)).digest('hex'), len: e - s });
+    const pos = splitPieces(
+      c,
+      work,
+      0,
+      have,
+      offset,
+      eof,
+      {
+        data(s, e) {
+          out.push({ hash: createHash('sha256').update(work.subarray(s, e)).digest('hex'), len: e - s });
+        },
+        hole(len) {
+          const last = out.at(-1);
+          if (last && 'hole' in last) last.hole += len;
+          else out.push({ hole: len });
+        },
       },
-      hole(len) {
-        const last = out.at(-1);
-        if (last && 'hole' in last) last.hole += len;
-        else out.push({ hole: len });
-      },
-    });
+      pageAligned,
+    );
     carry = have - pos;
     work.copyWithin(0, pos, have);
     offset += pos;
@@ -99,5 +108,64 @@ describe('chunker', () => {
     const other = makeChunker(deriveTenantKeys(Buffer.alloc(32, 2)).gear);
     const data = randomBytes(1 << 20);
     assert.notDeepEqual(pieces(chunker, data, 1 << 20), pieces(other, data, 1 << 20));
+  });
+
+  describe('page-aligned (CRIU page images)', () => {
+    // A page image: random pages, pages with a few random bytes, zero runs, repeated pages.
+    const image = (): Buffer => {
+      const parts: Buffer[] = [randomBytes(300 * PAGE_BYTES)];
+      const sparse = Buffer.alloc(200 * PAGE_BYTES);
+      for (let p = 0; p < 200; p++) randomBytes(64).copy(sparse, p * PAGE_BYTES + ((p * 97) % 4000));
+      parts.push(
+        sparse,
+        Buffer.alloc(20 * PAGE_BYTES),
+        Buffer.alloc(100 * PAGE_BYTES, 7),
+        randomBytes(50 * PAGE_BYTES),
+      );
+      return Buffer.concat(parts);
+    };
+
+    test('chunks start and end on page boundaries and stay within min and max', () => {
+      const data = image();
+      const list = pieces(chunker, data, 1 << 20, true);
+      let at = 0;
+      let chunks = 0;
+      for (const p of list) {
+        assert.equal(at % PAGE_BYTES, 0, `a piece starts at ${at}`);
+        const len = 'hole' in p ? p.hole : p.len;
+        if (!('hole' in p)) {
+          chunks++;
+          assert.ok(
+            len >= DEFAULT_CHUNK_PARAMS.minBytes && len <= DEFAULT_CHUNK_PARAMS.maxBytes,
+            `chunk of ${len}`,
+          );
+        }
+        at += len;
+      }
+      assert.equal(at, data.length);
+      const avg = (data.length - 20 * PAGE_BYTES) / chunks;
+      assert.ok(
+        avg > DEFAULT_CHUNK_PARAMS.avgBytes * 0.6 && avg < DEFAULT_CHUNK_PARAMS.avgBytes * 2.5,
+        `average ${avg}`,
+      );
+    });
+
+    test('cuts depend on content only, never on how the stream was read', () => {
+      const data = image();
+      assert.deepEqual(pieces(chunker, data, 4096 * 5 + 123, true), pieces(chunker, data, 1 << 20, true));
+    });
+
+    test('a page inserted or removed changes only the chunks around it', () => {
+      const data = image();
+      const at = 150 * PAGE_BYTES;
+      const inserted = Buffer.concat([data.subarray(0, at), randomBytes(PAGE_BYTES), data.subarray(at)]);
+      const removed = Buffer.concat([data.subarray(0, at), data.subarray(at + PAGE_BYTES)]);
+      const known = new Set(pieces(chunker, data, 1 << 20, true).map((p) => ('hash' in p ? p.hash : '')));
+      for (const other of [inserted, removed]) {
+        const b = pieces(chunker, other, 1 << 20, true).map((p) => ('hash' in p ? p.hash : ''));
+        const fresh = b.filter((h) => !known.has(h)).length;
+        assert.ok(fresh <= 4, `${fresh} of ${b.length} chunks changed`);
+      }
+    });
   });
 });

@@ -338,6 +338,11 @@ export interface IngestContext {
   packs: PackWriter;
   /** Worker threads for compression and sealing; without it, they run on this thread. */
   pool?: SealPool;
+  /**
+   * Files (by path in the folder) that hold whole memory pages back to back, chunked on page
+   * boundaries only (CRIU's `pages-*.img`): far less hashing for the same deduplication.
+   */
+  pageAligned?: (path: string) => boolean;
   signal?: AbortSignal;
   onProgress?: (c: Readonly<IngestCounters>) => void;
 }
@@ -484,7 +489,7 @@ export async function ingestFolder(
     return items;
   };
 
-  const ingestFile = async (h: FileHandle): Promise<number> => {
+  const ingestFile = async (h: FileHandle, pageAligned: boolean): Promise<number> => {
     let carry = 0;
     let streamAt = 0; // stream offset of the first carried byte
     let total = 0;
@@ -501,7 +506,7 @@ export async function ingestFolder(
       const from = HEAD - carry;
       const have = HEAD + bytesRead;
       total += bytesRead;
-      const pos = splitPieces(ctx.chunker, cur, from, have, streamAt - from, eof, sink);
+      const pos = splitPieces(ctx.chunker, cur, from, have, streamAt - from, eof, sink, pageAligned);
       const items = handlePieces(cur);
       carry = have - pos;
       // The next read fills next[HEAD..]; the carried bytes go just in front of it.
@@ -558,7 +563,7 @@ export async function ingestFolder(
         const h = await open(p, 'r');
         let size: number;
         try {
-          size = await ingestFile(h);
+          size = await ingestFile(h, ctx.pageAligned?.(r) === true);
         } finally {
           await h.close();
         }

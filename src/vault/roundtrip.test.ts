@@ -48,6 +48,15 @@ describe('byte-exact round trips', () => {
     await writeFile(join(src, 'random.img'), randomBytes(5 * MiB + 7));
     await writeFile(join(src, 'empty'), '');
     await writeFile(join(src, 'a', 'b', 'c', 'tiny'), 'x');
+    // Named like CRIU page images (chunked on page boundaries), but not whole pages.
+    await writeFile(
+      join(src, 'pages-1.img'),
+      Buffer.concat([randomBytes(3 * MiB + 9), Buffer.alloc(PAGE * 2)]),
+    );
+    await writeFile(
+      join(src, 'a', 'pages-2.img'),
+      Buffer.concat([Buffer.alloc(PAGE * 4), randomBytes(PAGE - 1)]),
+    );
     await writeFile(
       join(src, 'odd-tail'),
       Buffer.concat([randomBytes(PAGE + 5), Buffer.alloc(PAGE * 3 + 1)]),

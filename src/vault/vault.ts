@@ -56,6 +56,11 @@ function checkId(kind: string, id: string): void {
   }
 }
 
+/** CRIU's page images: whole memory pages back to back, chunked on page boundaries. */
+export function isPageImage(path: string): boolean {
+  return /(^|\/)pages-\d+\.img$/.test(path);
+}
+
 export interface VaultOptions {
   /** The vault directory (local store and locks). */
   dir: string;
@@ -518,6 +523,7 @@ export class Vault {
         keys: t.keys,
         known: (k) => t.index.has(k),
         packs,
+        pageAligned: isPageImage,
         ...(this.sealPool() ? { pool: this.sealPool()! } : {}),
         ...(o.signal ? { signal: o.signal } : {}),
         ...(o.onProgress ? { onProgress: o.onProgress } : {}),
