@@ -66,7 +66,11 @@ function stepLine(t: OperationTimings): string {
 export const sandboxSuite: BenchSuite = {
   name: 'sandbox',
   async run({ quick }) {
-    const sizes = quick ? [64] : [64, 256, 1024];
+    // DORMANT_BENCH_SIZES=256 (MiB, comma-separated) times only those sizes, for a quick look.
+    const only = process.env.DORMANT_BENCH_SIZES?.split(',')
+      .map(Number)
+      .filter((n) => n > 0);
+    const sizes = only?.length ? only : quick ? [64] : [64, 256, 1024];
     const dir = await mkdtemp('/tmp/dormant-bench-sandbox-');
     const rows: BenchRow[] = [];
     const notes: string[] = [];

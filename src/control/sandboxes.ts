@@ -452,92 +452,138 @@ export class SandboxController {
    * commit thaws the sandbox back to where it was.
    */
   async hibernate(id: string, tenant?: string, reason = 'hibernate'): Promise<Sandbox> {
-    return this.locks.run(id, async () => {
-      const s = this.get(id, tenant);
-      assertLegal('hibernate', s.state, id);
-      if (isNoop('hibernate', s.state)) return s;
-      const before = s.state;
-      // Refusals happen here, before anything changes: the sandbox stays as it is.
-      const holders = await this.gpuGate(s, 'hibernate');
-      const gpuFacts = holders.length > 0 ? await this.gpu.checkpointFacts() : undefined;
-      const ckId = newId('ck', randomBytes);
-      const dir = this.staging(ckId);
-      this.store.transition(id, before, 'hibernating', reason, this.clock.now());
-      const t = this.timer();
-      let committed = false;
-      let ok = false;
-      const cudaDone: { pid: number; step: 'lock' | 'checkpoint' }[] = [];
-      try {
-        try {
-          await mkdir(dir, { recursive: true, mode: 0o700 });
-          let gpuMeta: GpuMeta | undefined;
-          if (gpuFacts !== undefined) {
-            // The driver's lock and checkpoint need the processes running: thaw a paused sandbox.
-            if (before === 'paused') await this.runtime.thaw(id);
-            for (const h of holders) {
-              await this.gpu.step('lock', h.pid);
-              cudaDone.push({ pid: h.pid, step: 'lock' });
-              await this.gpu.step('checkpoint', h.pid);
-              cudaDone[cudaDone.length - 1]!.step = 'checkpoint';
-            }
-            gpuMeta = { ...gpuFacts, nsPids: holders.map((h) => h.nsPid) };
-            this.step('hibernate:gpu-checkpointed');
-          }
-          await t.time('freeze', () => this.runtime.freeze(id, { timer: t }));
-          this.step('hibernate:frozen');
-          // The images are wiped with the rest of the staging folder once the checkpoint is
-          // committed, beside the end of the processes: not on the way to the commit.
-          const rec = await this.dumpToVault(s, ckId, dir, 'hibernate', t, false, gpuMeta);
-          await t.time('commit', async () => {
-            this.store.insertCheckpoint(rec);
-            this.store.updateSandbox(id, { checkpointId: ckId });
-          });
-          committed = true;
-          this.step('hibernate:committed');
-        } catch (e) {
-          await this.wipe(dir);
-          if (committed) throw e;
-          // Not committed: the sandbox goes back to what it was, running or paused, its CUDA
-          // state back on the GPU.
-          let undo = '';
-          if (before === 'running' || cudaDone.length > 0) await this.runtime.thaw(id).catch(() => undefined);
-          if (cudaDone.length > 0) {
-            undo = await this.cudaUndo(cudaDone);
-            if (before === 'paused') await this.runtime.freeze(id).catch(() => undefined);
-          }
-          this.store.transition(id, 'hibernating', before, 'hibernate failed', this.clock.now(), {
-            lastError: `${asError(e).message}${undo}`,
-          });
-          throw new DormantError(
-            'HIBERNATE_FAILED',
-            `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}${undo}`,
-            {
-              status: 500,
-              cause: e,
-              hint: 'dormant doctor shows what this node supports',
-            },
-          );
-        }
-        // Committed: the processes end (and the writable layer, whose diff is in the
-        // checkpoint, is emptied) while the staging folder is wiped and older checkpoints are
-        // pruned; none of the three waits for another.
-        const [ended, ...rest] = await Promise.allSettled([
-          t.time('end processes', async () => {
-            await this.endProcesses(id, t);
-            await emptyFolder(this.runtime.upperDir(id));
-          }),
-          t.time('wipe staging', () => this.wipe(dir)),
-          t.time('prune', () => this.pruneCheckpoints(id, s.tenant)),
-        ]);
-        if (ended.status === 'rejected') await this.afterUnendedHibernate(id, ckId, ended.reason);
-        this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
-        for (const r of rest) if (r.status === 'rejected') throw r.reason;
-        ok = true;
-        return this.get(id);
-      } finally {
-        this.report(t.finish('hibernate', id, ok));
-      }
+    // The caller gets the sandbox once it is hibernated (checkpoint committed, processes gone,
+    // memory freed); the container's remains are removed, the staging folder wiped and older
+    // checkpoints pruned after that, with the sandbox's lock still held.
+    let answer!: (s: Sandbox) => void;
+    let refuse!: (e: unknown) => void;
+    const answered = new Promise<Sandbox>((res, rej) => {
+      answer = res;
+      refuse = rej;
     });
+    this.locks
+      .run(id, async () => {
+        try {
+          await this.hibernateLocked(id, tenant, reason, answer);
+        } catch (e) {
+          // After an answer (a cleanup failed) the error goes to the sandbox's record only.
+          refuse(e);
+        }
+      })
+      .catch(refuse);
+    return answered;
+  }
+
+  private async hibernateLocked(
+    id: string,
+    tenant: string | undefined,
+    reason: string,
+    answer: (s: Sandbox) => void,
+  ): Promise<void> {
+    const s = this.get(id, tenant);
+    assertLegal('hibernate', s.state, id);
+    if (isNoop('hibernate', s.state)) {
+      answer(s);
+      return;
+    }
+    const before = s.state;
+    // Refusals happen here, before anything changes: the sandbox stays as it is.
+    const holders = await this.gpuGate(s, 'hibernate');
+    const gpuFacts = holders.length > 0 ? await this.gpu.checkpointFacts() : undefined;
+    const ckId = newId('ck', randomBytes);
+    const dir = this.staging(ckId);
+    this.store.transition(id, before, 'hibernating', reason, this.clock.now());
+    const t = this.timer();
+    let committed = false;
+    let ok = false;
+    let reported = false;
+    const cudaDone: { pid: number; step: 'lock' | 'checkpoint' }[] = [];
+    try {
+      try {
+        await mkdir(dir, { recursive: true, mode: 0o700 });
+        let gpuMeta: GpuMeta | undefined;
+        if (gpuFacts !== undefined) {
+          // The driver's lock and checkpoint need the processes running: thaw a paused sandbox.
+          if (before === 'paused') await this.runtime.thaw(id);
+          for (const h of holders) {
+            await this.gpu.step('lock', h.pid);
+            cudaDone.push({ pid: h.pid, step: 'lock' });
+            await this.gpu.step('checkpoint', h.pid);
+            cudaDone[cudaDone.length - 1]!.step = 'checkpoint';
+          }
+          gpuMeta = { ...gpuFacts, nsPids: holders.map((h) => h.nsPid) };
+          this.step('hibernate:gpu-checkpointed');
+        }
+        await t.time('freeze', () => this.runtime.freeze(id, { timer: t }));
+        this.step('hibernate:frozen');
+        // The images are wiped with the rest of the staging folder once the checkpoint is
+        // committed, beside the end of the processes: not on the way to the commit.
+        const rec = await this.dumpToVault(s, ckId, dir, 'hibernate', t, false, gpuMeta);
+        await t.time('commit', async () => {
+          this.store.insertCheckpoint(rec);
+          this.store.updateSandbox(id, { checkpointId: ckId });
+        });
+        committed = true;
+        this.step('hibernate:committed');
+      } catch (e) {
+        await this.wipe(dir);
+        if (committed) throw e;
+        // Not committed: the sandbox goes back to what it was, running or paused, its CUDA
+        // state back on the GPU.
+        let undo = '';
+        if (before === 'running' || cudaDone.length > 0) await this.runtime.thaw(id).catch(() => undefined);
+        if (cudaDone.length > 0) {
+          undo = await this.cudaUndo(cudaDone);
+          if (before === 'paused') await this.runtime.freeze(id).catch(() => undefined);
+        }
+        this.store.transition(id, 'hibernating', before, 'hibernate failed', this.clock.now(), {
+          lastError: `${asError(e).message}${undo}`,
+        });
+        throw new DormantError(
+          'HIBERNATE_FAILED',
+          `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}${undo}`,
+          {
+            status: 500,
+            cause: e,
+            hint: 'dormant doctor shows what this node supports',
+          },
+        );
+      }
+      // Committed: the processes end (and the writable layer, whose diff is in the
+      // checkpoint, is emptied) while the staging folder is wiped and older checkpoints are
+      // pruned; none of the three waits for another. The caller is answered once the
+      // processes are gone; the container's remains go after that.
+      const [ended, ...rest] = await Promise.allSettled([
+        t.time('end processes', async () => {
+          if (this.runtime.endProcesses) await this.runtime.endProcesses(id, { timer: t });
+          else await this.endProcesses(id, t);
+          await emptyFolder(this.runtime.upperDir(id));
+        }),
+        t.time('wipe staging', () => this.wipe(dir)),
+        t.time('prune', () => this.pruneCheckpoints(id, s.tenant)),
+      ]);
+      if (ended.status === 'rejected') await this.afterUnendedHibernate(id, ckId, ended.reason);
+      this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
+      for (const r of rest) if (r.status === 'rejected') throw r.reason;
+      ok = true;
+      // The timings are those the caller waited for; removing the container's remains is not.
+      this.report(t.finish('hibernate', id, true));
+      reported = true;
+      answer(this.get(id));
+      if (this.runtime.endProcesses) {
+        // runc's state and the cgroup; a failure here leaves a hibernated sandbox whose
+        // remains the next resume (or a restart's reconcile) removes anyway.
+        await this.endProcesses(id).catch((e: unknown) => {
+          this.store.note(
+            id,
+            `removing the container after hibernate failed: ${asError(e).message}`,
+            this.clock.now(),
+          );
+        });
+      }
+    } finally {
+      if (!reported) this.report(t.finish('hibernate', id, ok));
+    }
   }
 
   /**

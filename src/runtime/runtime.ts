@@ -186,6 +186,13 @@ export interface Runtime {
    * log stay, and its root filesystem is unmounted until the next create or restore.
    */
   stop(id: string, opts?: CallOptions): Promise<void>;
+  /**
+   * The part of `stop` a caller waits for: every process of the sandbox is killed and gone
+   * (its memory freed) and its root filesystem unmounted. The container's remains (runtime
+   * state, cgroup) stay for a later `stop`, which is then quick. Optional: without it,
+   * callers use `stop`.
+   */
+  endProcesses?(id: string, opts?: CallOptions): Promise<void>;
   /** Sends a signal to the sandbox's pid 1 (default SIGKILL). */
   kill(id: string, signal?: NodeJS.Signals, opts?: CallOptions): Promise<void>;
   /** Removes everything: container, mounts, cgroup, network, log collector, directory. */
