@@ -14,7 +14,7 @@
  *   criu.conf             CRIU options runc cannot pass (tcp-close)
  *   runc.log              runc's own log (JSON lines), read back for error messages
  */
-import { mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
@@ -832,6 +832,23 @@ export class RuncRuntime implements Runtime {
       await new Promise((r) => setTimeout(r, wait));
     }
     await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
+    // The empty cgroups go too (what is still charged to them, page cache and kernel memory,
+    // is released with them); `runc delete` later finds them gone, which it accepts.
+    await this.removeCgroups(id);
+  }
+
+  /** Removes the sandbox's (empty) cgroup in every hierarchy; one still busy is left to runc. */
+  private async removeCgroups(id: string): Promise<void> {
+    const path = this.cgroupPath(id);
+    const roots = [CGROUP_ROOT, ...(await readdir(CGROUP_ROOT)).map((h) => join(CGROUP_ROOT, h))];
+    await Promise.all(
+      roots.map((r) =>
+        rmdir(join(r, path)).catch((e: unknown) => {
+          const code = errnoCode(e);
+          if (code !== 'ENOENT' && code !== 'ENOTDIR' && code !== 'EBUSY' && code !== 'ENOTEMPTY') throw e;
+        }),
+      ),
+    );
   }
 
   async kill(id: string, signal: NodeJS.Signals = 'SIGKILL', opts: CallOptions = {}): Promise<void> {
