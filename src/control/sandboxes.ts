@@ -83,6 +83,8 @@ export interface CheckpointVault {
     checkpointId: string;
     srcDir: string;
     meta?: Record<string, string>;
+    /** srcDir is still being written until this settles (see the vault's putCheckpoint). */
+    growing?: Promise<unknown>;
     signal?: AbortSignal;
   }): Promise<{ logicalBytes: number; storedBytes: number }>;
   restoreCheckpoint(o: {
@@ -632,17 +634,6 @@ export class SandboxController {
     gpuMeta?: GpuMeta,
   ): Promise<CheckpointRecord> {
     const images = join(dir, 'images');
-    await t.time('checkpoint', () =>
-      this.runtime.checkpoint(s.id, {
-        imagesDir: images,
-        workDir: join(dir, 'work'),
-        leaveRunning: true,
-        timer: t,
-      }),
-    );
-    this.step(`${stepPrefix}:dumped`);
-    // The processes are still frozen: the diff is consistent with the memory just dumped.
-    await packFilesystem(this.runtime.upperDir(s.id), join(images, FS_DIFF));
     const platform = await this.platform();
     const meta: Record<string, string> = {
       arch: platform.arch,
@@ -652,15 +643,36 @@ export class SandboxController {
       ...(platform.criuVersion !== undefined ? { criuVersion: platform.criuVersion } : {}),
       ...(gpuMeta !== undefined ? { gpu: JSON.stringify(gpuMeta) } : {}),
     };
-    const put = await t.time('vault put', () =>
+    // The vault reads CRIU's page images while CRIU writes them (the dump is mostly the
+    // kernel copying pages, on one core): storing overlaps the dump instead of following it.
+    const written = (async () => {
+      await t.time('checkpoint', () =>
+        this.runtime.checkpoint(s.id, {
+          imagesDir: images,
+          workDir: join(dir, 'work'),
+          leaveRunning: true,
+          timer: t,
+        }),
+      );
+      this.step(`${stepPrefix}:dumped`);
+      // The processes are still frozen: the diff is consistent with the memory just dumped.
+      await packFilesystem(this.runtime.upperDir(s.id), join(images, FS_DIFF));
+    })();
+    const storing = t.time('vault put', () =>
       this.vault.putCheckpoint({
         tenant: s.tenant,
         sandboxId: s.id,
         checkpointId: ckId,
         srcDir: images,
         meta,
+        growing: written,
       }),
     );
+    const [dumped, stored] = await Promise.allSettled([written, storing]);
+    // A failed dump is the reason (the put then fails with it too).
+    if (dumped.status === 'rejected') throw dumped.reason;
+    if (stored.status === 'rejected') throw stored.reason;
+    const put = stored.value;
     this.step(`${stepPrefix}:stored`);
     if (wipeImages) await t.time('wipe images', () => this.wipe(images));
     return {

@@ -7,7 +7,7 @@ import { open, readdir, lstat, readlink, type FileHandle } from 'node:fs/promise
 import { createRequire } from 'node:module';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
-import { DormantError, ErrorCode } from '../domain/errors.js';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { PAGE_BYTES, splitPieces, type Chunker } from './chunker.js';
 import { SEAL_OVERHEAD, chunkId, sealParts, type TenantKeys } from './crypto.js';
 import {
@@ -39,6 +39,8 @@ export interface ChunkLocation {
 /** Packs roll over at this size: one fdatasync per pack keeps sync cost at ~400 MB/s (PERF-NOTES). */
 export const PACK_TARGET_BYTES = 32 * 1024 * 1024;
 const READ_BYTES = 4 * 1024 * 1024;
+/** How long a read that caught up with a file still being written waits before the next. */
+const FOLLOW_POLL_MS = 2;
 const WRITE_BATCH_BYTES = 2 * 1024 * 1024;
 const MAX_QUEUED_BYTES = 16 * 1024 * 1024;
 
@@ -325,6 +327,18 @@ class RefList {
   endFile(): void {
     this.lastHole = false;
   }
+  /** Appends every reference of `other` (one file's, as a file of its own). */
+  append(other: RefList): void {
+    const n = other.count * REF_BYTES;
+    while ((this.count + other.count) * REF_BYTES > this.buf.length) {
+      const b = Buffer.alloc(this.buf.length * 2);
+      this.buf.copy(b);
+      this.buf = b;
+    }
+    other.buf.copy(this.buf, this.count * REF_BYTES, 0, n);
+    this.count += other.count;
+    this.lastHole = false;
+  }
   bytes(): Buffer {
     return this.buf.subarray(0, this.count * REF_BYTES);
   }
@@ -343,6 +357,12 @@ export interface IngestContext {
    * boundaries only (CRIU's `pages-*.img`): far less hashing for the same deduplication.
    */
   pageAligned?: (path: string) => boolean;
+  /**
+   * The folder is still being written (a CRIU dump in progress) until this settles: page
+   * images (see `pageAligned`) are read while they grow, the rest once it has resolved. When
+   * it rejects, the ingest fails with its error and nothing is committed.
+   */
+  growing?: Promise<unknown>;
   signal?: AbortSignal;
   onProgress?: (c: Readonly<IngestCounters>) => void;
 }
@@ -439,13 +459,6 @@ export async function ingestFolder(
       });
   };
 
-  const rootSt = await lstat(srcDir).catch((e: unknown) => {
-    throw new DormantError(ErrorCode.INVALID_ARGUMENT, `cannot read checkpoint folder ${srcDir}`, {
-      cause: e,
-    });
-  });
-  if (!rootSt.isDirectory()) throw new DormantError(ErrorCode.INVALID_ARGUMENT, `${srcDir} is not a folder`);
-
   // splitPieces reports pieces synchronously; they are handled after it returns, in order.
   let pieces: number[] = []; // start, end pairs; a hole is (-1, length)
   const sink = {
@@ -456,8 +469,8 @@ export async function ingestFolder(
       pieces.push(-1, length);
     },
   };
-  /** Records the pieces found in `buf`; returns the chunks that are new to the vault. */
-  const handlePieces = (buf: Buffer): SealItem[] => {
+  /** Records the pieces found in `buf` into `refs`; returns the chunks new to the vault. */
+  const handlePieces = (buf: Buffer, refs: RefList): SealItem[] => {
     const list = pieces;
     pieces = [];
     const items: SealItem[] = [];
@@ -489,25 +502,59 @@ export async function ingestFolder(
     return items;
   };
 
-  const ingestFile = async (h: FileHandle, pageAligned: boolean): Promise<number> => {
+  // A file still being written is read as it grows: a read that finds no new bytes waits a
+  // little and tries again, until the writer is done. Only a read that began after the writer
+  // finished may end the file, so no byte written before the end is missed.
+  let writerDone = ctx.growing === undefined;
+  let writerError: Error | undefined;
+  let writerSettled: Promise<void> = Promise.resolve();
+  if (ctx.growing !== undefined) {
+    writerSettled = ctx.growing.then(
+      () => {
+        writerDone = true;
+      },
+      (e: unknown) => {
+        writerDone = true;
+        writerError = e instanceof Error ? e : new Error(`the checkpoint writer failed: ${String(e)}`);
+      },
+    );
+  }
+  const nap = (): Promise<void> =>
+    Promise.race([writerSettled, new Promise<void>((r) => setTimeout(r, FOLLOW_POLL_MS))]);
+  const readFrom = async (h: FileHandle, buf: Buffer, follow: boolean): Promise<number> => {
+    for (;;) {
+      const finished = !follow || writerDone;
+      const { bytesRead } = await h.read(buf, HEAD, READ_BYTES, null);
+      if (bytesRead > 0 || finished) return bytesRead;
+      if (ctx.signal?.aborted) return 0;
+      await nap();
+    }
+  };
+
+  const ingestFile = async (
+    h: FileHandle,
+    pageAligned: boolean,
+    refs: RefList,
+    follow = false,
+  ): Promise<number> => {
     let carry = 0;
     let streamAt = 0; // stream offset of the first carried byte
     let total = 0;
     let cur = await takeBuffer();
-    let reading = h.read(cur, HEAD, READ_BYTES, null);
+    let reading = readFrom(h, cur, follow);
     for (;;) {
-      const { bytesRead } = await reading;
+      const bytesRead = await reading;
       const eof = bytesRead === 0;
       let next: Buffer | undefined;
       if (!eof) {
         next = await takeBuffer();
-        reading = h.read(next, HEAD, READ_BYTES, null);
+        reading = readFrom(h, next, follow);
       }
       const from = HEAD - carry;
       const have = HEAD + bytesRead;
       total += bytesRead;
       const pos = splitPieces(ctx.chunker, cur, from, have, streamAt - from, eof, sink, pageAligned);
-      const items = handlePieces(cur);
+      const items = handlePieces(cur, refs);
       carry = have - pos;
       // The next read fills next[HEAD..]; the carried bytes go just in front of it.
       if (next) cur.copy(next, HEAD - carry, pos, have);
@@ -560,12 +607,25 @@ export async function ingestFolder(
         });
       } else if (st.isFile()) {
         const first = refs.count;
-        const h = await open(p, 'r');
+        const ahead = early.get(r);
         let size: number;
-        try {
-          size = await ingestFile(h, ctx.pageAligned?.(r) === true);
-        } finally {
-          await h.close();
+        if (ahead !== undefined && ahead.size === st.size) {
+          // Read while it was written, and it has not changed since the writer finished.
+          refs.append(ahead.refs);
+          size = ahead.size;
+        } else {
+          if (ahead !== undefined) {
+            // It grew after it was read to its end: read again (its chunks are known now).
+            counters.logicalBytes -= ahead.logicalBytes;
+            counters.holeBytes -= ahead.holeBytes;
+            counters.chunks -= ahead.chunks;
+          }
+          const h = await open(p, 'r');
+          try {
+            size = await ingestFile(h, ctx.pageAligned?.(r) === true, refs);
+          } finally {
+            await h.close();
+          }
         }
         refs.endFile();
         counters.filesDone++;
@@ -586,7 +646,54 @@ export async function ingestFolder(
       }
     }
   };
+  /** Page images read while the writer was still writing them, by path. */
+  const early = new Map<
+    string,
+    { refs: RefList; size: number; logicalBytes: number; holeBytes: number; chunks: number }
+  >();
+  /** While the writer runs, follows its page images (top level, as CRIU writes them). */
+  const followWriter = async (): Promise<void> => {
+    while (!writerDone) {
+      let names: string[];
+      try {
+        names = await readdir(srcDir);
+      } catch (e) {
+        if (errnoCode(e) !== 'ENOENT') throw e;
+        names = [];
+      }
+      const name = names.filter((n) => ctx.pageAligned?.(n) === true && !early.has(n)).sort()[0];
+      if (name === undefined) {
+        await nap();
+        continue;
+      }
+      const before = { ...counters };
+      const fileRefs = new RefList();
+      const h = await open(join(srcDir, name), 'r');
+      let size: number;
+      try {
+        size = await ingestFile(h, true, fileRefs, true);
+      } finally {
+        await h.close();
+      }
+      early.set(name, {
+        refs: fileRefs,
+        size,
+        logicalBytes: counters.logicalBytes - before.logicalBytes,
+        holeBytes: counters.holeBytes - before.holeBytes,
+        chunks: counters.chunks - before.chunks,
+      });
+    }
+    if (writerError !== undefined) throw writerError;
+  };
   try {
+    if (ctx.growing !== undefined) await followWriter();
+    const rootSt = await lstat(srcDir).catch((e: unknown) => {
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `cannot read checkpoint folder ${srcDir}`, {
+        cause: e,
+      });
+    });
+    if (!rootSt.isDirectory())
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `${srcDir} is not a folder`);
     await walk(srcDir, '');
   } finally {
     // Jobs still running hold buffers and add records; let them finish either way.

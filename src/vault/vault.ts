@@ -94,6 +94,13 @@ export interface PutCheckpointOptions {
   srcDir: string;
   /** Facts stored (sealed) with the checkpoint: architecture, CRIU version, ... */
   meta?: Record<string, string>;
+  /**
+   * `srcDir` is still being written (a CRIU dump in progress) until this settles: the put
+   * starts at once and reads CRIU's page images while they grow, so storing overlaps the
+   * dump; the manifest is committed only after this resolves. When it rejects, the put fails
+   * with its error and commits nothing.
+   */
+  growing?: Promise<unknown>;
   signal?: AbortSignal;
   onProgress?: (p: Readonly<IngestCounters>) => void;
 }
@@ -524,6 +531,7 @@ export class Vault {
         known: (k) => t.index.has(k),
         packs,
         pageAligned: isPageImage,
+        ...(o.growing ? { growing: o.growing } : {}),
         ...(this.sealPool() ? { pool: this.sealPool()! } : {}),
         ...(o.signal ? { signal: o.signal } : {}),
         ...(o.onProgress ? { onProgress: o.onProgress } : {}),
