@@ -150,6 +150,21 @@ describe('chunker', () => {
       );
     });
 
+    test('pages with a few live bytes anywhere get average-sized chunks, whatever the tenant key', () => {
+      // A heap's sparse pages: 64 random bytes in a page of zeros, in its first or second half.
+      const sparse = Buffer.alloc(2000 * PAGE_BYTES);
+      for (let p = 0; p < 2000; p++) randomBytes(64).copy(sparse, p * PAGE_BYTES + ((p * 64 * 7) % 4032));
+      for (let k = 1; k <= 12; k++) {
+        const c = makeChunker(deriveTenantKeys(Buffer.alloc(32, k)).gear);
+        const chunks = pieces(c, sparse, 1 << 20, true).filter((p) => !('hole' in p)).length;
+        const avg = sparse.length / chunks;
+        assert.ok(
+          avg > DEFAULT_CHUNK_PARAMS.avgBytes * 0.6 && avg < DEFAULT_CHUNK_PARAMS.avgBytes * 2,
+          `key ${k}: average chunk ${Math.round(avg)} bytes`,
+        );
+      }
+    });
+
     test('cuts depend on content only, never on how the stream was read', () => {
       const data = image();
       assert.deepEqual(pieces(chunker, data, 4096 * 5 + 123, true), pieces(chunker, data, 1 << 20, true));

@@ -118,15 +118,15 @@ export function findCut(c: Chunker, buf: Uint8Array, start: number, end: number)
   return n >= max ? start + max : -1;
 }
 
-/** Bytes of a page the page-aligned cut looks at: every 64th, so 64 gear steps a page. */
+/** Bytes of a page the page-aligned cut looks at: every 64th, so 64 hash steps a page. */
 const PAGE_SAMPLE_STRIDE = 64;
 
 /**
  * The page-aligned variant of {@link findCut}, for CRIU page images (`pages-*.img`), which
  * hold whole memory pages back to back: a page more or less shifts the rest of the file by a
  * page, never by a byte, so cuts need only be considered at page boundaries. Whether the
- * chunk ends after a page is decided by a gear hash over a sample of that page's bytes (every
- * 64th byte), so the decision is still content-defined (a shifted page keeps its verdict)
+ * chunk ends after a page is decided by a keyed hash of a sample of that page's bytes (every
+ * 64th byte, through the tenant's gear table), so the decision is still content-defined (a shifted page keeps its verdict)
  * while costing 64 steps a page instead of 4096. The same normalised sizes apply: a cut
  * before the average needs the small mask, after it the large one, and `maxBytes` forces one.
  * `start` must lie on a page boundary; returns the cut or -1 as findCut does.
@@ -141,10 +141,16 @@ export function findPageCut(c: Chunker, buf: Uint8Array, start: number, end: num
   // The first page that can end a chunk: the one that makes it at least `min` long.
   let pageEnd = start + Math.max(PAGE_BYTES, Math.ceil(min / PAGE_BYTES) * PAGE_BYTES);
   for (; pageEnd <= hardEnd; pageEnd += PAGE_BYTES) {
+    // Every sample counts (a shifting gear hash would keep only the last 32 of them, and a
+    // page whose few live bytes sit in its first half would hash like a zero page: one
+    // verdict for every such page, so 4 KiB or 64 KiB chunks depending on the tenant key).
+    // Multiplying by an odd constant loses nothing; the finaliser spreads it to the top bits.
     let h = 0;
     for (let i = pageEnd - PAGE_BYTES; i < pageEnd; i += PAGE_SAMPLE_STRIDE)
-      h = ((h << 1) + gear[buf[i]!]!) | 0;
-    // The sample spans the whole page, so the hash mixes it all; the top bits decide.
+      h = Math.imul(h ^ gear[buf[i]!]!, 0x01000193);
+    h = Math.imul(h ^ (h >>> 16), 0x85ebca6b);
+    h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
+    h ^= h >>> 16;
     const mask = pageEnd - start < avg ? c.pageMaskSmall : c.pageMaskLarge;
     if ((h & mask) === 0) return pageEnd;
   }
