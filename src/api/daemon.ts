@@ -4,7 +4,7 @@
  * HTTP API. On start it reconciles every sandbox with what really exists.
  */
 import { createHash } from 'node:crypto';
-import { mkdir, rm } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { getCriu } from '../criu/criu.js';
@@ -14,6 +14,7 @@ import { cpuFacts, diskFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { openVault, type Vault } from '../vault/index.js';
 import { RuncRuntime } from '../runtime/runc.js';
+import { prepareStaging, releaseStaging } from '../runtime/staging.js';
 import type { ReadonlyBind } from '../runtime/runtime.js';
 import { SandboxController, systemClock, type Clock } from '../control/sandboxes.js';
 import { TrackingController } from '../control/activity.js';
@@ -116,9 +117,8 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.checkpointTimeoutMs !== undefined ? { checkpointTimeoutMs: opts.checkpointTimeoutMs } : {}),
   });
   const stagingDir = stagingDirFor(opts.dataDir);
-  // Leftovers of a crash: images of a hibernate that never committed. Memory only, but wipe them.
-  await rm(stagingDir, { recursive: true, force: true });
-  await mkdir(stagingDir, { recursive: true, mode: 0o700 });
+  // Leftovers of a crash (images of a hibernate that never committed) are wiped.
+  await prepareStaging(stagingDir);
   const controller = new TrackingController({
     store,
     runtime,
@@ -190,7 +190,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
       await app.close();
       await vault.close();
       store.close();
-      await rm(stagingDir, { recursive: true, force: true });
+      await releaseStaging(stagingDir);
     },
   };
 }
