@@ -14,7 +14,7 @@ import { open, readFile, rename } from 'node:fs/promises';
 import { formatDurationMs } from '../domain/units.js';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
-import { TOKEN_COOKIE, hostFor, parseHost, type Credentials } from './routing.js';
+import { TOKEN_COOKIE, hostFor, parseHost, type Credentials, type Route } from './routing.js';
 import { HttpRelay, ProxyError, type RelayHost } from './relay.js';
 
 /** A sandbox as the proxy needs it. */
@@ -103,6 +103,7 @@ export class WakeProxy {
   private readonly touched = new Map<string, number>();
   private readonly trailing = new Map<string, NodeJS.Timeout>();
   private readonly auth = new Map<string, { p: ProxyPrincipal | undefined; at: number }>();
+  private readonly routes = new Map<string, Route | undefined>();
   private readonly tcp = new Map<string, { server: TcpServer; port: number }>();
   private readonly sockets = new Set<Socket>();
   private tcpPorts = new Map<string, number>();
@@ -270,9 +271,20 @@ export class WakeProxy {
     return p;
   }
 
+  /** parseHost, remembered: a keep-alive connection sends the same Host on every request. */
+  private route(hostHeader: string | undefined): Route | undefined {
+    if (hostHeader === undefined) return undefined;
+    const hit = this.routes.get(hostHeader);
+    if (hit !== undefined || this.routes.has(hostHeader)) return hit;
+    const route = parseHost(hostHeader, this.domain);
+    if (this.routes.size >= 1000) this.routes.clear();
+    this.routes.set(hostHeader, route);
+    return route;
+  }
+
   /** The sandbox and port a request is for, if the caller may reach it. Throws ProxyError. */
   private resolve(hostHeader: string | undefined, creds: Credentials): { s: ProxiedSandbox; port: number } {
-    const route = parseHost(hostHeader, this.domain);
+    const route = this.route(hostHeader);
     if (!route) {
       throw new ProxyError(
         404,
