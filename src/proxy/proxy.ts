@@ -15,7 +15,7 @@ import { formatDurationMs } from '../domain/units.js';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
 import { TOKEN_COOKIE, hostFor, parseHost, type Credentials, type Route } from './routing.js';
-import { HttpRelay, ProxyError, type RelayHost } from './relay.js';
+import { HttpRelay, ProxyError, reusedReads, type RelayHost } from './relay.js';
 
 /** A sandbox as the proxy needs it. */
 export type ProxiedSandbox = Pick<Sandbox, 'id' | 'name' | 'tenant' | 'state' | 'address'> & {
@@ -470,14 +470,25 @@ export class WakeProxy {
       client.pause();
       const address = await this.ready(s, port, 'tcp connection');
       if (client.destroyed) return;
-      const up = connect({ host: address, port });
+      const touch = (): void => this.touch(id);
+      // The sandbox's bytes are read into a reused buffer and written on at once.
+      const up: Socket = connect({
+        host: address,
+        port,
+        onread: reusedReads(client, (d) => {
+          touch();
+          if (!client.write(d)) {
+            up.pause();
+            client.once('drain', () => void up.resume());
+          }
+        }),
+      });
       this.track(up);
       up.once('error', () => client.destroy());
       up.once('close', () => client.destroy());
       client.once('close', () => up.destroy());
+      up.once('end', () => client.end());
       up.once('connect', () => {
-        const touch = (): void => this.touch(id);
-        relayBytes(up, client, touch);
         relayBytes(client, up, touch);
         client.resume();
       });
