@@ -1,14 +1,19 @@
 /**
  * The wake proxy against connecting to the sandbox directly, through the real daemon: requests
  * per second and p50/p99 latency under keep-alive load from a second process on loopback, for a
- * python server and a node server inside sandboxes; and the time to first byte of a request
- * that wakes a frozen and a hibernated sandbox, against resuming by API and then requesting.
+ * python server and a node server inside sandboxes; for the node server also against haproxy
+ * (when installed) as an HTTP reverse proxy and a TCP relay to the same sandbox, with each
+ * relay's CPU time per request; and the time to first byte of a request that wakes a frozen and
+ * a hibernated sandbox, against resuming by API and then requesting.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
+import { createServer } from 'node:net';
+import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
-import { run } from '../sys/exec.js';
+import { run, which } from '../sys/exec.js';
 import { startDaemon } from '../api/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
@@ -51,21 +56,163 @@ interface Load {
   rps: number;
   p50Ms: number;
   p99Ms: number;
+  /** Requests completed including the warm-up. */
+  total: number;
+  /** CPU time of the relay (the daemon, or the peer proxy) per request, µs; 0 for direct. */
+  relayCpuUs: number;
 }
 
 const LOADGEN = join(dirname(fileURLToPath(import.meta.url)), 'loadgen.js');
 
-async function load(spec: {
-  host: string;
-  port: number;
-  headers: Record<string, string>;
-  durationMs: number;
-  connections: number;
-}): Promise<Load> {
+/** CPU time (user + system) in µs of the relay a load goes through. */
+type CpuClock = () => Promise<number>;
+
+/** The daemon runs in this process; the load generator is a child, not counted. */
+const selfCpu: CpuClock = () => {
+  const u = process.cpuUsage();
+  return Promise.resolve(u.user + u.system);
+};
+
+/** A process's CPU time from /proc (clock ticks, 100 per second on Linux). */
+function procCpu(pid: number): CpuClock {
+  return async () => {
+    const stat = await readFile(`/proc/${pid}/stat`, 'utf8');
+    // After "pid (comm) ": state is field 3, utime and stime are fields 14 and 15.
+    const v = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(v[11]) + Number(v[12])) * 10_000;
+  };
+}
+
+async function load(
+  spec: {
+    host: string;
+    port: number;
+    headers: Record<string, string>;
+    durationMs: number;
+    connections: number;
+  },
+  cpu: CpuClock | undefined,
+): Promise<Load> {
+  const before = cpu ? await cpu() : 0;
   const r = await run(process.execPath, [LOADGEN, JSON.stringify({ ...spec, warmupMs: 500 })], {
     timeoutMs: spec.durationMs + 30_000,
   });
-  return JSON.parse(r.stdout) as Load;
+  const l = JSON.parse(r.stdout) as Omit<Load, 'relayCpuUs'>;
+  const used = cpu ? (await cpu()) - before : 0;
+  return { ...l, relayCpuUs: l.total > 0 ? used / l.total : 0 };
+}
+
+/** A free TCP port on loopback (for the peer's listeners). */
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const a = s.address();
+      s.close(() => resolve(typeof a === 'object' && a ? a.port : 0));
+    });
+  });
+}
+
+interface PeerProxy {
+  name: string;
+  http: { host: string; port: number; headers: Record<string, string> };
+  tcp: { host: string; port: number; headers: Record<string, string> };
+  cpu: CpuClock;
+  stop(): Promise<void>;
+}
+
+/**
+ * haproxy as a keep-alive HTTP reverse proxy (routing by Host, Authorization removed,
+ * X-Forwarded-* added: the work dormant's proxy does, less the token lookup) and as a TCP relay,
+ * both to `upstream`, in its own process with its own config in `dir`; one thread, like the
+ * daemon's event loop. A string says why there is none.
+ */
+async function startHaproxy(
+  dir: string,
+  upstream: { host: string; port: number },
+  hostHeader: string,
+  headers: Record<string, string>,
+): Promise<PeerProxy | string> {
+  const bin = await which('haproxy', `${process.env.PATH ?? ''}:/usr/sbin:/sbin`);
+  if (bin === undefined)
+    return 'haproxy is not installed (scripts/setup.sh installs it): no peer proxy measured';
+  const version = (await run(bin, ['-v'])).stdout.match(/version (\d+\.\d+(?:\.\d+)?)/)?.[1] ?? '?';
+  const [httpPort, tcpPort] = [await freePort(), await freePort()];
+  const server = `${upstream.host}:${upstream.port}`;
+  const cfg = join(dir, 'haproxy.cfg');
+  await writeFile(
+    cfg,
+    [
+      'global',
+      '  nbthread 1',
+      '  maxconn 1024',
+      'defaults',
+      '  timeout connect 5s',
+      '  timeout client 60s',
+      '  timeout server 60s',
+      '  timeout http-keep-alive 60s',
+      'frontend http',
+      '  mode http',
+      `  bind 127.0.0.1:${httpPort}`,
+      '  option http-keep-alive',
+      '  option forwardfor',
+      `  acl sandbox hdr(host) -i ${hostHeader}`,
+      '  http-request deny deny_status 404 unless sandbox',
+      '  http-request del-header authorization',
+      '  http-request set-header x-forwarded-host %[req.hdr(host)]',
+      '  http-request set-header x-forwarded-proto http',
+      '  default_backend sandbox',
+      'backend sandbox',
+      '  mode http',
+      '  http-reuse always',
+      `  server s ${server}`,
+      'listen tcp',
+      '  mode tcp',
+      `  bind 127.0.0.1:${tcpPort}`,
+      `  server s ${server}`,
+      '',
+    ].join('\n'),
+  );
+  // In the foreground, ended by its PID: no system service, no pid file of the host's.
+  const child: ChildProcess = spawn(bin, ['-db', '-f', cfg], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  const stop = async (): Promise<void> => {
+    if (child.exitCode === null && child.signalCode === null && child.pid !== undefined) {
+      process.kill(child.pid, 'SIGTERM');
+    }
+    await exited;
+  };
+  try {
+    await new Promise<void>((resolve, reject) => {
+      child.once('spawn', resolve);
+      child.once('error', reject);
+    });
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      try {
+        await ttfb('127.0.0.1', httpPort, { host: hostHeader, ...headers });
+        break;
+      } catch (e) {
+        if (child.exitCode !== null || Date.now() > deadline) {
+          throw new Error(`haproxy did not serve: ${stderr.trim() || String(e)}`);
+        }
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+  return {
+    name: `haproxy ${version}`,
+    http: { host: '127.0.0.1', port: httpPort, headers: { host: hostHeader, ...headers } },
+    tcp: { host: '127.0.0.1', port: tcpPort, headers: {} },
+    cpu: procCpu(child.pid!),
+    stop,
+  };
 }
 
 /** Milliseconds to the first byte of the response (status line and headers in). */
@@ -119,6 +266,7 @@ export const proxySuite: BenchSuite = {
     });
     const client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
     const rows: BenchRow[] = [];
+    const notes: string[] = [];
     const durationMs = quick ? 2000 : 5000;
     const rounds = quick ? 1 : 2;
     const connections = 16;
@@ -146,61 +294,99 @@ export const proxySuite: BenchSuite = {
         ['python http.server', py, 8080],
         ['node http', nd, 8081],
       ];
+      const loadBefore = loadavg()[0]!;
       for (const [label, sb, port] of servers) {
         await untilServing(sb.address!, port);
         const tcp = (await client.sandboxUrl(sb.id, port)).tcp;
         if (tcp === null) throw new Error(`${label}: no TCP listener for port ${port}`);
         const [tcpHost, tcpPort] = tcp.split(':');
-        const ways = {
+        const hostHeader = `${port}-${sb.id}.dormant.bench`;
+        type Way = { host: string; port: number; headers: Record<string, string>; cpu?: CpuClock };
+        const ways: Record<string, Way> = {
           direct: { host: sb.address!, port, headers: {} },
-          http: {
-            host: '127.0.0.1',
-            port: proxyPort,
-            headers: { host: `${port}-${sb.id}.dormant.bench`, ...auth },
-          },
-          tcp: { host: tcpHost!, port: Number(tcpPort), headers: {} },
+          http: { host: '127.0.0.1', port: proxyPort, headers: { host: hostHeader, ...auth }, cpu: selfCpu },
+          tcp: { host: tcpHost!, port: Number(tcpPort), headers: {}, cpu: selfCpu },
         };
-        const got: Record<keyof typeof ways, Load[]> = { direct: [], http: [], tcp: [] };
-        for (let i = 0; i < rounds; i++) {
-          // Rotate the order: the machine warms up and drifts during a run.
-          const order = (['direct', 'http', 'tcp'] as const).map((_, k, a) => a[(k + i) % a.length]!);
-          for (const w of order) got[w].push(await load({ ...ways[w], durationMs, connections }));
+        // The peer proxy only in front of the node server: the python one hides any relay.
+        let peer: PeerProxy | undefined;
+        if (port === 8081) {
+          const p = await startHaproxy(dir, { host: sb.address!, port }, hostHeader, auth);
+          if (typeof p === 'string') notes.push(p);
+          else {
+            peer = p;
+            ways.peerHttp = { ...p.http, cpu: p.cpu };
+            ways.peerTcp = { ...p.tcp, cpu: p.cpu };
+          }
         }
-        const errors = [...got.direct, ...got.http, ...got.tcp].reduce((n, l) => n + l.errors, 0);
+        const names = Object.keys(ways);
+        const got: Record<string, Load[]> = Object.fromEntries(names.map((w) => [w, []]));
+        try {
+          for (let i = 0; i < rounds; i++) {
+            // Rotate the order: the machine warms up and drifts during a run.
+            for (let k = 0; k < names.length; k++) {
+              const w = names[(k + i) % names.length]!;
+              const { cpu, ...spec } = ways[w]!;
+              got[w]!.push(await load({ ...spec, durationMs, connections }, cpu));
+            }
+          }
+        } finally {
+          await peer?.stop();
+        }
+        const errors = Object.values(got)
+          .flat()
+          .reduce((n, l) => n + l.errors, 0);
         if (errors > 0) throw new Error(`${label}: ${errors} requests failed under load`);
-        const m = (ls: Load[], k: 'rps' | 'p50Ms' | 'p99Ms') => median(ls.map((l) => l[k]));
-        for (const [way, what] of [
-          ['http', 'HTTP proxy'],
-          ['tcp', 'TCP forward'],
+        const m = (w: string, k: 'rps' | 'p50Ms' | 'p99Ms' | 'relayCpuUs') =>
+          median(got[w]!.map((l) => l[k]));
+        const compare = (what: string, way: string, against: string, peerName: string): BenchRow[] => [
+          {
+            name: `${label}, ${what}: requests/s, ${connections} connections`,
+            dormant: Math.round(m(way, 'rps')),
+            peer: Math.round(m(against, 'rps')),
+            peerName,
+            unit: 'req/s',
+            better: 'higher',
+          },
+          {
+            name: `${label}, ${what}: p50 latency`,
+            dormant: m(way, 'p50Ms'),
+            peer: m(against, 'p50Ms'),
+            peerName,
+            unit: 'ms',
+            better: 'lower',
+          },
+          {
+            name: `${label}, ${what}: p99 latency`,
+            dormant: m(way, 'p99Ms'),
+            peer: m(against, 'p99Ms'),
+            peerName,
+            unit: 'ms',
+            better: 'lower',
+          },
+        ];
+        for (const [way, what, peerWay] of [
+          ['http', 'HTTP proxy', 'peerHttp'],
+          ['tcp', 'TCP forward', 'peerTcp'],
         ] as const) {
-          rows.push(
-            {
-              name: `${label}, ${what}: requests/s, ${connections} connections`,
-              dormant: Math.round(m(got[way], 'rps')),
-              peer: Math.round(m(got.direct, 'rps')),
-              peerName: 'direct',
-              unit: 'req/s',
-              better: 'higher',
-            },
-            {
-              name: `${label}, ${what}: p50 latency`,
-              dormant: m(got[way], 'p50Ms'),
-              peer: m(got.direct, 'p50Ms'),
-              peerName: 'direct',
-              unit: 'ms',
-              better: 'lower',
-            },
-            {
-              name: `${label}, ${what}: p99 latency`,
-              dormant: m(got[way], 'p99Ms'),
-              peer: m(got.direct, 'p99Ms'),
-              peerName: 'direct',
-              unit: 'ms',
-              better: 'lower',
-            },
+          rows.push(...compare(what, way, 'direct', 'direct'));
+          if (!peer) continue;
+          rows.push(...compare(`${what} vs ${peer.name}`, way, peerWay, peer.name), {
+            name: `${label}, ${what}: relay CPU per request (user + system)`,
+            dormant: Math.round(m(way, 'relayCpuUs') * 10) / 10,
+            peer: Math.round(m(peerWay, 'relayCpuUs') * 10) / 10,
+            peerName: peer.name,
+            unit: 'µs',
+            better: 'lower',
+          });
+          notes.push(
+            `${peer.name} itself, ${what === 'HTTP proxy' ? 'HTTP' : 'TCP'} to the ${label} sandbox: ${(m(peerWay, 'rps') / m('direct', 'rps')).toFixed(2)}x the requests/s of direct (dormant: ${(m(way, 'rps') / m('direct', 'rps')).toFixed(2)}x).`,
           );
         }
       }
+      const loadAfter = loadavg()[0]!;
+      notes.push(
+        `1-minute load average ${loadBefore.toFixed(1)} before the load runs and ${loadAfter.toFixed(1)} after${Math.max(loadBefore, loadAfter) > 3.5 ? ' (other work ran concurrently on this machine besides the three processes measured, so absolute figures are low; compare the ratios within this run)' : ''}.`,
+      );
       await client.remove(nd.id);
 
       // Waking: a request through the proxy, against resume by API and then the same request direct.
@@ -243,10 +429,13 @@ export const proxySuite: BenchSuite = {
         `Keep-alive GET load (${connections} connections, ${durationMs / 1000} s after a 0.5 s warm-up, ${rounds} rotating round(s), median) ` +
         'from a second Node process (src/bench/loadgen.ts) on loopback, through the wake proxy (HTTP: each request head parsed, routed by Host, token-checked and rewritten, the rest of the keep-alive connection relayed as bytes; ' +
         "TCP: the sandbox port's host listener, bytes relayed) against straight to the sandbox's address; the upstreams are a threaded python http.server and a node http server " +
-        `in runc sandboxes. Then the time to first byte of a request that wakes a frozen and a hibernated sandbox (${quick ? 1 : 3} rounds, median), ` +
+        'in runc sandboxes. For the node server also through haproxy, the reference relay (one thread like the daemon; HTTP mode with keep-alive both ways, routing by Host, Authorization removed and X-Forwarded-* added; and TCP mode), ' +
+        "to the same sandbox in the same rotation, with each relay's CPU time per request (the daemon's process, haproxy's from /proc). " +
+        `Then the time to first byte of a request that wakes a frozen and a hibernated sandbox (${quick ? 1 : 3} rounds, median), ` +
         'against `POST /resume` followed by the same request direct.',
       rows,
       notes: [
+        ...notes,
         'The load generator, the daemon (with the proxy) and the sandbox share the same CPUs; the proxy pays for its CPU out of the same budget.',
         'A hibernated wake is a CRIU restore from the encrypted vault; a frozen one is a cgroup thaw.',
       ],

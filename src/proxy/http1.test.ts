@@ -78,6 +78,14 @@ describe('http1 framing', () => {
       HttpParseError,
     );
     assert.throws(() => r('HTTX/1.1 200 OK\r\n\r\n'), HttpParseError);
+    // Names in any case, space before the colon, several tokens, lengths of other fields.
+    const mixed = r(
+      'HTTP/1.1 200 OK\r\nX-Content-Length: 7\r\nCONTENT-LENGTH : 12\r\nConnection: Keep-Alive, Close\r\n\r\n',
+    );
+    assert.deepEqual([mixed.body, mixed.close], [{ kind: 'length', length: 12 }, true]);
+    assert.equal(r('HTTP/1.0 200 OK\r\ncontent-length: 1\r\nconnection: KEEP-ALIVE\r\n\r\n').close, false);
+    assert.equal(r('HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n').close, true);
+    assert.deepEqual(r('HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n').body, { kind: 'close' });
   });
 
   test('finds the end of a chunked body fed a byte at a time, or all at once', () => {

@@ -101,6 +101,9 @@ function parseFields(text: string, start: number): Header[] {
 function hasToken(headers: Header[], name: string, token: string): boolean {
   for (const h of headers) {
     if (h.name !== name) continue;
+    // The common case, one token (`keep-alive`), without a split.
+    if (h.value.length === token.length && h.value.toLowerCase() === token) return true;
+    if (!h.value.includes(',')) continue;
     for (const t of h.value.split(',')) if (t.trim().toLowerCase() === token) return true;
   }
   return false;
@@ -112,7 +115,7 @@ function framing(headers: Header[]): BodyKind | undefined {
   let te: string[] | undefined;
   for (const h of headers) {
     if (h.name === 'content-length') {
-      for (const v of h.value.split(',')) {
+      for (const v of h.value.includes(',') ? h.value.split(',') : [h.value]) {
         const t = v.trim();
         if (!/^\d{1,15}$/.test(t)) throw new HttpParseError(`bad Content-Length "${t.slice(0, 20)}"`);
         const n = Number(t);
@@ -164,23 +167,45 @@ export function parseRequestHead(buf: Buffer): RequestHead {
   };
 }
 
-const KEYS: Record<string, string> = {
-  'content-length': '\r\ncontent-length',
-  'transfer-encoding': '\r\ntransfer-encoding',
-  connection: '\r\nconnection',
-};
+/** The header names a response is read for, by their length. */
+const FRAMING_NAMES = new Map([
+  [14, 'content-length'],
+  [17, 'transfer-encoding'],
+  [10, 'connection'],
+]);
 
-/** The values of field `name` (lower case) in a head lowered to `low`. */
-function fieldsNamed(low: string, name: string, out: Header[]): void {
-  const key = KEYS[name] ?? `\r\n${name}`;
-  for (let i = low.indexOf(key); i >= 0; i = low.indexOf(key, i + key.length)) {
-    let j = i + key.length;
-    while (low.charCodeAt(j) === 0x20 || low.charCodeAt(j) === 0x09) j++;
-    if (low.charCodeAt(j) !== 0x3a /* : */) continue;
-    let eol = low.indexOf('\r\n', j);
-    if (eol < 0) eol = low.length;
-    out.push({ name, value: low.slice(j + 1, eol).trim() });
+/**
+ * The fields of `text` (a response head without its blank line) that frame its body, one pass
+ * over the lines: a line is looked at only when its name (up to the colon, less spaces or tabs
+ * before it) has the length of one of them. Nothing else is lowered or copied.
+ */
+function framingFields(text: string): Header[] {
+  const out: Header[] = [];
+  let i = text.indexOf('\r\n');
+  while (i >= 0) {
+    const start = i + 2;
+    let eol = text.indexOf('\r\n', start);
+    const end = eol < 0 ? text.length : eol;
+    const colon = text.indexOf(':', start);
+    if (colon > start && colon < end) {
+      let n = colon;
+      while (n > start && (text.charCodeAt(n - 1) === 0x20 || text.charCodeAt(n - 1) === 0x09)) n--;
+      const want = FRAMING_NAMES.get(n - start);
+      if (want !== undefined && text.slice(start, n).toLowerCase() === want) {
+        out.push({
+          name: want,
+          value: text
+            .slice(colon + 1, end)
+            .trim()
+            .toLowerCase(),
+        });
+      }
+    }
+    if (eol < 0) break;
+    i = eol;
+    eol = -1;
   }
+  return out;
 }
 
 /**
@@ -188,16 +213,11 @@ function fieldsNamed(low: string, name: string, out: Header[]): void {
  * the status and the fields that frame the body: the response goes to the client as it came.
  */
 export function parseResponseHead(buf: Buffer, method: string): ResponseHead {
-  const text = buf.toString('latin1', 0, buf.length - 2);
-  const m = /^HTTP\/1\.([01]) (\d{3})(?:[ \r])/.exec(text);
+  const text = buf.toString('latin1', 0, buf.length - 4);
+  const m = /^HTTP\/1\.([01]) (\d{3})(?:[ \r]|$)/.exec(text);
   if (!m) throw new HttpParseError('malformed status line', 502);
   const status = Number(m[2]);
-  // Only the fields that frame the body are read; the response goes to the client as it came.
-  const low = text.toLowerCase();
-  const fields: Header[] = [];
-  fieldsNamed(low, 'content-length', fields);
-  fieldsNamed(low, 'transfer-encoding', fields);
-  fieldsNamed(low, 'connection', fields);
+  const fields = framingFields(text);
   const close =
     hasToken(fields, 'connection', 'close') ||
     (m[1] === '0' && !hasToken(fields, 'connection', 'keep-alive'));

@@ -14,8 +14,8 @@ import { open, readFile, rename } from 'node:fs/promises';
 import { formatDurationMs } from '../domain/units.js';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
-import { TOKEN_COOKIE, hostFor, parseHost, type Credentials } from './routing.js';
-import { HttpRelay, ProxyError, type RelayHost } from './relay.js';
+import { TOKEN_COOKIE, hostFor, parseHost, type Credentials, type Route } from './routing.js';
+import { HttpRelay, ProxyError, reusedReads, type RelayHost } from './relay.js';
 
 /** A sandbox as the proxy needs it. */
 export type ProxiedSandbox = Pick<Sandbox, 'id' | 'name' | 'tenant' | 'state' | 'address'> & {
@@ -103,6 +103,7 @@ export class WakeProxy {
   private readonly touched = new Map<string, number>();
   private readonly trailing = new Map<string, NodeJS.Timeout>();
   private readonly auth = new Map<string, { p: ProxyPrincipal | undefined; at: number }>();
+  private readonly routes = new Map<string, Route | undefined>();
   private readonly tcp = new Map<string, { server: TcpServer; port: number }>();
   private readonly sockets = new Set<Socket>();
   private tcpPorts = new Map<string, number>();
@@ -270,9 +271,20 @@ export class WakeProxy {
     return p;
   }
 
+  /** parseHost, remembered: a keep-alive connection sends the same Host on every request. */
+  private route(hostHeader: string | undefined): Route | undefined {
+    if (hostHeader === undefined) return undefined;
+    const hit = this.routes.get(hostHeader);
+    if (hit !== undefined || this.routes.has(hostHeader)) return hit;
+    const route = parseHost(hostHeader, this.domain);
+    if (this.routes.size >= 1000) this.routes.clear();
+    this.routes.set(hostHeader, route);
+    return route;
+  }
+
   /** The sandbox and port a request is for, if the caller may reach it. Throws ProxyError. */
   private resolve(hostHeader: string | undefined, creds: Credentials): { s: ProxiedSandbox; port: number } {
-    const route = parseHost(hostHeader, this.domain);
+    const route = this.route(hostHeader);
     if (!route) {
       throw new ProxyError(
         404,
@@ -458,14 +470,25 @@ export class WakeProxy {
       client.pause();
       const address = await this.ready(s, port, 'tcp connection');
       if (client.destroyed) return;
-      const up = connect({ host: address, port });
+      const touch = (): void => this.touch(id);
+      // The sandbox's bytes are read into a reused buffer and written on at once.
+      const up: Socket = connect({
+        host: address,
+        port,
+        onread: reusedReads(client, (d) => {
+          touch();
+          if (!client.write(d)) {
+            up.pause();
+            client.once('drain', () => void up.resume());
+          }
+        }),
+      });
       this.track(up);
       up.once('error', () => client.destroy());
       up.once('close', () => client.destroy());
       client.once('close', () => up.destroy());
+      up.once('end', () => client.end());
       up.once('connect', () => {
-        const touch = (): void => this.touch(id);
-        relayBytes(up, client, touch);
         relayBytes(client, up, touch);
         client.resume();
       });

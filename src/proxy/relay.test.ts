@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { WakeProxy, type ProxiedSandbox, type WakeTarget } from './proxy.js';
+import { reusedReads } from './relay.js';
 
 const TOKEN_A = 'dmt_relay-a';
 const TOKEN_B = 'dmt_relay-b';
@@ -23,6 +24,18 @@ interface Seen {
 }
 
 let cutOnce = false;
+
+/** Bytes that differ from one place to the next, so that a chunk copied twice or lost shows. */
+function pattern(bytes: number): Buffer {
+  const b = Buffer.alloc(bytes);
+  let x = 12345;
+  for (let i = 0; i < bytes; i += 4) {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    b.writeUInt32LE(x, i);
+  }
+  return b;
+}
+const PATTERN = pattern(4 * 1024 * 1024);
 
 function upstream(name: string, seen: Seen[]): Server {
   const s = createServer((req, res) => {
@@ -41,6 +54,21 @@ function upstream(name: string, seen: Seen[]): Server {
         const out = `${name} got ${body.length} `.padEnd(4 * 1024 * 1024, 'x');
         res.writeHead(200, { 'content-length': out.length });
         res.end(out);
+        return;
+      }
+      if (req.url === '/pattern') {
+        // In pieces of different sizes, small ones too (each read by the proxy on its own).
+        res.writeHead(200, { 'content-length': PATTERN.length });
+        let at = 0;
+        const more = (): void => {
+          const n = Math.min(PATTERN.length - at, at % 3 === 0 ? 700 + (at % 9000) : 70_001);
+          const piece = PATTERN.subarray(at, at + n);
+          at += n;
+          if (at === PATTERN.length) res.end(piece);
+          else if (!res.write(piece)) res.once('drain', more);
+          else setImmediate(more);
+        };
+        more();
         return;
       }
       if (req.url === '/wait') {
@@ -331,6 +359,45 @@ describe('wake proxy HTTP relay', () => {
     assert.match(got, new RegExp(`one got ${12 * 256 * 1024} x+HTTP/1\\.1 200`));
     assert.ok(got.length > 4 * 1024 * 1024);
     s.destroy();
+  });
+
+  test('a response read slowly arrives byte for byte, then the next request', async () => {
+    const s = await client();
+    const h = `Host: ${ONE()}\r\nAuthorization: Bearer ${TOKEN_A}\r\n`;
+    s.write(`GET /pattern HTTP/1.1\r\n${h}\r\nGET /after-pattern HTTP/1.1\r\n${h}\r\n`);
+    // The client stops reading now and then, so the proxy's writes to it queue up.
+    s.pause();
+    await new Promise((r) => setTimeout(r, 300));
+    s.resume();
+    const slow = setInterval(() => {
+      s.pause();
+      setTimeout(() => s.resume(), 20);
+    }, 40);
+    try {
+      const got = await readUntil(s, (t) => t.includes('one GET /after-pattern'));
+      const start = got.indexOf('\r\n\r\n') + 4;
+      const body = Buffer.from(got.slice(start, start + PATTERN.length), 'latin1');
+      assert.ok(body.equals(PATTERN), 'the body differs from what the sandbox sent');
+      assert.match(got.slice(start + PATTERN.length), /^HTTP\/1\.1 200 /);
+    } finally {
+      clearInterval(slow);
+      s.destroy();
+    }
+  });
+
+  test('reads go to a fresh buffer while bytes written from the last one wait to be sent', () => {
+    const to = { writableLength: 0 };
+    const got: Buffer[] = [];
+    const o = reusedReads(to, (d) => got.push(d));
+    const next = o.buffer as () => Uint8Array;
+    const first = next();
+    assert.equal(next(), first, 'nothing queued: the same buffer');
+    to.writableLength = 100;
+    const second = next();
+    assert.notEqual(second, first, 'a queued write still points into the first buffer');
+    o.callback(3, second);
+    assert.equal(got[0]!.length, 3);
+    assert.equal(got[0]!.buffer, second.buffer);
   });
 
   test('a bodyless request cut off on a reused connection is sent once more; a POST is not', async () => {

@@ -11,7 +11,7 @@
  * one write each way: no new sockets, no header objects, no per-request streams.
  */
 import { STATUS_CODES } from 'node:http';
-import { connect, type Socket } from 'node:net';
+import { connect, type OnReadOpts, type Socket } from 'node:net';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { ProxiedSandbox } from './proxy.js';
 import { extractCredentials, TOKEN_COOKIE, type Credentials } from './routing.js';
@@ -72,6 +72,33 @@ const DROP = new Set([
   'proxy-authorization',
   'proxy-connection',
 ]);
+
+/** Bytes of the buffer a connection into a sandbox reads into. */
+const READ_BYTES = 64 * 1024;
+
+/**
+ * `onread` for a connection into a sandbox: its reads land in one buffer, reused while nothing
+ * written from it waits in `to`'s queue (a write the kernel took at once keeps no reference to
+ * it), else replaced by a fresh one. Per read this saves a buffer allocated and shrunk, a
+ * Readable push and a 'data' event. `deliver` sees a view that is valid during the call only:
+ * it writes it on or copies what it keeps. 'end', 'close', pause() and resume() work as usual.
+ */
+export function reusedReads(
+  to: Pick<Socket, 'writableLength'>,
+  deliver: (chunk: Buffer) => void,
+): OnReadOpts {
+  let buf: Buffer | undefined;
+  return {
+    buffer: () => {
+      if (buf === undefined || to.writableLength > 0) buf = Buffer.allocUnsafe(READ_BYTES);
+      return buf;
+    },
+    callback: (n, b) => {
+      deliver((b as Buffer).subarray(0, n));
+      return true;
+    },
+  };
+}
 
 /** A proxy error as an HTTP/1.1 response that closes the connection. */
 export function errorResponse(e: unknown): string {
@@ -310,7 +337,11 @@ export class HttpRelay {
     for (let attempt = 0; ; attempt++) {
       try {
         const up = await new Promise<Socket>((resolve, reject) => {
-          const c = connect({ host: address, port });
+          const c: Socket = connect({
+            host: address,
+            port,
+            onread: reusedReads(this.client, (d) => this.onUpData(c, d)),
+          });
           c.once('connect', () => {
             c.off('error', reject);
             resolve(c);
@@ -347,7 +378,6 @@ export class HttpRelay {
     this.answering = false;
     this.rbuf = undefined;
     this.rbody = undefined;
-    up.on('data', (d: Buffer) => this.onUpData(up, d));
     up.on('end', () => this.onUpGone(up, undefined, true));
     up.on('error', (e) => this.onUpGone(up, e, false));
     up.on('close', () => this.onUpGone(up, undefined, false));
@@ -427,7 +457,8 @@ export class HttpRelay {
         const e = headEnd(b, pos);
         if (e < 0) {
           if (b.length - pos > MAX_HEAD_BYTES) throw new HttpParseError('response head too large', 502);
-          this.rbuf = b.subarray(pos);
+          // A copy: `b` may be the reused read buffer.
+          this.rbuf = Buffer.from(b.subarray(pos));
           break;
         }
         const res = parseResponseHead(b.subarray(pos, e), sent.method);
