@@ -5,7 +5,9 @@
 # What it installs, and why this way:
 #   - From the host's own suites: runc, iptables (CRIU's network lock needs iptables-restore),
 #     busybox-static (test root filesystems), iproute2, zstd, python3 (test programs inside
-#     sandboxes), restic and borgbackup (the peers `npm run bench` compares the vault with).
+#     sandboxes), restic and borgbackup (the peers `npm run bench` compares the vault with),
+#     haproxy (the peer relay of the proxy bench; only its binary is used: the service Debian
+#     starts on install is stopped and disabled again).
 #   - CRIU >= 4.2 and checkpointctl into a private prefix, /opt/dormant/criu, NOT through the
 #     host's apt. bookworm's CRIU 3.17 cannot start on current kernels and trixie's 4.1.1 cannot
 #     dump a process with a TCP socket (since kernel 6.16); sid's 4.2.1 works but needs a newer
@@ -46,6 +48,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The bench starts haproxy itself with its own config; Debian's service is not wanted.
+  if printf '%s\n' "${missing[@]}" | grep -qx haproxy && [ -d /run/systemd/system ]; then
+    systemctl disable --now haproxy >/dev/null 2>&1 || true
+  fi
 else
   log "host packages present: ${HOST_PKGS[*]}"
 fi
