@@ -2,6 +2,8 @@
  * `npm run bench [-- --quick] [-- --only NAME]`: runs every suite and writes docs/BENCHMARKS.md.
  * Suites register in SUITES below.
  */
+// First: sizes libuv's thread pool before anything uses it.
+import '../sys/threadpool.js';
 import { readFile, writeFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';

@@ -2,6 +2,8 @@
  * The `dormant` command line. Each command lives in ./commands and registers itself on the
  * program; handlers compute data, and the printing is kept to the edge.
  */
+// First: sizes libuv's thread pool before anything uses it.
+import '../sys/threadpool.js';
 import { Command, CommanderError } from '@commander-js/extra-typings';
 import { registerDoctor } from './commands/doctor.js';
 import { registerVault } from './commands/vault.js';
