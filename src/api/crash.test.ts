@@ -230,6 +230,43 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     await finish(daemon, client, [sb.id]);
   });
 
+  // A lazy restore (the default) cut short: the processes run but their pages were still on
+  // the way, fed by a daemon that is gone. Before the transition to running, and after it
+  // (the caller may have been answered).
+  for (const step of ['resume:restored', 'resume:pages-pending']) {
+    test(`crash at ${step} (lazy restore in flight): the sandbox is hibernated again, its memory intact`, async () => {
+      const data = join(dir, step.replace(':', '-'));
+      const child = await startCrashDaemon(data, step);
+      children.push(child.proc);
+      const sb = await create(child.client, 'victim');
+      const [n, token] = await serveCounter(sb);
+      const ck = (await child.client.hibernate(sb.id)).checkpointId;
+      await crashDuring(child, step, () => child.client.resume(sb.id));
+      const { daemon, client } = await restart(data);
+      const s = await client.getSandbox(sb.id);
+      assert.equal(s.state, 'hibernated', 'back to its checkpoint, not running on pages that never come');
+      assert.equal(s.checkpointId, ck);
+      assert.match(s.lastError ?? '', /lazy restore/);
+      const last = daemon.store.transitions({ sandboxId: sb.id }).at(-1)!;
+      assert.equal(last.to, 'hibernated');
+      assert.match(last.reason, /reconcile after restart: .*lazy restore/);
+      assert.deepEqual(sandboxProcesses(sb.id), [], 'its processes were ended');
+      assert.deepEqual(
+        leftovers(sb.id).filter((x) => x.startsWith('process') && x.includes('lazy-pages')),
+        [],
+        'no lazy-pages daemon of it is left either',
+      );
+      assert.deepEqual(await unrecorded(daemon), []);
+      // The checkpoint stayed: a resume carries on, and so does a full cycle after it.
+      assert.equal((await client.resume(sb.id)).state, 'running');
+      assert.equal((await serveCounter(sb)).join(' '), `${n + 1} ${token}`, 'same memory');
+      assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
+      assert.equal((await client.resume(sb.id)).state, 'running');
+      assert.equal((await serveCounter(sb)).join(' '), `${n + 2} ${token}`);
+      await finish(daemon, client, [sb.id]);
+    });
+  }
+
   for (const step of ['fork:dumped', 'fork:stored']) {
     test(`crash at ${step}: the source is running with its memory; no half fork remains`, async (t) => {
       const data = join(dir, step.replace(':', '-'));

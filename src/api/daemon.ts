@@ -7,10 +7,10 @@ import { createHash } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
-import { getCriu } from '../criu/criu.js';
+import { criuFeature, getCriu } from '../criu/criu.js';
 import { cgroupUsage } from '../sys/cgroup.js';
 import type { GpuNode } from '../control/gpu.js';
-import { cpuFacts, diskFacts } from '../sys/node-facts.js';
+import { cpuFacts, diskFacts, userfaultfdFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { openVault, type Vault } from '../vault/index.js';
 import { RuncRuntime } from '../runtime/runc.js';
@@ -43,8 +43,16 @@ export interface DaemonOptions {
   prices?: Partial<PriceSheet>;
   /** How often the meter samples each sandbox's cgroup. Default 15 s. */
   meterIntervalMs?: number;
-  /** Resume with CRIU lazy pages (userfaultfd). Default false. */
+  /**
+   * Resume hibernated sandboxes with CRIU lazy pages (userfaultfd). Default true; on a node
+   * without userfaultfd (or CRIU's support for it) resumes are eager, with one warning.
+   */
   lazyRestore?: boolean;
+  /**
+   * Whether lazy restore works on this node: undefined when it does, else why not. Default:
+   * userfaultfd in the kernel and `criu check --feature uffd-noncoop` (what `dormant doctor` reports).
+   */
+  lazyRestoreProbe?: () => Promise<string | undefined>;
   /** How long CRIU's dump may run before it is ended as hung. Default 120 s. */
   checkpointTimeoutMs?: number;
   /**
@@ -81,6 +89,18 @@ function parseListen(listen: string): { host: string; port: number } {
   const m = /^(.*):(\d+)$/.exec(listen);
   if (!m) throw new Error(`--listen ${listen}: expected HOST:PORT`);
   return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
+}
+
+/** Why CRIU cannot restore lazily on this node, or undefined when it can. */
+async function lazyRestoreProblem(
+  criuPath: string,
+  env: Record<string, string>,
+): Promise<string | undefined> {
+  const uffd = await userfaultfdFacts();
+  if (!uffd.available) return uffd.detail;
+  if (!(await criuFeature(criuPath, 'uffd-noncoop', { env })))
+    return 'criu check --feature uffd-noncoop fails';
+  return undefined;
 }
 
 /** CRIU images in flight live in memory, one folder per data directory. */
@@ -129,7 +149,9 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
-    ...(opts.lazyRestore ? { lazyRestore: true } : {}),
+    lazyRestore: opts.lazyRestore !== false,
+    lazyRestoreProbe: opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env)),
+    warn,
     ...(opts.gpu ? { gpu: opts.gpu } : {}),
     ...(opts.onTimings
       ? { onTimings: opts.onTimings }

@@ -1,21 +1,26 @@
 /**
- * Resume with CRIU's lazy pages: the sandbox answers as soon as its processes are back while
- * its memory (here 64 MiB that it hashes on every request) is copied in behind it; a hibernate
- * right after waits for the copy to finish; nothing is left in staging.
+ * Resume with CRIU's lazy pages, the daemon's default: the sandbox answers as soon as its
+ * processes are back while its memory (here 64 MiB that it hashes on every request) is copied
+ * in behind it; a hibernate right after waits for the copy to finish; nothing is left in
+ * staging. A lazy-pages daemon that dies while the pages stream in sends the sandbox back to
+ * its checkpoint, whole. A node without userfaultfd resumes eagerly (one warning), and
+ * `lazyRestore: false` always does.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
 import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
-import { DormantClient } from '../sdk/client.js';
+import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { sandboxProcesses } from './testing/host.js';
 
 const SERVER = `
-import hashlib, http.server, os
+import hashlib, http.server, os, sys
 count = 0
-blob = bytearray(os.urandom(64 * 1024 * 1024))
+blob = bytearray(os.urandom(int(sys.argv[1] if len(sys.argv) > 1 else 64) * 1024 * 1024))
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         global count
@@ -57,9 +62,29 @@ async function eventually<T>(fn: () => Promise<T>, timeoutMs = 60_000): Promise<
   }
 }
 
+/** Host pids of `criu lazy-pages` processes serving sandbox `id`'s restore. */
+function lazyPagesOf(id: string): number[] {
+  const pids: number[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    let argv: string[];
+    try {
+      argv = readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+    } catch {
+      continue; // gone while we looked
+    }
+    if (argv.includes('lazy-pages') && argv.some((a) => a.includes(`${id}-restore`))) pids.push(Number(p));
+  }
+  return pids;
+}
+
 let dir: string;
 let daemon: Daemon;
 let client: DormantClient;
+const others: Daemon[] = [];
+/** Set by a test: the sandbox whose lazy-pages daemon is killed once its restore returned. */
+let killLazyPagesOf: string | undefined;
+const killed: number[] = [];
 
 before(async () => {
   dir = await mkdtemp('/tmp/dormant-lazy-');
@@ -68,16 +93,26 @@ before(async () => {
     dataDir: join(dir, 'data'),
     listen: '127.0.0.1:0',
     readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-    lazyRestore: true,
+    proxy: false,
+    policy: false,
     warn: () => undefined,
+    // The processes run again and their pages are on the way (restore has returned).
+    failAt: (step) => {
+      if (step !== 'resume:restored' || killLazyPagesOf === undefined) return;
+      for (const pid of lazyPagesOf(killLazyPagesOf)) {
+        process.kill(pid, 'SIGKILL');
+        killed.push(pid);
+      }
+    },
   });
   client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
 });
 
 after(async () => {
-  for (const s of await client.listSandboxes().catch(() => []))
-    await client.remove(s.id).catch(() => undefined);
-  await daemon.close();
+  for (const d of [daemon, ...others]) {
+    for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+    await d.close();
+  }
   await rm(dir, { recursive: true, force: true });
 });
 
@@ -91,6 +126,11 @@ test('lazy resume: memory intact, a hibernate right after waits for the pages, s
   const [, digest] = first.split(' ');
   await client.hibernate(sb.id);
   assert.equal((await client.resume(sb.id)).state, 'running');
+  // Lazy without being asked: the default.
+  await client.pause(sb.id);
+  const steps = daemon.controller.lastTimings(sb.id, 'resume')?.steps.map((x) => x.step) ?? [];
+  assert.ok(steps.includes('lazy-pages start') && steps.includes('pages loaded'), steps.join(', '));
+  await client.resume(sb.id);
   // Straight away: the hibernate queues behind the page copy instead of dumping a half-loaded process.
   assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
   await client.resume(sb.id);
@@ -103,4 +143,92 @@ test('lazy resume: memory intact, a hibernate right after waits for the pages, s
   await client.pause(sb.id);
   await client.resume(sb.id);
   assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), []);
+});
+
+test('the lazy-pages daemon dies while pages stream in: the sandbox goes back to its checkpoint, whole', async () => {
+  // 256 MiB: the copy takes long enough that the daemon is still at it when restore returns.
+  const sb = await client.createSandbox({
+    rootfs: join(dir, 'rootfs'),
+    command: ['/usr/bin/python3', '/srv/server.py', '256'],
+    ports: [8080],
+    memory: '768M',
+  });
+  const [first, digest] = (await eventually(() => get(sb.address!))).split(' ');
+  let n = Number(first);
+  let back: SandboxInfo | undefined;
+  // Should the copy have finished before the kill (a fast moment), the resume simply worked:
+  // hibernate and try again.
+  for (let attempt = 0; attempt < 3 && back === undefined; attempt++) {
+    const ck = (await client.hibernate(sb.id)).checkpointId;
+    killLazyPagesOf = sb.id;
+    killed.length = 0;
+    const running = await client.resume(sb.id).finally(() => (killLazyPagesOf = undefined));
+    assert.equal(running.state, 'running', 'the sandbox runs before its pages are in');
+    if (killed.length === 0) {
+      assert.equal(await eventually(() => get(sb.address!)), `${++n} ${digest}`);
+      continue;
+    }
+    // Noticed while the daemon lives: back to hibernated on the same checkpoint, saying why.
+    back = await eventually(async () => {
+      const s = await client.getSandbox(sb.id);
+      if (s.state !== 'hibernated') throw new Error(`still ${s.state}`);
+      return s;
+    }, 30_000);
+    assert.equal(back.checkpointId, ck, 'the checkpoint it was restored from is still the current one');
+  }
+  assert.ok(back, 'the lazy-pages daemon was caught copying in one of three resumes');
+  assert.match(back.lastError ?? '', /lazy restore failed/);
+  const last = daemon.store.transitions({ sandboxId: sb.id }).at(-1)!;
+  assert.deepEqual([last.from, last.to], ['running', 'hibernated']);
+  assert.match(last.reason, /lazy restore failed, back to its checkpoint/);
+  assert.deepEqual(sandboxProcesses(sb.id), [], 'its processes, waiting on pages, were ended');
+  assert.deepEqual(lazyPagesOf(sb.id), []);
+  assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'the images were wiped');
+  // Nothing lost: the next resume carries on from the checkpoint.
+  assert.equal((await client.resume(sb.id)).state, 'running');
+  assert.equal(await eventually(() => get(sb.address!)), `${n + 1} ${digest}`);
+  await client.remove(sb.id);
+});
+
+test('no userfaultfd on the node: resumes are eager, with one warning; lazyRestore false is eager, silently', async () => {
+  const make = async (name: string, opts: Partial<Parameters<typeof startDaemon>[0]>) => {
+    const warnings: string[] = [];
+    const d = await startDaemon({
+      dataDir: join(dir, name),
+      listen: '127.0.0.1:0',
+      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+      proxy: false,
+      policy: false,
+      warn: (m) => warnings.push(m),
+      ...opts,
+    });
+    others.push(d);
+    return { d, c: new DormantClient({ url: d.url, token: d.adminToken }), warnings };
+  };
+  const cases = [
+    await make('no-uffd', { lazyRestoreProbe: () => Promise.resolve('kernel has no userfaultfd') }),
+    await make('eager', { lazyRestore: false }),
+  ];
+  for (const [i, { d, c, warnings }] of cases.entries()) {
+    const sb = await c.createSandbox({
+      rootfs: join(dir, 'rootfs'),
+      command: ['/usr/bin/python3', '/srv/server.py'],
+      ports: [8080],
+    });
+    const [n, digest] = (await eventually(() => get(sb.address!))).split(' ');
+    for (let round = 1; round <= 2; round++) {
+      await c.hibernate(sb.id);
+      assert.equal((await c.resume(sb.id)).state, 'running');
+      const steps = d.controller.lastTimings(sb.id, 'resume')?.steps.map((x) => x.step) ?? [];
+      assert.ok(steps.includes('restore'), steps.join(', '));
+      assert.ok(!steps.includes('lazy-pages start') && !steps.includes('pages loaded'), steps.join(', '));
+      assert.equal(await eventually(() => get(sb.address!)), `${Number(n) + round} ${digest}`);
+    }
+    const said = warnings.filter((w) => /lazy restore/.test(w));
+    if (i === 0) {
+      assert.equal(said.length, 1, `one warning, not one per resume: ${said.join(' | ')}`);
+      assert.match(said[0]!, /kernel has no userfaultfd.*eager/);
+    } else assert.deepEqual(said, []);
+    await c.remove(sb.id);
+  }
 });

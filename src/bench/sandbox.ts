@@ -78,6 +78,8 @@ export const sandboxSuite: BenchSuite = {
       dataDir: join(dir, 'data'),
       listen: '127.0.0.1:0',
       readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+      // The daemon's controller resumes eagerly; the second one below lazily.
+      lazyRestore: false,
       warn: () => undefined,
     });
     // A second controller over the same store, runtime and vault that resumes lazily.

@@ -126,10 +126,19 @@ export interface ControllerOptions {
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
   /**
-   * Resume with CRIU's lazy pages (userfaultfd): the sandbox runs as soon as its processes are
-   * back and its memory is copied in behind it. Default false (eager).
+   * Resume a hibernated sandbox with CRIU's lazy pages (userfaultfd): the sandbox runs as soon
+   * as its processes are back and its memory is copied in behind it. Default true; false:
+   * eager. GPU checkpoints always restore eagerly.
    */
   lazyRestore?: boolean;
+  /**
+   * Whether this node can restore lazily (userfaultfd in the kernel, CRIU's uffd support):
+   * undefined when it can, else why not. Asked once, when the controller is made; without
+   * it, lazy restore is taken to work. Where it cannot, resumes are eager (and `warn` says so once).
+   */
+  lazyRestoreProbe?: () => Promise<string | undefined>;
+  /** Warnings for the operator (lazy restore unavailable, ...). Default: none. */
+  warn?: (message: string) => void;
   /** This node's architecture, CRIU version and CPU flags, recorded in checkpoints and checked before restores. */
   platform?: () => Promise<PlatformFacts>;
   /**
@@ -191,6 +200,8 @@ export class SandboxController {
   private readonly opts: ControllerOptions;
   private readonly gpu: GpuNode;
   private readonly timings = new Map<string, OperationTimings>();
+  /** Resolves true when resumes restore lazily on this node (asked once). */
+  private readonly lazy: Promise<boolean>;
 
   constructor(opts: ControllerOptions) {
     this.opts = opts;
@@ -199,6 +210,22 @@ export class SandboxController {
     this.runtime = opts.runtime;
     this.vault = opts.vault;
     this.clock = opts.clock ?? systemClock;
+    this.lazy =
+      opts.lazyRestore === false
+        ? Promise.resolve(false)
+        : (opts.lazyRestoreProbe?.() ?? Promise.resolve(undefined)).then(
+            (why) => {
+              if (why === undefined) return true;
+              opts.warn?.(`lazy restore is not available on this node (${why}): resumes restore eagerly`);
+              return false;
+            },
+            (e: unknown) => {
+              opts.warn?.(
+                `lazy restore is not available on this node (${asError(e).message.split('\n')[0] ?? ''}): resumes restore eagerly`,
+              );
+              return false;
+            },
+          );
   }
 
   private step(name: string): void {
@@ -1033,6 +1060,7 @@ export class SandboxController {
           const r = await this.resumeLocked(id, tenant, reason, opts, t);
           if (t.steps().length > 0) t.mark('running');
           answer(r.sandbox);
+          if (r.pagesLoaded) this.step('resume:pages-pending');
           ok = r.pagesLoaded
             ? await t.time('pages loaded', () => this.afterLazyRestore(r.sandbox, r.pagesLoaded!))
             : true;
@@ -1045,23 +1073,50 @@ export class SandboxController {
   }
 
   /**
-   * A lazy restore's pages failed to arrive: the sandbox is unusable, its checkpoint is not.
+   * Waits for a lazy restore's pages, then clears the sandbox's in-flight marker. If they fail
+   * to arrive (the lazy-pages daemon died or failed) the sandbox is unusable but its checkpoint
+   * is not: its processes are ended and it is hibernated again on that checkpoint.
    * True when every page arrived.
    */
   private async afterLazyRestore(s: Sandbox, pagesLoaded: Promise<void>): Promise<boolean> {
-    try {
-      await pagesLoaded;
+    const images = this.staging(`${s.id}-restore`);
+    const failure = await pagesLoaded.then(
+      () => undefined,
+      (e: unknown) => asError(e),
+    );
+    if (failure === undefined) {
+      this.store.updateSandbox(s.id, { lazyRestoreOf: undefined });
+      await this.wipe(images);
       return true;
-    } catch (e) {
-      await this.unmountAndEmpty(s.id);
-      this.store.transition(s.id, 'running', 'hibernated', 'lazy restore failed', this.clock.now(), {
-        lastError: `lazy restore failed, back to its checkpoint: ${asError(e).message}`,
-        memoryBytes: 0,
-      });
-      return false;
-    } finally {
-      await this.wipe(this.staging(`${s.id}-restore`));
     }
+    // Best effort, as it must not leave the sandbox recorded running: a restore later
+    // refuses to run over processes that are still there.
+    const undo = await this.backToCheckpoint(s.id, s.lazyRestoreOf ?? s.checkpointId).then(
+      () => '',
+      (u: unknown) => ` (ending it: ${asError(u).message.split('\n')[0] ?? ''})`,
+    );
+    const why = `lazy restore failed, back to its checkpoint: ${failure.message}${undo}`;
+    // Seen hibernated only once no image of it is left in staging.
+    await this.wipe(images).catch(() => undefined);
+    this.store.transition(s.id, 'running', 'hibernated', why, this.clock.now(), {
+      lastError: why,
+      memoryBytes: 0,
+      lazyRestoreOf: undefined,
+    });
+    return false;
+  }
+
+  /**
+   * Undoes a lazy restore from checkpoint `ckId`: ends the sandbox's processes (they may be
+   * waiting on pages that will never come), any lazy-pages daemon still serving them, and,
+   * when the checkpoint carries the filesystem diff, empties the writable layer (the diff
+   * lives on in the vault; without one the layer is the only copy and stays).
+   */
+  private async backToCheckpoint(id: string, ckId: string | undefined): Promise<void> {
+    await this.runtime.stop(id);
+    await this.runtime.endLazyPages?.(join(this.staging(`${id}-restore`), 'work'));
+    const ck = ckId !== undefined ? this.store.getCheckpoint(ckId) : undefined;
+    if (ck?.meta[FS_META] === 'tar') await emptyFolder(this.runtime.upperDir(id));
   }
 
   private async resumeLocked(
@@ -1115,6 +1170,7 @@ export class SandboxController {
       } catch (e) {
         this.store.transition(id, 'resuming', from, 'resume failed', this.clock.now(), {
           lastError: asError(e).message,
+          lazyRestoreOf: undefined,
         });
         if (isDormantError(e, 'RESTORE_INCOMPATIBLE')) throw e;
         if (isDormantError(e) && e.code.startsWith('VAULT_') && from === 'hibernated') {
@@ -1153,6 +1209,7 @@ export class SandboxController {
         lastActiveAt: Math.max(s.lastActiveAt, now),
         lastError: undefined,
       });
+      // The marker (set by restoreFromVault) stays until afterLazyRestore has every page.
       return { sandbox: this.get(id), ...(pagesLoaded ? { pagesLoaded } : {}) };
     }
   }
@@ -1200,7 +1257,7 @@ export class SandboxController {
       throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
     // One restore per sandbox at a time (its lock), so the sandbox names the folder.
     const dir = this.staging(`${s.id}-restore`);
-    const lazy = this.opts.lazyRestore === true;
+    let lazy = false;
     let keep = false;
     let unpacked = false;
     let restored = false;
@@ -1230,19 +1287,25 @@ export class SandboxController {
       if (prepared.status === 'rejected') throw prepared.reason;
       this.step('resume:fetched');
       unpacked = await t.time('unpack filesystem', () => this.applyFilesystem(s.id, images));
+      // CUDA's restore reads the whole host copy of device memory at once: no lazy pages for
+      // a GPU checkpoint, nor for a sandbox given GPUs (its device mappings restore eagerly).
+      lazy = gpuMeta === undefined && s.gpus === undefined && (await this.lazy);
+      // Durable before the pages start to move: a daemon that dies before they are all in
+      // leaves the marker for reconcile (the sandbox goes back to this checkpoint).
+      if (lazy) this.store.updateSandbox(s.id, { lazyRestoreOf: ckId });
       const r = await t.time('restore', () =>
         this.runtime.restore(s.id, {
           imagesDir: images,
           workDir: join(dir, 'work'),
-          // CUDA's restore reads the whole host copy of device memory at once: no lazy pages.
-          lazyPages: lazy && gpuMeta === undefined,
+          lazyPages: lazy,
           timer: t,
         }),
       );
       if (gpuMeta !== undefined) await this.cudaRestore(s.id, gpuMeta);
       restored = true;
+      this.step('resume:restored');
       if (ckId !== s.checkpointId) this.store.updateSandbox(s.id, { checkpointId: ckId });
-      keep = lazy && gpuMeta === undefined;
+      keep = lazy;
       // Wrapped: awaiting a returned promise directly would wait for the pages too.
       return { pagesLoaded: keep ? r.pagesLoaded : undefined };
     } finally {
@@ -1731,6 +1794,11 @@ export class SandboxController {
     const changes: { id: string; from: SandboxState; to: SandboxState }[] = [];
     for (const s of this.store.listSandboxes()) {
       await this.locks.run(s.id, async () => {
+        if (s.lazyRestoreOf !== undefined && s.state !== 'deleting') {
+          const to = await this.reconcileLazy(s);
+          if (to !== s.state) changes.push({ id: s.id, from: s.state, to });
+          return;
+        }
         const to = await this.reconcileOne(s).catch(() => 'failed' as const);
         if (to === 'deleting') {
           // An rm that a crash interrupted: finished now.
@@ -1759,6 +1827,39 @@ export class SandboxController {
         .deleteCheckpoint({ tenant: c.tenant, checkpointId: c.checkpointId })
         .catch(() => undefined);
     }
+  }
+
+  /**
+   * A sandbox whose lazy restore was in flight when the daemon died: the daemon that fed it
+   * its pages is gone (or orphaned), so pages may never arrive and its processes may wait on
+   * them forever. They are ended and the sandbox is hibernated again on the checkpoint it was
+   * restored from (kept in the vault all along), the reason recorded in its transition.
+   */
+  private async reconcileLazy(s: Sandbox): Promise<SandboxState> {
+    const ckId = s.lazyRestoreOf!;
+    const ck = this.store.getCheckpoint(ckId);
+    const why = `reconcile after restart: the daemon died during a lazy restore from checkpoint ${ckId}, before every page was in; its processes were ended, back to its checkpoint`;
+    let to: SandboxState;
+    let lastError = why;
+    try {
+      await this.backToCheckpoint(s.id, ckId);
+      // The checkpoint the restore came from (or, were it gone, the newest one).
+      to = ck?.kind === 'memory' ? 'hibernated' : this.fallback(s);
+    } catch (e) {
+      to = 'failed';
+      lastError = `${why}; ending its processes failed: ${asError(e).message}`;
+    }
+    const patch: Partial<Sandbox> = {
+      lazyRestoreOf: undefined,
+      lastError,
+      memoryBytes: 0,
+      ...(to === 'hibernated' && ck ? { checkpointId: ck.id } : {}),
+    };
+    if (to === s.state) {
+      this.store.updateSandbox(s.id, patch);
+      this.store.note(s.id, why, this.clock.now());
+    } else this.store.transition(s.id, s.state, to, why, this.clock.now(), patch);
+    return to;
   }
 
   private async reconcileOne(s: Sandbox): Promise<SandboxState> {

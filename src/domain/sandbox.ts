@@ -187,6 +187,13 @@ export interface Sandbox {
    * always fills it in; absent (an object made elsewhere) means the default, keep-running.
    */
   gpuPolicy?: GpuPolicy;
+  /**
+   * Set (durably, before the restore starts) while a lazy restore from this checkpoint is
+   * still copying pages in; cleared once every page is in or the restore is undone. Found set
+   * after a daemon restart, the pages will never arrive: reconcile sends the sandbox back to
+   * this checkpoint.
+   */
+  lazyRestoreOf?: string;
 }
 
 export interface Transition {

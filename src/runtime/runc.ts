@@ -789,6 +789,34 @@ export class RuncRuntime implements Runtime {
     return { abort, done };
   }
 
+  async endLazyPages(workDir: string): Promise<number[]> {
+    const dir = resolve(workDir);
+    const pids: number[] = [];
+    for (const p of await readdir('/proc').catch(() => [] as string[])) {
+      if (!/^\d+$/.test(p) || Number(p) === process.pid) continue;
+      const argv = (await readFile(`/proc/${p}/cmdline`, 'utf8').catch(() => '')).split('\0');
+      const at = argv.indexOf('--work-dir');
+      if (argv.includes('lazy-pages') && at >= 0 && argv[at + 1] === dir) pids.push(Number(p));
+    }
+    for (const pid of pids) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch (e) {
+        if (errnoCode(e) !== 'ESRCH') throw e;
+      }
+    }
+    // Gone (or a zombie for its parent to reap) before the caller goes on.
+    const deadline = Date.now() + 5000;
+    for (const pid of pids) {
+      while (Date.now() < deadline) {
+        const st = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+        if (st === '' || / Z /.test(st.slice(st.lastIndexOf(')')))) break;
+        await new Promise((res) => setTimeout(res, 10));
+      }
+    }
+    return pids;
+  }
+
   async stop(id: string, opts: CallOptions = {}): Promise<void> {
     await this.readRecord(id);
     // delete --force kills every process of the container (thawing a paused one first). No

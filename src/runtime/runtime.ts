@@ -193,6 +193,12 @@ export interface Runtime {
    * callers use `stop`.
    */
   endProcesses?(id: string, opts?: CallOptions): Promise<void>;
+  /**
+   * Ends (SIGKILL) any `criu lazy-pages` still serving pages from `workDir`: one a daemon
+   * that died left behind, orphaned. Returns the host pids it ended. Optional: a runtime
+   * without lazy restore has none.
+   */
+  endLazyPages?(workDir: string): Promise<number[]>;
   /** Sends a signal to the sandbox's pid 1 (default SIGKILL). */
   kill(id: string, signal?: NodeJS.Signals, opts?: CallOptions): Promise<void>;
   /** Removes everything: container, mounts, cgroup, network, log collector, directory. */

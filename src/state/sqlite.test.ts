@@ -240,3 +240,27 @@ describe('GPU columns', () => {
     }
   });
 });
+
+describe('the lazy-restore marker', () => {
+  test('survives a reopen until cleared, and a transition clears it with the state change', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'dormant-state-'));
+    try {
+      const file = join(dir, 'state.db');
+      let db = new SqliteStateStore(file);
+      db.insertSandbox(sandbox('sb-a'), 'created');
+      assert.equal(db.getSandbox('sb-a')?.lazyRestoreOf, undefined, 'none on a new sandbox');
+      db.updateSandbox('sb-a', { lazyRestoreOf: 'ck-1' });
+      db.close();
+      db = new SqliteStateStore(file);
+      assert.equal(db.getSandbox('sb-a')?.lazyRestoreOf, 'ck-1', 'durable: a restarted daemon sees it');
+      db.transition('sb-a', 'creating', 'hibernated', 'back to its checkpoint', 3000, {
+        lazyRestoreOf: undefined,
+      });
+      assert.equal(db.getSandbox('sb-a')?.lazyRestoreOf, undefined);
+      assert.equal(db.getSandbox('sb-a')?.state, 'hibernated');
+      db.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -65,6 +65,8 @@ const MIGRATIONS: string[] = [
   // GPU sandboxes: rows from before have no GPUs and the default policy.
   `ALTER TABLE sandboxes ADD COLUMN gpus TEXT;
    ALTER TABLE sandboxes ADD COLUMN gpu_policy TEXT NOT NULL DEFAULT 'keep-running';`,
+  // The checkpoint a lazy restore is still copying pages in from (NULL: none in flight).
+  `ALTER TABLE sandboxes ADD COLUMN lazy_restore_of TEXT;`,
 ];
 
 interface SandboxRow {
@@ -82,6 +84,7 @@ interface SandboxRow {
   address: string | null;
   gpus: string | null;
   gpu_policy: string;
+  lazy_restore_of: string | null;
 }
 
 interface TransitionRow {
@@ -122,6 +125,7 @@ function toSandbox(r: SandboxRow): Sandbox {
   if (r.checkpoint_id !== null) s.checkpointId = r.checkpoint_id;
   if (r.last_error !== null) s.lastError = r.last_error;
   if (r.address !== null) s.address = r.address;
+  if (r.lazy_restore_of !== null) s.lazyRestoreOf = r.lazy_restore_of;
   return s;
 }
 
@@ -151,6 +155,7 @@ const COLUMNS: Record<string, string> = {
   address: 'address',
   gpus: 'gpus',
   gpuPolicy: 'gpu_policy',
+  lazyRestoreOf: 'lazy_restore_of',
 };
 
 function patchColumns(patch: Partial<Sandbox>): { sql: string; values: unknown[] } {

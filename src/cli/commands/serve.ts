@@ -22,8 +22,9 @@ export function registerServe(program: Command): void {
     .option('--no-policy', 'run without the idle policy loop (sandboxes sleep only when told)')
     .option(
       '--lazy-restore',
-      'resume with CRIU lazy pages (userfaultfd): running sooner, memory copied in behind',
+      'resume with CRIU lazy pages (userfaultfd): running sooner, memory copied in behind (the default; eager where userfaultfd is missing)',
     )
+    .option('--no-lazy-restore', 'resume eagerly: every page in memory before the sandbox runs')
     .option(
       '--allow-root <dir>',
       'only accept root filesystems and images under this folder (repeatable)',
@@ -58,7 +59,7 @@ export function registerServe(program: Command): void {
             }
           : false,
         ...(o.policy ? {} : { policy: false as const }),
-        ...(o.lazyRestore ? { lazyRestore: true } : {}),
+        ...(o.lazyRestore === false ? { lazyRestore: false } : {}),
         ...(o.allowRoot.length > 0 ? { allowedSourceRoots: o.allowRoot.map((r) => resolve(r)) } : {}),
       });
       for (const r of d.reconciled)
