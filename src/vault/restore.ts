@@ -404,8 +404,8 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
     let out = takeOutput(b.outLen);
     let bad: { rec: number; why: string } | undefined;
     if (pool) {
-      const key = new Uint8Array(ctx.keys.dataKey);
-      const r = await pool.decode(b.input, out, { key, recs, ids, copies });
+      // The key is copied into the message (the worker wipes its copy after the batch).
+      const r = await pool.decode(b.input, out, { key: ctx.keys.dataKey, recs, ids, copies });
       out = r.output;
       giveInput(r.input);
       if (r.done.error !== undefined) {
