@@ -550,6 +550,20 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
             `${what}: chunk ${key.slice(0, 16)} has the wrong length in its index`,
           );
         }
+        let r = readers.get(loc.pack);
+        if (r === undefined) {
+          if (readers.size >= MAX_OPEN_PACKS) {
+            // Close them all once every read of theirs is done: the open batch goes first.
+            await dispatch();
+            await settle();
+            rethrow();
+            await closeReaders();
+          }
+          r = await openPack(loc.pack);
+          readers.set(loc.pack, r);
+        }
+        if (loc.offset + loc.storedBytes > r.sizeBytes)
+          throw corrupt(`pack ${loc.pack} is truncated`, `pack ${loc.pack}`);
         let b = batch;
         const again = b?.seen.get(key);
         const fits =
@@ -565,19 +579,6 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
         if (again !== undefined && fits) {
           b.copies.push(again, outAt, len);
         } else {
-          let r = readers.get(loc.pack);
-          if (r === undefined) {
-            if (readers.size >= MAX_OPEN_PACKS) {
-              endRun(b);
-              await settle();
-              rethrow();
-              await closeReaders();
-            }
-            r = await openPack(loc.pack);
-            readers.set(loc.pack, r);
-          }
-          if (loc.offset + loc.storedBytes > r.sizeBytes)
-            throw corrupt(`pack ${loc.pack} is truncated`, `pack ${loc.pack}`);
           const run = b.run;
           if (run !== undefined && run.pack === loc.pack && run.end === loc.offset) {
             run.end += loc.storedBytes;

@@ -117,6 +117,24 @@ describe('byte-exact round trips', () => {
     }
   });
 
+  test('a checkpoint spread over more packs than a restore keeps open restores byte-exact', async () => {
+    const src = join(root, 'many-packs');
+    await mkdir(src);
+    await writeFile(join(src, 'pages-1.img'), randomBytes(6 * MiB));
+    const dir = join(root, 'data', 'small-packs');
+    const small = await openVault({ dir, masterKey: { key }, packTargetBytes: 64 * 1024 });
+    try {
+      await small.putCheckpoint({ tenant: 'acme', sandboxId: 'sb', checkpointId: 'ck', srcDir: src });
+      const packs = await readdir(join(dir, 'data', 'acme', 'packs'));
+      assert.ok(packs.length > 64, `${packs.length} packs`);
+      const out = join(root, 'out-many-packs');
+      await small.restoreCheckpoint({ tenant: 'acme', checkpointId: 'ck', destDir: out });
+      assert.equal(await diffTrees(src, out), undefined);
+    } finally {
+      await small.close();
+    }
+  });
+
   test('an empty folder round-trips to an empty folder', async () => {
     const src = join(root, 'nothing');
     await mkdir(src);
