@@ -3,6 +3,7 @@
  * holes. Every chunk is authenticated before a byte of it is written; on any failure the
  * files written so far are removed, so a caller never finds a half-restored checkpoint.
  */
+import { createSecretKey } from 'node:crypto';
 import { chmod, lstat, mkdir, open, readdir, rm, symlink, utimes, type FileHandle } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
@@ -16,15 +17,17 @@ import {
   REF_HOLE,
   packHeader,
   type ManifestBody,
+  type ManifestEntry,
 } from './format.js';
 import type { ChunkLocation } from './ingest.js';
+import type { SealPool } from './seal-pool.js';
+import { decodeRecords } from './seal-worker.js';
 import type { StoreReader, VaultStore } from './store.js';
 
 type ZstdBinding = typeof import('zstd-napi/binding.js');
 const zstd = createRequire(import.meta.url)('zstd-napi/binding.js') as ZstdBinding;
 
 const WINDOW_BYTES = 4 * 1024 * 1024;
-const OUT_BYTES = 4 * 1024 * 1024;
 
 /** Room in front of a window for the tail of a record that straddles two reads. */
 const HEADROOM = 128 * 1024;
@@ -207,6 +210,8 @@ export interface RestoreContext {
   explainMissing: () => string;
   signal?: AbortSignal;
   onProgress?: (restoredBytes: number) => void;
+  /** Workers that decode and write the batches; without one the calling thread does. */
+  pool?: SealPool;
 }
 
 function checkRelPath(p: string, what: string): void {
@@ -215,7 +220,66 @@ function checkRelPath(p: string, what: string): void {
   }
 }
 
-/** Restores `body` into `destDir` (created if missing; must be empty). Returns bytes written. */
+/** Records one batch reads at most (and the output it decodes to), but never less than one record. */
+const BATCH_IN_BYTES = 2 * 1024 * 1024;
+const BATCH_OUT_BYTES = 2 * 1024 * 1024;
+/** Pack readers kept open at once; past this, in-flight batches finish and all are closed. */
+const MAX_OPEN_PACKS = 64;
+/** Restored files kept open at once (many small files); past this, in-flight batches finish. */
+const MAX_OPEN_FILES = 256;
+
+/** A restored file while batches still write into it. */
+interface RestoredFile {
+  h: FileHandle;
+  path: string;
+  entry: ManifestEntry;
+  /** Batches dispatched that write into it and have not finished. */
+  pending: number;
+  /** All of its references are in batches. */
+  queued: boolean;
+  closed: boolean;
+}
+
+/**
+ * What a batch holds: record bytes read back to back into `input` (one read per run of records
+ * that lie back to back in a pack), where each record decodes to in the output, and where the
+ * output goes in the restored files.
+ */
+interface Batch {
+  input: Buffer;
+  inLen: number;
+  outCap: number;
+  outLen: number;
+  /** Per record: input offset, stored length, raw length, output offset. */
+  recs: number[];
+  /** Per record: its chunk id's offset in the manifest's refs, and its location (for messages). */
+  idAt: number[];
+  locs: ChunkLocation[];
+  keys: string[];
+  /** Chunks decoded earlier in this batch: output offset by chunk id. */
+  seen: Map<string, number>;
+  copies: number[];
+  /** Runs of output that go to one place in one file: file position, output offset, length. */
+  writes: number[];
+  writeFiles: RestoredFile[];
+  files: Set<RestoredFile>;
+  reads: Promise<unknown>[];
+  run: { pack: string; r: StoreReader; start: number; end: number; at: number } | undefined;
+  /** Logical bytes the batch restores. */
+  bytes: number;
+}
+
+/**
+ * Restores `body` into `destDir` (created if missing; must be empty). Returns bytes written.
+ *
+ * The references are cut into batches of up to 2 MiB of records (and of output). The calling thread reads each
+ * batch's records (several batches ahead, one read per run of records back to back in a pack)
+ * and hands them to the decode workers of `ctx.pool`, which open (AES-GCM, chunk id as
+ * associated data) and decompress every record of the batch into an output buffer; a chunk that
+ * appears again in a batch is decoded once and copied. Only a batch whose every record
+ * authenticated is written, by one writer at a time, with positional writes. Holes are never
+ * written: trailing ones come from truncate. Without a pool the calling thread decodes.
+ */
 export async function restoreInto(destDir: string, body: ManifestBody, ctx: RestoreContext): Promise<number> {
   const what = `checkpoint ${ctx.checkpointId}`;
   let createdRoot = false;
@@ -231,12 +295,208 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
     await mkdir(destDir, { recursive: true, mode: 0o700 });
     createdRoot = true;
   }
-  const readers = new PackReaders(ctx.store, ctx.tenant, what);
-  const decoder = new ChunkDecoder(ctx.keys);
-  // Two output buffers: one is written to the file while the other fills.
-  const outs = [Buffer.allocUnsafe(OUT_BYTES), Buffer.allocUnsafe(OUT_BYTES)];
-  const writing: Promise<void>[] = [Promise.resolve(), Promise.resolve()];
+  const pool = ctx.pool;
+  const maxInFlight = pool ? 2 * pool.size + 2 : 3;
+  const corrupt = (message: string, object: string, extra: Record<string, string> = {}): DormantError =>
+    new DormantError(ErrorCode.VAULT_CORRUPT, `${what}: ${message}`, {
+      details: { object, ...extra },
+      hint: 'run `dormant vault verify` to list every damaged object',
+    });
+  const aborted = (): DormantError =>
+    new DormantError(ErrorCode.COMMAND_ABORTED, `restore of ${what} aborted`, { cause: ctx.signal?.reason });
+
+  // Input buffers, reused batch after batch (each has an ArrayBuffer of its own: it moves).
+  const freeInputs: Buffer[] = [];
+  const takeInput = (bytes: number): Buffer =>
+    bytes === BATCH_IN_BYTES
+      ? (freeInputs.pop() ?? pool?.take(bytes) ?? Buffer.from(new ArrayBuffer(bytes)))
+      : Buffer.from(new ArrayBuffer(bytes));
+  const giveInput = (b: Buffer): void => {
+    if (b.length === BATCH_IN_BYTES) freeInputs.push(b);
+  };
+  // Output buffers, reused the same way; they hold plaintext, so they are wiped at the end.
+  const freeOutputs: Buffer[] = [];
+  const takeOutput = (bytes: number): Buffer =>
+    bytes <= BATCH_OUT_BYTES
+      ? (freeOutputs.pop() ?? pool?.take(BATCH_OUT_BYTES) ?? Buffer.from(new ArrayBuffer(BATCH_OUT_BYTES)))
+      : Buffer.from(new ArrayBuffer(bytes));
+  const giveOutput = (b: Buffer): void => {
+    if (b.length === BATCH_OUT_BYTES) freeOutputs.push(b);
+    else b.fill(0);
+  };
+  let localDctx: InstanceType<ZstdBinding['DCtx']> | undefined;
+  // One writer: writes into one tmpfs file from several threads at once are slower, not faster.
+  let writing: Promise<void> = Promise.resolve();
+  const writeOut = async (out: Buffer, b: Batch): Promise<void> => {
+    const w = b.writes;
+    for (let i = 0; i < w.length; i += 3) {
+      const h = b.writeFiles[i / 3]!.h;
+      const pos = w[i]!;
+      const from = w[i + 1]!;
+      const len = w[i + 2]!;
+      let done = 0;
+      while (done < len) done += (await h.write(out, from + done, len - done, pos + done)).bytesWritten;
+    }
+  };
+  const localKey = pool ? undefined : createSecretKey(ctx.keys.dataKey);
+
+  const readers = new Map<string, StoreReader>();
+  const openPack = async (pack: string): Promise<StoreReader> => {
+    const r = await ctx.store.openReader(`data/${ctx.tenant}/packs/${pack}.pack`);
+    // The header is not covered by any record's tag: check it here so that no byte of a pack
+    // goes unchecked by restore.
+    const head = r.sizeBytes >= PACK_HEADER_BYTES ? await r.read(0, PACK_HEADER_BYTES) : Buffer.alloc(0);
+    if (!head.equals(packHeader(pack))) {
+      await r.close();
+      throw corrupt(`pack ${pack} has a damaged header`, `pack ${pack}`);
+    }
+    return r;
+  };
+  const closeReaders = async (): Promise<void> => {
+    const all = [...readers.values()];
+    readers.clear();
+    await Promise.allSettled(all.map((r) => r.close()));
+  };
+
+  const files: RestoredFile[] = [];
+  let openFiles = 0;
+  const finishing: Promise<void>[] = [];
   let restored = 0;
+  let failure: Error | undefined;
+  const fail = (e: unknown): void => {
+    failure ??= e instanceof Error ? e : new Error(String(e));
+  };
+  // A function, not an inline check: batches set `failure` while this thread awaits.
+  const rethrow = (): void => {
+    if (failure !== undefined) throw failure;
+  };
+  const inFlight = new Set<Promise<void>>();
+
+  const finishFile = (f: RestoredFile): void => {
+    if (!f.queued || f.pending > 0 || f.closed || failure !== undefined) return;
+    f.closed = true;
+    const done = (async () => {
+      try {
+        // Trailing holes: the size comes from truncate, the bytes are never written.
+        await f.h.truncate(f.entry.sizeBytes);
+      } finally {
+        await f.h.close();
+        openFiles--;
+      }
+      await chmod(f.path, f.entry.mode);
+      await utimes(f.path, f.entry.mtimeMs / 1000, f.entry.mtimeMs / 1000);
+      ctx.onProgress?.(restored);
+    })();
+    done.catch((e: unknown) => {
+      fail(e);
+    });
+    finishing.push(done);
+  };
+
+  const runBatch = async (b: Batch): Promise<void> => {
+    await Promise.all(b.reads);
+    const n = b.idAt.length;
+    const ids = new Uint8Array(n * CHUNK_ID_BYTES);
+    for (let i = 0; i < n; i++)
+      ids.set(body.refs.subarray(b.idAt[i], b.idAt[i]! + CHUNK_ID_BYTES), i * CHUNK_ID_BYTES);
+    const recs = Int32Array.from(b.recs);
+    const copies = Int32Array.from(b.copies);
+    let out = takeOutput(b.outLen);
+    let bad: { rec: number; why: string } | undefined;
+    if (pool) {
+      // The key is copied into the message (the worker wipes its copy after the batch).
+      const r = await pool.decode(b.input, out, { key: ctx.keys.dataKey, recs, ids, copies });
+      out = r.output;
+      giveInput(r.input);
+      if (r.done.error !== undefined) {
+        giveOutput(out);
+        throw new Error(`restoring ${what}: ${r.done.error}`);
+      }
+      if (r.done.badRecord !== undefined) bad = { rec: r.done.badRecord, why: r.done.why ?? 'is damaged' };
+    } else {
+      localDctx ??= new zstd.DCtx();
+      bad = decodeRecords(localKey!, localDctx, b.input, recs, ids, copies, out);
+      giveInput(b.input);
+    }
+    try {
+      if (bad !== undefined) {
+        const loc = b.locs[bad.rec]!;
+        const key = b.keys[bad.rec]!;
+        throw corrupt(`chunk ${key.slice(0, 16)} in pack ${loc.pack} ${bad.why}`, `pack ${loc.pack}`, {
+          chunk: key,
+        });
+      }
+      // Every record of the batch is authenticated: its bytes may go out now.
+      const w = writing.then(() => (failure === undefined ? writeOut(out, b) : undefined));
+      writing = w.catch(() => undefined);
+      await w;
+    } finally {
+      giveOutput(out);
+    }
+    restored += b.bytes;
+    for (const f of b.files) {
+      f.pending--;
+      finishFile(f);
+    }
+  };
+
+  let batch: Batch | undefined;
+  const newBatch = (inBytes: number, outBytes: number): Batch => ({
+    input: takeInput(Math.max(BATCH_IN_BYTES, inBytes)),
+    inLen: 0,
+    outCap: Math.max(BATCH_OUT_BYTES, outBytes),
+    outLen: 0,
+    recs: [],
+    idAt: [],
+    locs: [],
+    keys: [],
+    seen: new Map(),
+    copies: [],
+    writes: [],
+    writeFiles: [],
+    files: new Set(),
+    reads: [],
+    run: undefined,
+    bytes: 0,
+  });
+  const endRun = (b: Batch): void => {
+    const run = b.run;
+    if (run === undefined) return;
+    b.run = undefined;
+    const read = run.r.read(run.start, run.end - run.start, b.input.subarray(run.at)).catch((e: unknown) => {
+      if (e instanceof DormantError && e.code === ErrorCode.VAULT_CORRUPT)
+        throw corrupt(`pack ${run.pack} is truncated`, `pack ${run.pack}`);
+      throw e;
+    });
+    read.catch(() => undefined);
+    b.reads.push(read);
+  };
+  const settle = async (): Promise<void> => {
+    await Promise.allSettled([...inFlight]);
+  };
+  const dispatch = async (): Promise<void> => {
+    const b = batch;
+    batch = undefined;
+    if (b === undefined || (b.recs.length === 0 && b.copies.length === 0)) {
+      if (b) giveInput(b.input);
+      return;
+    }
+    endRun(b);
+    const p: Promise<void> = runBatch(b).then(
+      () => {
+        inFlight.delete(p);
+      },
+      (e: unknown) => {
+        inFlight.delete(p);
+        fail(e);
+      },
+    );
+    inFlight.add(p);
+    while (inFlight.size >= maxInFlight) await Promise.race(inFlight);
+    rethrow();
+    if (ctx.signal?.aborted) throw aborted();
+  };
+
   try {
     for (const e of body.entries) {
       checkRelPath(e.path, what);
@@ -249,98 +509,127 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
         await symlink(e.target ?? '', p);
         continue;
       }
-      const h: FileHandle = await open(p, 'wx', 0o600);
-      try {
-        let fileAt = 0; // file offset of out[0]
-        let fill = 0;
-        let which = 0;
-        let out = outs[0]!;
-        const flush = async (): Promise<void> => {
-          if (fill > 0) {
-            const buf = out;
-            const n = fill;
-            const pos = fileAt;
-            const w = (async () => {
-              let done = 0;
-              while (done < n) done += (await h.write(buf, done, n - done, pos + done)).bytesWritten;
-            })();
-            w.catch(() => undefined);
-            writing[which] = w;
-            which ^= 1;
-            out = outs[which]!;
-            // The buffer about to be filled must be done with its previous write.
-            await writing[which];
-          }
-          fileAt += fill;
-          fill = 0;
-        };
-        const drain = async (): Promise<void> => {
-          await flush();
-          await Promise.all(writing);
-        };
-        for (let i = e.firstRef; i < e.firstRef + e.refCount; i++) {
-          const at = i * REF_BYTES;
-          const len = body.refs.readUInt32LE(at + 1);
-          if (body.refs[at] === REF_HOLE) {
-            await flush();
-            fileAt += len;
-            continue;
-          }
-          const id = body.refs.subarray(at + 5, at + 5 + CHUNK_ID_BYTES);
-          const key = id.toString('hex');
-          const loc = ctx.lookup(key);
-          if (loc === undefined) {
-            throw new DormantError(
-              ErrorCode.VAULT_CORRUPT,
-              `${what}: chunk ${key.slice(0, 16)} of ${e.path} is missing from the vault${ctx.explainMissing()}`,
-              {
-                details: { object: `chunk ${key}` },
-                hint: 'run `dormant vault verify` to list every damaged object',
-              },
-            );
-          }
-          if (loc.rawBytes !== len) {
-            throw new DormantError(
-              ErrorCode.VAULT_CORRUPT,
-              `${what}: chunk ${key.slice(0, 16)} has the wrong length in its index`,
-            );
-          }
-          if (fill + len > OUT_BYTES) {
-            await flush();
-            if (ctx.signal?.aborted) {
-              throw new DormantError(ErrorCode.COMMAND_ABORTED, `restore of ${what} aborted`, {
-                cause: ctx.signal.reason,
-              });
-            }
-          }
-          const rec = await readers.record(loc);
-          decoder.decode(id, loc, rec, out, fill, what);
-          fill += len;
-          restored += len;
+      if (openFiles >= MAX_OPEN_FILES) {
+        await dispatch();
+        await settle();
+        await Promise.allSettled(finishing);
+        rethrow();
+      }
+      openFiles++;
+      const f: RestoredFile = {
+        h: await open(p, 'wx', 0o600).catch((err: unknown) => {
+          openFiles--;
+          throw err;
+        }),
+        path: p,
+        entry: e,
+        pending: 0,
+        queued: false,
+        closed: false,
+      };
+      files.push(f);
+      let fileAt = 0;
+      for (let i = e.firstRef; i < e.firstRef + e.refCount; i++) {
+        const at = i * REF_BYTES;
+        const len = body.refs.readUInt32LE(at + 1);
+        if (body.refs[at] === REF_HOLE) {
+          fileAt += len;
+          continue;
         }
-        await drain();
-        if (fileAt !== e.sizeBytes) {
-          throw new DormantError(
-            ErrorCode.VAULT_CORRUPT,
-            `${what}: ${e.path} restores to ${fileAt} bytes, manifest says ${e.sizeBytes}`,
+        const key = body.refs.toString('hex', at + 5, at + 5 + CHUNK_ID_BYTES);
+        const loc = ctx.lookup(key);
+        if (loc === undefined) {
+          throw corrupt(
+            `chunk ${key.slice(0, 16)} of ${e.path} is missing from the vault${ctx.explainMissing()}`,
+            `chunk ${key}`,
           );
         }
-        // Trailing holes: the size comes from truncate, the bytes are never written.
-        await h.truncate(e.sizeBytes);
-      } finally {
-        await Promise.allSettled(writing);
-        writing[0] = writing[1] = Promise.resolve();
-        await h.close();
+        if (loc.rawBytes !== len) {
+          throw new DormantError(
+            ErrorCode.VAULT_CORRUPT,
+            `${what}: chunk ${key.slice(0, 16)} has the wrong length in its index`,
+          );
+        }
+        let r = readers.get(loc.pack);
+        if (r === undefined) {
+          if (readers.size >= MAX_OPEN_PACKS) {
+            // Close them all once every read of theirs is done: the open batch goes first.
+            await dispatch();
+            await settle();
+            rethrow();
+            await closeReaders();
+          }
+          r = await openPack(loc.pack);
+          readers.set(loc.pack, r);
+        }
+        if (loc.offset + loc.storedBytes > r.sizeBytes)
+          throw corrupt(`pack ${loc.pack} is truncated`, `pack ${loc.pack}`);
+        let b = batch;
+        const again = b?.seen.get(key);
+        const fits =
+          b !== undefined &&
+          b.outLen + len <= b.outCap &&
+          (again !== undefined || b.inLen + loc.storedBytes <= b.input.length);
+        if (!fits) {
+          await dispatch();
+          b = batch = newBatch(loc.storedBytes, len);
+        }
+        b = b!;
+        const outAt = b.outLen;
+        if (again !== undefined && fits) {
+          b.copies.push(again, outAt, len);
+        } else {
+          const run = b.run;
+          if (run !== undefined && run.pack === loc.pack && run.end === loc.offset) {
+            run.end += loc.storedBytes;
+          } else {
+            endRun(b);
+            b.run = { pack: loc.pack, r, start: loc.offset, end: loc.offset + loc.storedBytes, at: b.inLen };
+          }
+          b.recs.push(b.inLen, loc.storedBytes, len, outAt);
+          b.idAt.push(at + 5);
+          b.locs.push(loc);
+          b.keys.push(key);
+          b.seen.set(key, outAt);
+          b.inLen += loc.storedBytes;
+        }
+        b.outLen += len;
+        b.bytes += len;
+        // Extend the last write when this chunk continues it in the file and in the output.
+        const w = b.writes;
+        const last = w.length - 3;
+        if (
+          last >= 0 &&
+          b.writeFiles[last / 3] === f &&
+          w[last]! + w[last + 2]! === fileAt &&
+          w[last + 1]! + w[last + 2]! === outAt
+        ) {
+          w[last + 2]! += len;
+        } else {
+          w.push(fileAt, outAt, len);
+          b.writeFiles.push(f);
+        }
+        if (!b.files.has(f)) {
+          b.files.add(f);
+          f.pending++;
+        }
+        fileAt += len;
       }
-      await chmod(p, e.mode);
-      await utimes(p, e.mtimeMs / 1000, e.mtimeMs / 1000);
-      ctx.onProgress?.(restored);
-      if (ctx.signal?.aborted) {
-        throw new DormantError(ErrorCode.COMMAND_ABORTED, `restore of ${what} aborted`, {
-          cause: ctx.signal.reason,
-        });
+      if (fileAt !== e.sizeBytes) {
+        throw new DormantError(
+          ErrorCode.VAULT_CORRUPT,
+          `${what}: ${e.path} restores to ${fileAt} bytes, manifest says ${e.sizeBytes}`,
+        );
       }
+      f.queued = true;
+      finishFile(f);
+      if (ctx.signal?.aborted) throw aborted();
     }
+    await dispatch();
+    await settle();
+    rethrow();
+    await Promise.all(finishing);
+    rethrow();
     // Folder modes last (a read-only folder would refuse its own files), deepest first.
     for (const e of [...body.entries].reverse()) {
       if (e.type !== 'dir') continue;
@@ -349,13 +638,19 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
       await utimes(p, e.mtimeMs / 1000, e.mtimeMs / 1000);
     }
   } catch (err) {
-    for (const o of outs) o.fill(0);
+    fail(err);
+    if (batch) endRun(batch);
+    await Promise.allSettled(batch?.reads ?? []);
+    await settle();
+    await Promise.allSettled(finishing);
+    await Promise.allSettled(files.filter((f) => !f.closed).map((f) => f.h.close()));
     await removeRestored(destDir, createdRoot);
     throw err;
   } finally {
-    await readers.close();
+    await closeReaders();
+    for (const b of freeOutputs) b.fill(0);
+    if (pool) for (const b of [...freeInputs, ...freeOutputs]) pool.give(b);
   }
-  for (const o of outs) o.fill(0);
   return restored;
 }
 

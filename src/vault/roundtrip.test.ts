@@ -80,6 +80,61 @@ describe('byte-exact round trips', () => {
     assert.ok(z.blocks * 512 < 64 * 1024, `all-zero file allocates ${z.blocks * 512} bytes`);
   });
 
+  test('many small files, chunks repeated within a file, and holes: byte-exact on workers and on the calling thread', async () => {
+    const src = join(root, 'batches');
+    await mkdir(join(src, 'small'), { recursive: true });
+    // More files than a restore keeps open at once; some share their content.
+    const shared = randomBytes(3000);
+    for (let i = 0; i < 700; i++) {
+      await writeFile(join(src, 'small', `f-${i}`), i % 7 === 0 ? shared : randomBytes(1 + (i % 5) * 1000));
+    }
+    // One random block again and again, between runs of zero pages and compressible text: the
+    // repeats are decoded once per batch and copied, the zeros stay holes.
+    const block = randomBytes(64 * 1024);
+    const text = Buffer.from('{"tool":"bash","ok":true}\n'.repeat(40_000));
+    const parts: Buffer[] = [];
+    for (let i = 0; i < 60; i++)
+      parts.push(block, i % 3 === 0 ? Buffer.alloc(PAGE * 16) : text.subarray(0, PAGE * 8));
+    await writeFile(join(src, 'pages-3.img'), Buffer.concat(parts));
+    const out = await roundTrip(src);
+    const zeroBytes = 20 * PAGE * 16;
+    const st = await stat(join(out, 'pages-3.img'));
+    assert.ok(
+      st.blocks * 512 <= st.size - zeroBytes + PAGE,
+      `zero pages were written: ${st.blocks * 512} bytes`,
+    );
+    const inline = await openVault({
+      dir: join(root, 'data', 'vault'),
+      masterKey: { key },
+      restoreWorkers: 0,
+    });
+    try {
+      const out2 = join(root, 'out-batches-inline');
+      await inline.restoreCheckpoint({ tenant: 'acme', checkpointId: `ck-${n}`, destDir: out2 });
+      assert.equal(await diffTrees(src, out2), undefined, 'restore on the calling thread');
+    } finally {
+      await inline.close();
+    }
+  });
+
+  test('a checkpoint spread over more packs than a restore keeps open restores byte-exact', async () => {
+    const src = join(root, 'many-packs');
+    await mkdir(src);
+    await writeFile(join(src, 'pages-1.img'), randomBytes(6 * MiB));
+    const dir = join(root, 'data', 'small-packs');
+    const small = await openVault({ dir, masterKey: { key }, packTargetBytes: 64 * 1024 });
+    try {
+      await small.putCheckpoint({ tenant: 'acme', sandboxId: 'sb', checkpointId: 'ck', srcDir: src });
+      const packs = await readdir(join(dir, 'data', 'acme', 'packs'));
+      assert.ok(packs.length > 64, `${packs.length} packs`);
+      const out = join(root, 'out-many-packs');
+      await small.restoreCheckpoint({ tenant: 'acme', checkpointId: 'ck', destDir: out });
+      assert.equal(await diffTrees(src, out), undefined);
+    } finally {
+      await small.close();
+    }
+  });
+
   test('an empty folder round-trips to an empty folder', async () => {
     const src = join(root, 'nothing');
     await mkdir(src);

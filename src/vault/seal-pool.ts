@@ -9,10 +9,14 @@
  * handing it back to the pool. Buffers are kept for reuse, so the hot path touches only warm
  * memory. (Not SharedArrayBuffers: V8 copies into those with relaxed atomic stores, several
  * times slower than memcpy.)
+ *
+ * Restore uses the same workers the other way round (`decode`): a batch of records read into
+ * a pooled buffer moves to a worker with a pooled output buffer, which comes back holding the
+ * decoded chunks for the restore to write.
  */
 import { Worker } from 'node:worker_threads';
 import { CHUNK_ID_BYTES, SEAL_OVERHEAD } from './crypto.js';
-import type { SealDone, SealJob } from './seal-worker.js';
+import type { DecodeDone, DecodeJob, SealDone, SealJob } from './seal-worker.js';
 
 /** Room a job needs in its output beyond the chunk bytes: one record's overhead per chunk. */
 export const RECORD_OVERHEAD_BYTES = 1 + SEAL_OVERHEAD;
@@ -39,8 +43,11 @@ export interface SealResult {
 
 interface Running {
   worker: number;
-  onDone: (done: SealDone) => void;
+  onDone: (done: SealDone & DecodeDone) => void;
 }
+
+/** One restore batch for {@link SealPool.decode}; see `DecodeJob` in seal-worker.ts. */
+export type DecodeRequest = Omit<DecodeJob, 'kind' | 'job' | 'input' | 'output'>;
 
 export class SealPool {
   private readonly workers: Worker[] = [];
@@ -50,29 +57,57 @@ export class SealPool {
   private nextJob = 1;
   private failure: Error | undefined;
 
-  constructor(readonly size: number) {
-    for (let w = 0; w < size; w++) {
-      const worker = new Worker(new URL('./seal-worker.js', import.meta.url));
-      worker.unref();
-      worker.on('message', (done: SealDone) => {
-        const r = this.running.get(done.job);
-        if (r === undefined) return;
-        this.running.delete(done.job);
-        this.jobsPerWorker[w]!--;
-        if (this.jobsPerWorker[w] === 0) worker.unref();
-        r.onDone(done);
-      });
-      worker.on('error', (e) => {
-        this.failure ??= e;
-        for (const [job, r] of [...this.running]) {
-          if (r.worker !== w) continue;
-          this.running.delete(job);
-          r.onDone({ job, lengths: new Int32Array(0), error: e.message });
-        }
-      });
-      this.workers.push(worker);
-      this.jobsPerWorker.push(0);
-    }
+  constructor(size: number) {
+    for (let w = 0; w < size; w++) this.spawn();
+  }
+
+  /** Worker threads now running. */
+  get size(): number {
+    return this.workers.length;
+  }
+
+  private spawn(): void {
+    const w = this.workers.length;
+    const worker = new Worker(new URL('./seal-worker.js', import.meta.url));
+    worker.unref();
+    worker.on('message', (done: SealDone & DecodeDone) => {
+      const r = this.running.get(done.job);
+      if (r === undefined) return;
+      this.running.delete(done.job);
+      this.jobsPerWorker[w]!--;
+      if (this.jobsPerWorker[w] === 0) worker.unref();
+      r.onDone(done);
+    });
+    worker.on('error', (e) => {
+      this.failure ??= e;
+      for (const [job, r] of [...this.running]) {
+        if (r.worker !== w) continue;
+        this.running.delete(job);
+        r.onDone({ job, lengths: new Int32Array(0), error: e.message });
+      }
+    });
+    this.workers.push(worker);
+    this.jobsPerWorker.push(0);
+  }
+
+  /** The least busy worker. */
+  private pick(): number {
+    let w = 0;
+    for (let i = 1; i < this.workers.length; i++) if (this.jobsPerWorker[i]! < this.jobsPerWorker[w]!) w = i;
+    return w;
+  }
+
+  private post(
+    w: number,
+    job: number,
+    msg: unknown,
+    transfer: ArrayBuffer[],
+    onDone: Running['onDone'],
+  ): void {
+    this.running.set(job, { worker: w, onDone });
+    // Keep the process alive only while jobs are in flight.
+    if (this.jobsPerWorker[w]!++ === 0) this.workers[w]!.ref();
+    this.workers[w]!.postMessage(msg, transfer);
   }
 
   /**
@@ -109,26 +144,11 @@ export class SealPool {
       meta[i * 2 + 1] = it.end - it.start;
       ids.set(it.id, i * CHUNK_ID_BYTES);
     }
-    let w = 0;
-    for (let i = 1; i < this.workers.length; i++) if (this.jobsPerWorker[i]! < this.jobsPerWorker[w]!) w = i;
+    const w = this.pick();
     const job = this.nextJob++;
     return new Promise((resolve, reject) => {
-      this.running.set(job, {
-        worker: w,
-        onDone: (done) => {
-          if (done.error !== undefined || done.input === undefined || done.output === undefined)
-            reject(new Error(`seal worker failed: ${done.error ?? 'no buffers back'}`));
-          else
-            resolve({
-              lengths: done.lengths,
-              input: Buffer.from(done.input),
-              output: Buffer.from(done.output),
-            });
-        },
-      });
-      // Keep the process alive only while jobs are in flight.
-      if (this.jobsPerWorker[w]!++ === 0) this.workers[w]!.ref();
       const msg: SealJob = {
+        kind: 'seal',
         job,
         key,
         input: input.buffer as ArrayBuffer,
@@ -136,7 +156,45 @@ export class SealPool {
         meta,
         ids,
       };
-      this.workers[w]!.postMessage(msg, [msg.input, msg.output]);
+      this.post(w, job, msg, [msg.input, msg.output], (done) => {
+        if (done.error !== undefined || done.input === undefined || done.output === undefined)
+          reject(new Error(`seal worker failed: ${done.error ?? 'no buffers back'}`));
+        else
+          resolve({
+            lengths: done.lengths,
+            input: Buffer.from(done.input),
+            output: Buffer.from(done.output),
+          });
+      });
+    });
+  }
+
+  /**
+   * Decodes one restore batch on the least busy worker: `input` and `output` (buffers from
+   * `take`) move to the worker and come back in the answer (as new Buffers) whatever its
+   * verdict (`badRecord`). Rejects only when the worker itself fails; the buffers are lost then.
+   */
+  decode(
+    input: Buffer,
+    output: Buffer,
+    req: DecodeRequest,
+  ): Promise<{ input: Buffer; output: Buffer; done: DecodeDone }> {
+    if (this.failure) return Promise.reject(this.failure);
+    const w = this.pick();
+    const job = this.nextJob++;
+    return new Promise((resolve, reject) => {
+      const msg: DecodeJob = {
+        kind: 'decode',
+        job,
+        input: input.buffer as ArrayBuffer,
+        output: output.buffer as ArrayBuffer,
+        ...req,
+      };
+      this.post(w, job, msg, [msg.input, msg.output], (done) => {
+        if (done.input === undefined || done.output === undefined)
+          reject(new Error(`decode worker failed: ${done.error ?? 'no buffers back'}`));
+        else resolve({ input: Buffer.from(done.input), output: Buffer.from(done.output), done });
+      });
     });
   }
 

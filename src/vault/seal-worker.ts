@@ -1,20 +1,24 @@
 /**
- * Worker thread body: compresses (zstd level 1, kept only when it saves >3%) and seals
- * (AES-256-GCM, chunk id as associated data) the chunks of one read buffer. The ingest loop
+ * Worker thread body. Seal jobs (ingest): compress (zstd level 1, kept only when it saves >3%)
+ * and seal (AES-256-GCM, chunk id as associated data) the chunks of one read buffer. Decode
+ * jobs (restore): open and decompress the records of one batch (see `decodeRecords`). The
+ * ingest loop
  * reads files straight into buffers that move here (transferred, not copied) with the chunks'
  * offsets; records (`nonce | ciphertext | tag`, back to back) go into an output buffer that
  * moves back with it and that the pack writer writes as it is. Both are reused job after job,
  * so no fresh memory is touched (fresh pages are what makes big allocations slow on these VMs).
  */
+import { createDecipheriv, createSecretKey, type KeyObject } from 'node:crypto';
 import { parentPort } from 'node:worker_threads';
 import { createRequire } from 'node:module';
-import { CHUNK_ID_BYTES, sealParts } from './crypto.js';
+import { CHUNK_ID_BYTES, NONCE_BYTES, TAG_BYTES, sealParts } from './crypto.js';
 import { CODEC_RAW, CODEC_ZSTD } from './format.js';
 
 type ZstdBinding = typeof import('zstd-napi/binding.js');
 const zstd = createRequire(import.meta.url)('zstd-napi/binding.js') as ZstdBinding;
 
 export interface SealJob {
+  kind?: 'seal';
   job: number;
   key: Uint8Array;
   input: ArrayBuffer;
@@ -72,9 +76,133 @@ function sealJob(msg: SealJob): SealDone {
   return { job: msg.job, lengths, input: msg.input, output: msg.output };
 }
 
+/**
+ * A batch of a restore: records (`nonce | GCM(codec | payload) | tag`) read into `input`, to be
+ * opened and decompressed into `output`. Both buffers move here and back (transferred).
+ */
+export interface DecodeJob {
+  kind: 'decode';
+  job: number;
+  key: Uint8Array;
+  input: ArrayBuffer;
+  output: ArrayBuffer;
+  /** count x (input offset, stored length, raw length, output offset). */
+  recs: Int32Array;
+  /** count x CHUNK_ID_BYTES chunk ids (the associated data of each record). */
+  ids: Uint8Array;
+  /** (from, to, length) output offsets: chunks that appear again in the batch are copied. */
+  copies: Int32Array;
+}
+
+export interface DecodeDone {
+  job: number;
+  /** The job's buffers, handed back (transferred). */
+  input?: ArrayBuffer;
+  output?: ArrayBuffer;
+  /** The record that failed to open or decode, and why ("fails authentication"). */
+  badRecord?: number;
+  why?: string;
+  /** Set when the job failed otherwise. */
+  error?: string;
+}
+
+export type WorkerJob = SealJob | DecodeJob;
+
+interface Zdctx {
+  decompress(dest: Uint8Array, src: Uint8Array): number;
+}
+
+/**
+ * Opens and decompresses every record of a batch into `out`, then copies the repeated chunks;
+ * returns the first record that fails (and why) without looking further, or undefined when
+ * all are good. Plaintext that passed through a temporary buffer is wiped.
+ */
+export function decodeRecords(
+  key: KeyObject,
+  dctx: Zdctx,
+  input: Buffer,
+  recs: Int32Array,
+  ids: Uint8Array,
+  copies: Int32Array,
+  out: Buffer,
+): { rec: number; why: string } | undefined {
+  const count = recs.length >> 2;
+  for (let i = 0; i < count; i++) {
+    const off = recs[i * 4]!;
+    const stored = recs[i * 4 + 1]!;
+    const raw = recs[i * 4 + 2]!;
+    const at = recs[i * 4 + 3]!;
+    if (stored < NONCE_BYTES + TAG_BYTES + 1) return { rec: i, why: 'fails authentication' };
+    const end = off + stored;
+    const d = createDecipheriv('aes-256-gcm', key, input.subarray(off, off + NONCE_BYTES), {
+      authTagLength: TAG_BYTES,
+    });
+    d.setAAD(ids.subarray(i * CHUNK_ID_BYTES, (i + 1) * CHUNK_ID_BYTES));
+    d.setAuthTag(input.subarray(end - TAG_BYTES, end));
+    const plain = d.update(input.subarray(off + NONCE_BYTES, end - TAG_BYTES));
+    try {
+      try {
+        d.final();
+      } catch {
+        return { rec: i, why: 'fails authentication' };
+      }
+      const codec = plain[0];
+      if (codec === CODEC_RAW) {
+        if (plain.length - 1 !== raw) return { rec: i, why: 'has the wrong length' };
+        plain.copy(out, at, 1);
+      } else if (codec === CODEC_ZSTD) {
+        let n: number;
+        try {
+          n = dctx.decompress(out.subarray(at, at + raw), plain.subarray(1));
+        } catch (e) {
+          return { rec: i, why: `does not decompress (${e instanceof Error ? e.message : String(e)})` };
+        }
+        if (n !== raw) return { rec: i, why: 'has the wrong length' };
+      } else {
+        return { rec: i, why: 'has an unknown codec' };
+      }
+    } finally {
+      plain.fill(0);
+    }
+  }
+  for (let i = 0; i < copies.length; i += 3)
+    out.copy(out, copies[i + 1], copies[i], copies[i]! + copies[i + 2]!);
+  return undefined;
+}
+
+let dctx: Zdctx | undefined;
+
+function decodeJob(msg: DecodeJob): DecodeDone {
+  const key = createSecretKey(msg.key);
+  msg.key.fill(0);
+  dctx ??= new zstd.DCtx();
+  const back = { job: msg.job, input: msg.input, output: msg.output };
+  const bad = decodeRecords(
+    key,
+    dctx,
+    Buffer.from(msg.input),
+    msg.recs,
+    msg.ids,
+    msg.copies,
+    Buffer.from(msg.output),
+  );
+  return bad === undefined ? back : { ...back, badRecord: bad.rec, why: bad.why };
+}
+
 if (parentPort !== null) {
   const port = parentPort;
-  port.on('message', (msg: SealJob) => {
+  port.on('message', (msg: WorkerJob) => {
+    if (msg.kind === 'decode') {
+      let done: DecodeDone;
+      try {
+        done = decodeJob(msg);
+      } catch (e) {
+        const error = e instanceof Error ? e.message : String(e);
+        done = { job: msg.job, input: msg.input, output: msg.output, error };
+      }
+      port.postMessage(done, done.input && done.output ? [done.input, done.output] : []);
+      return;
+    }
     let done: SealDone;
     try {
       done = sealJob(msg);

@@ -75,7 +75,10 @@ after(async () => {
   await removeDir(root);
 });
 
-/** Verify and restore, each in a fresh vault (a new process would have no cache either). */
+/**
+ * Verify and restore, each in a fresh vault (a new process would have no cache either); restore
+ * both ways: decoding on worker threads (the default) and on the calling thread.
+ */
 async function expectDetected(label: string): Promise<void> {
   const v = await openVault({ dir: vaultDir, masterKey: { key } });
   try {
@@ -85,21 +88,33 @@ async function expectDetected(label: string): Promise<void> {
       report.problems.some((p) => p.checkpoints.includes(CK) || p.message.includes(CK)),
       `${label}: no problem names ${CK}: ${JSON.stringify(report.problems)}`,
     );
-    const out = join(root, 'out');
-    await assert.rejects(
-      v.restoreCheckpoint({ tenant: 'acme', checkpointId: CK, destDir: out }),
-      (e) => {
-        assert.ok(e instanceof DormantError, `${label}: ${String(e)}`);
-        assert.equal(e.code, 'VAULT_CORRUPT', `${label}: ${e.message}`);
-        assert.ok(e.message.includes(CK), `${label}: message does not name the checkpoint: ${e.message}`);
-        return true;
-      },
-      `${label}: restore returned bytes`,
-    );
-    // Nothing half-restored is left behind.
-    await assert.rejects(access(out), `${label}: restore left ${out}`);
   } finally {
     await v.close();
+  }
+  for (const restoreWorkers of [undefined, 0]) {
+    const how = `${label} (${restoreWorkers === 0 ? 'calling thread' : 'workers'})`;
+    const r = await openVault({
+      dir: vaultDir,
+      masterKey: { key },
+      ...(restoreWorkers === 0 ? { restoreWorkers } : {}),
+    });
+    try {
+      const out = join(root, 'out');
+      await assert.rejects(
+        r.restoreCheckpoint({ tenant: 'acme', checkpointId: CK, destDir: out }),
+        (e) => {
+          assert.ok(e instanceof DormantError, `${how}: ${String(e)}`);
+          assert.equal(e.code, 'VAULT_CORRUPT', `${how}: ${e.message}`);
+          assert.ok(e.message.includes(CK), `${how}: message does not name the checkpoint: ${e.message}`);
+          return true;
+        },
+        `${how}: restore returned bytes`,
+      );
+      // Nothing half-restored is left behind.
+      await assert.rejects(access(out), `${how}: restore left ${out}`);
+    } finally {
+      await r.close();
+    }
   }
 }
 

@@ -81,6 +81,12 @@ export interface VaultOptions {
    * at least 1 and at most 4; 0 runs everything on the calling thread.
    */
   sealWorkers?: number;
+  /**
+   * Worker threads that open and decompress chunks during restore. Default: one per CPU, at
+   * most 4 (the calling thread only reads, dispatches and writes); 0 decodes on the calling
+   * thread, as does `sealWorkers: 0` when this is not set.
+   */
+  restoreWorkers?: number;
   /** Pack size before rolling to a new pack. Default 32 MiB. */
   packTargetBytes?: number;
   signal?: AbortSignal;
@@ -243,6 +249,7 @@ export class Vault {
   private readonly sandboxKeys = new Map<string, Buffer>();
   private closed = false;
   private pool: SealPool | undefined;
+  private decodePool: SealPool | undefined;
 
   private constructor(
     readonly store: VaultStore,
@@ -586,6 +593,14 @@ export class Vault {
     }
   }
 
+  private restorePool(): SealPool | undefined {
+    const n =
+      this.opts.restoreWorkers ?? (this.opts.sealWorkers === 0 ? 0 : Math.min(4, availableParallelism()));
+    if (n <= 0) return undefined;
+    this.decodePool ??= new SealPool(n);
+    return this.decodePool;
+  }
+
   private async restoreLocked(o: RestoreCheckpointOptions): Promise<RestoreCheckpointResult> {
     const started = performance.now();
     if (await isDestroyed(this.store, tenantTombstoneName(o.tenant))) {
@@ -595,10 +610,13 @@ export class Vault {
         { status: 410 },
       );
     }
+    // Started first: the workers boot while the manifest and the index load.
+    const pool = this.restorePool();
     const t = await this.tenantState(o.tenant, false);
     const { header, body } = await this.readManifest(o.tenant, o.checkpointId);
     await this.refreshIndex(o.tenant, t);
     await restoreInto(o.destDir, body, {
+      ...(pool ? { pool } : {}),
       store: this.store,
       tenant: o.tenant,
       checkpointId: o.checkpointId,
@@ -1253,5 +1271,7 @@ export class Vault {
     this.master.fill(0);
     await this.pool?.close();
     this.pool = undefined;
+    await this.decodePool?.close();
+    this.decodePool = undefined;
   }
 }
