@@ -156,6 +156,14 @@ describe(
         .waitFor({ timeout: 60_000 });
       assert.equal((await client.getSandbox(sb.id)).state, 'running');
       await page.locator('#timeline li[data-to="resuming"]').first().waitFor();
+      // The row can show running (from the resume's answer) a moment before the event of it
+      // reaches the timeline: wait for it to arrive, newest first.
+      await page
+        .locator('#timeline li')
+        .first()
+        .filter({ hasText: 'resuming → running' })
+        .waitFor({ timeout: 10_000 })
+        .catch(() => undefined);
       const timeline = await page.locator('#timeline li').allTextContents();
       assert.ok(timeline[0]?.includes('resuming → running'), `newest first: ${timeline[0] ?? ''}`);
       // The chart of spent against always-warm draws both lines from /v1/cost's series.
