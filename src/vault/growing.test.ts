@@ -55,34 +55,40 @@ function pagesContent(pages: number): Buffer {
  * Writes `dir` the way CRIU does: the folder appears after a while, the page image grows in
  * writes of odd sizes (cut mid-page) with pauses, small images come around and after it.
  */
-async function writeLikeCriu(dir: string, pages: Buffer, failAfterBytes?: number): Promise<void> {
+async function writeLikeCriu(dir: string, images: Buffer[], failAfterBytes?: number): Promise<void> {
   await pause(15);
   await mkdir(dir, { recursive: true });
   await writeFile(join(dir, 'inventory.img'), randomBytes(300));
-  const h = await open(join(dir, 'pages-1.img'), 'w');
-  try {
-    let at = 0;
-    let i = 0;
-    while (at < pages.length) {
-      const n = Math.min(pages.length - at, [PAGE * 3 + 17, 1000, MiB + 5, PAGE][i++ % 4]!);
-      if (failAfterBytes !== undefined && at >= failAfterBytes) throw new Error('criu dump failed: Killed');
-      await h.write(pages, at, n);
-      at += n;
-      if (i % 3 === 0) await pause(3);
+  // One process after another, as CRIU dumps them: pages-1.img is complete before pages-2.img.
+  for (const [k, pages] of images.entries()) {
+    const h = await open(join(dir, `pages-${String(k + 1)}.img`), 'w');
+    try {
+      let at = 0;
+      let i = 0;
+      while (at < pages.length) {
+        const n = Math.min(pages.length - at, [PAGE * 3 + 17, 1000, MiB + 5, PAGE][i++ % 4]!);
+        if (failAfterBytes !== undefined && at >= failAfterBytes) throw new Error('criu dump failed: Killed');
+        await h.write(pages, at, n);
+        at += n;
+        if (i % 3 === 0) await pause(3);
+      }
+    } finally {
+      await h.close();
     }
-  } finally {
-    await h.close();
+    await writeFile(join(dir, `pagemap-${String(k + 1)}.img`), randomBytes(2000));
+    await pause(5);
   }
-  await writeFile(join(dir, 'pagemap-1.img'), randomBytes(2000));
   await writeFile(join(dir, 'core-1.img'), randomBytes(900));
 }
 
 describe('putCheckpoint while the folder is written', () => {
   test('stores exactly what the writer wrote, with the same chunks as a put afterwards', async () => {
     const src = join(root, 'src-1');
-    const pages = pagesContent(3000); // ~12 MiB
+    // A small first process (an init) and a big second one: the big one is followed too.
+    const images = [pagesContent(150), pagesContent(3000)]; // ~0.6 and ~12 MiB
+    const pagesBytes = images[0]!.length + images[1]!.length;
     let finished = false;
-    const writing = writeLikeCriu(src, pages).then(() => {
+    const writing = writeLikeCriu(src, images).then(() => {
       finished = true;
     });
     let readEarly = 0;
@@ -98,8 +104,8 @@ describe('putCheckpoint while the folder is written', () => {
     });
     await writing;
     // The point of it: most of the page image was stored before the writer was done.
-    assert.ok(readEarly >= pages.length / 2, `read while written: ${String(readEarly)} bytes`);
-    assert.equal(put.logicalBytes, pages.length + 300 + 2000 + 900);
+    assert.ok(readEarly >= pagesBytes / 2, `read while written: ${String(readEarly)} bytes`);
+    assert.equal(put.logicalBytes, pagesBytes + 300 + 2 * 2000 + 900);
     const out = join(root, 'out-1');
     await vault.restoreCheckpoint({ tenant: 'acme', checkpointId: 'ck-growing', destDir: out });
     assert.equal(await diffTrees(src, out), undefined);
@@ -120,7 +126,7 @@ describe('putCheckpoint while the folder is written', () => {
 
   test('a writer that fails fails the put: nothing is committed, verify is clean, gc reclaims', async () => {
     const src = join(root, 'src-2');
-    const writing = writeLikeCriu(src, pagesContent(4000), 6 * MiB);
+    const writing = writeLikeCriu(src, [pagesContent(4000)], 6 * MiB);
     writing.catch(() => undefined);
     await assert.rejects(
       vault.putCheckpoint({

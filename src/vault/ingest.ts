@@ -503,8 +503,8 @@ export async function ingestFolder(
   };
 
   // A file still being written is read as it grows: a read that finds no new bytes waits a
-  // little and tries again, until the writer is done. Only a read that began after the writer
-  // finished may end the file, so no byte written before the end is missed.
+  // little and tries again, for as long as `follow` says the file may still grow. Only a read
+  // that began after that may end the file, so no byte written before then is missed.
   let writerDone = ctx.growing === undefined;
   let writerError: Error | undefined;
   let writerSettled: Promise<void> = Promise.resolve();
@@ -521,13 +521,14 @@ export async function ingestFolder(
   }
   const nap = (): Promise<void> =>
     Promise.race([writerSettled, new Promise<void>((r) => setTimeout(r, FOLLOW_POLL_MS))]);
-  const readFrom = async (h: FileHandle, buf: Buffer, follow: boolean): Promise<number> => {
+  const readFrom = async (h: FileHandle, buf: Buffer, follow?: () => Promise<boolean>): Promise<number> => {
+    let more = follow !== undefined && !writerDone;
     for (;;) {
-      const finished = !follow || writerDone;
       const { bytesRead } = await h.read(buf, HEAD, READ_BYTES, null);
-      if (bytesRead > 0 || finished) return bytesRead;
+      if (bytesRead > 0 || !more) return bytesRead;
       if (ctx.signal?.aborted) return 0;
       await nap();
+      more = await follow!();
     }
   };
 
@@ -535,7 +536,7 @@ export async function ingestFolder(
     h: FileHandle,
     pageAligned: boolean,
     refs: RefList,
-    follow = false,
+    follow?: () => Promise<boolean>,
   ): Promise<number> => {
     let carry = 0;
     let streamAt = 0; // stream offset of the first carried byte
@@ -651,27 +652,36 @@ export async function ingestFolder(
     string,
     { refs: RefList; size: number; logicalBytes: number; holeBytes: number; chunks: number }
   >();
-  /** While the writer runs, follows its page images (top level, as CRIU writes them). */
+  /** Page images at the top of the folder not read yet (CRIU writes them there). */
+  const unreadImages = async (): Promise<string[]> => {
+    try {
+      return (await readdir(srcDir)).filter((n) => ctx.pageAligned?.(n) === true && !early.has(n)).sort();
+    } catch (e) {
+      if (errnoCode(e) !== 'ENOENT') throw e;
+      return [];
+    }
+  };
+  /**
+   * While the writer runs, follows its page images one after another. CRIU writes one process's
+   * pages, then the next one's: a file stops being followed once it has stopped growing and
+   * another has appeared. Should it grow after all, the walk finds its size changed and reads
+   * it again, so the heuristic costs time at worst, never bytes.
+   */
   const followWriter = async (): Promise<void> => {
     while (!writerDone) {
-      let names: string[];
-      try {
-        names = await readdir(srcDir);
-      } catch (e) {
-        if (errnoCode(e) !== 'ENOENT') throw e;
-        names = [];
-      }
-      const name = names.filter((n) => ctx.pageAligned?.(n) === true && !early.has(n)).sort()[0];
+      const name = (await unreadImages())[0];
       if (name === undefined) {
         await nap();
         continue;
       }
+      const mayGrow = async (): Promise<boolean> =>
+        !writerDone && !(await unreadImages()).some((n) => n !== name);
       const before = { ...counters };
       const fileRefs = new RefList();
       const h = await open(join(srcDir, name), 'r');
       let size: number;
       try {
-        size = await ingestFile(h, true, fileRefs, true);
+        size = await ingestFile(h, true, fileRefs, mayGrow);
       } finally {
         await h.close();
       }
