@@ -8,10 +8,8 @@ import { chmod, lstat, mkdir, open, readdir, rm, symlink, utimes, type FileHandl
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
-import { CHUNK_ID_BYTES, open as openSealed, type TenantKeys } from './crypto.js';
+import { CHUNK_ID_BYTES, type TenantKeys } from './crypto.js';
 import {
-  CODEC_RAW,
-  CODEC_ZSTD,
   PACK_HEADER_BYTES,
   REF_BYTES,
   REF_HOLE,
@@ -21,7 +19,7 @@ import {
 } from './format.js';
 import type { ChunkLocation } from './ingest.js';
 import type { SealPool } from './seal-pool.js';
-import { decodeRecords } from './seal-worker.js';
+import { decodeRecord, decodeRecords } from './seal-worker.js';
 import type { StoreReader, VaultStore } from './store.js';
 
 type ZstdBinding = typeof import('zstd-napi/binding.js');
@@ -168,35 +166,16 @@ export class ChunkDecoder {
   constructor(private readonly keys: TenantKeys) {}
 
   decode(id: Buffer, loc: ChunkLocation, record: Buffer, out: Buffer, at: number, what: string): void {
-    const plain = openSealed(this.keys.dataKey, id, record);
-    const bad = (why: string): DormantError =>
-      new DormantError(
-        ErrorCode.VAULT_CORRUPT,
-        `${what}: chunk ${id.toString('hex').slice(0, 16)} in pack ${loc.pack} ${why}`,
-        {
-          details: { object: `pack ${loc.pack}`, chunk: id.toString('hex') },
-          hint: 'run `dormant vault verify` to list every damaged object',
-        },
-      );
-    if (plain === undefined) throw bad('fails authentication');
-    try {
-      if (plain[0] === CODEC_RAW) {
-        if (plain.length - 1 !== loc.rawBytes) throw bad('has the wrong length');
-        plain.copy(out, at, 1);
-      } else if (plain[0] === CODEC_ZSTD) {
-        let n: number;
-        try {
-          n = this.dctx.decompress(out.subarray(at, at + loc.rawBytes), plain.subarray(1));
-        } catch (e) {
-          throw bad(`does not decompress (${e instanceof Error ? e.message : String(e)})`);
-        }
-        if (n !== loc.rawBytes) throw bad('has the wrong length');
-      } else {
-        throw bad('has an unknown codec');
-      }
-    } finally {
-      plain.fill(0);
-    }
+    const why = decodeRecord(this.keys.dataKey, this.dctx, id, record, out, at, loc.rawBytes);
+    if (why === undefined) return;
+    throw new DormantError(
+      ErrorCode.VAULT_CORRUPT,
+      `${what}: chunk ${id.toString('hex').slice(0, 16)} in pack ${loc.pack} ${why}`,
+      {
+        details: { object: `pack ${loc.pack}`, chunk: id.toString('hex') },
+        hint: 'run `dormant vault verify` to list every damaged object',
+      },
+    );
   }
 }
 

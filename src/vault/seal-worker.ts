@@ -113,9 +113,59 @@ interface Zdctx {
 }
 
 /**
- * Opens and decompresses every record of a batch into `out`, then copies the repeated chunks;
- * returns the first record that fails (and why) without looking further, or undefined when
- * all are good. Plaintext that passed through a temporary buffer is wiped.
+ * Opens one record (`nonce | GCM(codec | payload) | tag`, `id` as associated data) and decodes
+ * its `raw` bytes into `out` at `at`. Returns why it is bad ("fails authentication"), or
+ * undefined when it is good; nothing is written for a record that fails authentication, and
+ * plaintext that passed through a temporary buffer is wiped. Restore and verify both use it.
+ */
+export function decodeRecord(
+  key: KeyObject | Buffer,
+  dctx: Zdctx,
+  id: Uint8Array,
+  record: Uint8Array,
+  out: Buffer,
+  at: number,
+  raw: number,
+): string | undefined {
+  const stored = record.length;
+  if (stored < NONCE_BYTES + TAG_BYTES + 1) return 'fails authentication';
+  const d = createDecipheriv('aes-256-gcm', key, record.subarray(0, NONCE_BYTES), {
+    authTagLength: TAG_BYTES,
+  });
+  d.setAAD(id);
+  d.setAuthTag(record.subarray(stored - TAG_BYTES));
+  const plain = d.update(record.subarray(NONCE_BYTES, stored - TAG_BYTES));
+  try {
+    try {
+      d.final();
+    } catch {
+      return 'fails authentication';
+    }
+    const codec = plain[0];
+    if (codec === CODEC_RAW) {
+      if (plain.length - 1 !== raw) return 'has the wrong length';
+      plain.copy(out, at, 1);
+    } else if (codec === CODEC_ZSTD) {
+      let n: number;
+      try {
+        n = dctx.decompress(out.subarray(at, at + raw), plain.subarray(1));
+      } catch (e) {
+        return `does not decompress (${e instanceof Error ? e.message : String(e)})`;
+      }
+      if (n !== raw) return 'has the wrong length';
+    } else {
+      return 'has an unknown codec';
+    }
+    return undefined;
+  } finally {
+    plain.fill(0);
+  }
+}
+
+/**
+ * Opens and decompresses every record of a batch into `out` ({@link decodeRecord}), then
+ * copies the repeated chunks; returns the first record that fails (and why) without looking
+ * further, or undefined when all are good.
  */
 export function decodeRecords(
   key: KeyObject,
@@ -129,41 +179,16 @@ export function decodeRecords(
   const count = recs.length >> 2;
   for (let i = 0; i < count; i++) {
     const off = recs[i * 4]!;
-    const stored = recs[i * 4 + 1]!;
-    const raw = recs[i * 4 + 2]!;
-    const at = recs[i * 4 + 3]!;
-    if (stored < NONCE_BYTES + TAG_BYTES + 1) return { rec: i, why: 'fails authentication' };
-    const end = off + stored;
-    const d = createDecipheriv('aes-256-gcm', key, input.subarray(off, off + NONCE_BYTES), {
-      authTagLength: TAG_BYTES,
-    });
-    d.setAAD(ids.subarray(i * CHUNK_ID_BYTES, (i + 1) * CHUNK_ID_BYTES));
-    d.setAuthTag(input.subarray(end - TAG_BYTES, end));
-    const plain = d.update(input.subarray(off + NONCE_BYTES, end - TAG_BYTES));
-    try {
-      try {
-        d.final();
-      } catch {
-        return { rec: i, why: 'fails authentication' };
-      }
-      const codec = plain[0];
-      if (codec === CODEC_RAW) {
-        if (plain.length - 1 !== raw) return { rec: i, why: 'has the wrong length' };
-        plain.copy(out, at, 1);
-      } else if (codec === CODEC_ZSTD) {
-        let n: number;
-        try {
-          n = dctx.decompress(out.subarray(at, at + raw), plain.subarray(1));
-        } catch (e) {
-          return { rec: i, why: `does not decompress (${e instanceof Error ? e.message : String(e)})` };
-        }
-        if (n !== raw) return { rec: i, why: 'has the wrong length' };
-      } else {
-        return { rec: i, why: 'has an unknown codec' };
-      }
-    } finally {
-      plain.fill(0);
-    }
+    const why = decodeRecord(
+      key,
+      dctx,
+      ids.subarray(i * CHUNK_ID_BYTES, (i + 1) * CHUNK_ID_BYTES),
+      input.subarray(off, off + recs[i * 4 + 1]!),
+      out,
+      recs[i * 4 + 3]!,
+      recs[i * 4 + 2]!,
+    );
+    if (why !== undefined) return { rec: i, why };
   }
   for (let i = 0; i < copies.length; i += 3)
     out.copy(out, copies[i + 1], copies[i], copies[i]! + copies[i + 2]!);
