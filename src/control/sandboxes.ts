@@ -482,25 +482,19 @@ export class SandboxController {
    */
   async hibernate(id: string, tenant?: string, reason = 'hibernate'): Promise<Sandbox> {
     // The caller gets the sandbox once it is hibernated (checkpoint committed, processes gone,
-    // memory freed); the container's remains are removed, the staging folder wiped and older
-    // checkpoints pruned after that, with the sandbox's lock still held.
-    let answer!: (s: Sandbox) => void;
-    let refuse!: (e: unknown) => void;
-    const answered = new Promise<Sandbox>((res, rej) => {
-      answer = res;
-      refuse = rej;
+    // memory freed); the container's remains are removed after that, the lock still held.
+    return this.answerEarly(id, (answer) => this.hibernateLocked(id, tenant, reason, answer));
+  }
+
+  /**
+   * Runs `work` under the sandbox's lock and settles with the first value it passes to
+   * `answer`, while it goes on with what the caller need not wait for (the lock is held until
+   * it ends). A failure before the answer rejects; one after it is `work`'s to record.
+   */
+  private answerEarly(id: string, work: (answer: (s: Sandbox) => void) => Promise<void>): Promise<Sandbox> {
+    return new Promise<Sandbox>((answer, refuse) => {
+      this.locks.run(id, () => work(answer)).catch(refuse);
     });
-    this.locks
-      .run(id, async () => {
-        try {
-          await this.hibernateLocked(id, tenant, reason, answer);
-        } catch (e) {
-          // After an answer (a cleanup failed) the error goes to the sandbox's record only.
-          refuse(e);
-        }
-      })
-      .catch(refuse);
-    return answered;
   }
 
   private async hibernateLocked(
@@ -524,7 +518,6 @@ export class SandboxController {
     this.store.transition(id, before, 'hibernating', reason, this.clock.now());
     const t = this.timer();
     let committed = false;
-    let ok = false;
     let reported = false;
     const cudaDone: { pid: number; step: 'lock' | 'checkpoint' }[] = [];
     try {
@@ -594,15 +587,14 @@ export class SandboxController {
       if (ended.status === 'rejected') await this.afterUnendedHibernate(id, ckId, ended.reason);
       this.store.transition(id, 'hibernating', 'hibernated', reason, this.clock.now(), { memoryBytes: 0 });
       for (const r of rest) if (r.status === 'rejected') throw r.reason;
-      ok = true;
       // The timings are those the caller waited for; removing the container's remains is not.
       this.report(t.finish('hibernate', id, true));
       reported = true;
       answer(this.get(id));
       if (this.runtime.endProcesses) {
-        // runc's state and the cgroup; a failure here leaves a hibernated sandbox whose
-        // remains the next resume (or a restart's reconcile) removes anyway.
-        await this.endProcesses(id).catch((e: unknown) => {
+        // runc's state; a failure here leaves a hibernated sandbox whose remains the next
+        // resume (or a restart's reconcile) removes anyway.
+        await this.runtime.stop(id).catch((e: unknown) => {
           this.store.note(
             id,
             `removing the container after hibernate failed: ${asError(e).message}`,
@@ -611,7 +603,7 @@ export class SandboxController {
         });
       }
     } finally {
-      if (!reported) this.report(t.finish('hibernate', id, ok));
+      if (!reported) this.report(t.finish('hibernate', id, false));
     }
   }
 
@@ -1045,31 +1037,22 @@ export class SandboxController {
     // The caller gets the sandbox as soon as it runs. With lazy restore its pages are still
     // being copied in: the sandbox's lock is held until they are, so no other operation (a
     // hibernate, say) can touch it half-loaded.
-    let answer!: (s: Sandbox) => void;
-    let refuse!: (e: unknown) => void;
-    const answered = new Promise<Sandbox>((res, rej) => {
-      answer = res;
-      refuse = rej;
-    });
     // Steps are recorded only on a restore from a checkpoint (a thaw has none to show).
     const t = this.timer();
-    this.locks
-      .run(id, async () => {
-        let ok = false;
-        try {
-          const r = await this.resumeLocked(id, tenant, reason, opts, t);
-          if (t.steps().length > 0) t.mark('running');
-          answer(r.sandbox);
-          if (r.pagesLoaded) this.step('resume:pages-pending');
-          ok = r.pagesLoaded
-            ? await t.time('pages loaded', () => this.afterLazyRestore(r.sandbox, r.pagesLoaded!))
-            : true;
-        } finally {
-          if (t.steps().length > 0) this.report(t.finish('resume', this.store.getSandbox(id)?.id ?? id, ok));
-        }
-      })
-      .catch(refuse);
-    return answered;
+    return this.answerEarly(id, async (answer) => {
+      let ok = false;
+      try {
+        const r = await this.resumeLocked(id, tenant, reason, opts, t);
+        if (t.steps().length > 0) t.mark('running');
+        answer(r.sandbox);
+        if (r.pagesLoaded) this.step('resume:pages-pending');
+        ok = r.pagesLoaded
+          ? await t.time('pages loaded', () => this.afterLazyRestore(r.sandbox, r.pagesLoaded!))
+          : true;
+      } finally {
+        if (t.steps().length > 0) this.report(t.finish('resume', this.store.getSandbox(id)?.id ?? id, ok));
+      }
+    });
   }
 
   /**
