@@ -84,6 +84,17 @@ interface RuncState {
 /** Where the cgroup hierarchies are mounted (v1: one folder per controller; v2: the one tree). */
 const CGROUP_ROOT = '/sys/fs/cgroup';
 
+/** SIGKILL to each pid; one already gone is no error. */
+function sigkill(pids: readonly number[]): void {
+  for (const pid of pids) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch (e) {
+      if (errnoCode(e) !== 'ESRCH') throw e;
+    }
+  }
+}
+
 const DEFAULTS = {
   stateMs: 10_000,
   createMs: 30_000,
@@ -798,13 +809,7 @@ export class RuncRuntime implements Runtime {
       const at = argv.indexOf('--work-dir');
       if (argv.includes('lazy-pages') && at >= 0 && argv[at + 1] === dir) pids.push(Number(p));
     }
-    for (const pid of pids) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch (e) {
-        if (errnoCode(e) !== 'ESRCH') throw e;
-      }
-    }
+    sigkill(pids);
     // Gone (or a zombie for its parent to reap) before the caller goes on.
     const deadline = Date.now() + 5000;
     for (const pid of pids) {
@@ -844,13 +849,7 @@ export class RuncRuntime implements Runtime {
     for (let wait = 1; ; wait = Math.min(wait * 2, 20)) {
       const pids = await this.pids(id);
       if (pids.length === 0) break;
-      for (const pid of pids) {
-        try {
-          process.kill(pid, 'SIGKILL');
-        } catch (e) {
-          if (errnoCode(e) !== 'ESRCH') throw e;
-        }
-      }
+      sigkill(pids);
       await this.thawCgroup(id);
       if (Date.now() > deadline || opts.signal?.aborted)
         throw new DormantError(

@@ -188,9 +188,9 @@ export interface Runtime {
   stop(id: string, opts?: CallOptions): Promise<void>;
   /**
    * The part of `stop` a caller waits for: every process of the sandbox is killed and gone
-   * (its memory freed) and its root filesystem unmounted. The container's remains (runtime
-   * state, cgroup) stay for a later `stop`, which is then quick. Optional: without it,
-   * callers use `stop`.
+   * (its memory freed), its root filesystem unmounted and its emptied cgroups removed. The
+   * container's runtime state stays for a later `stop`, which is then quick. Optional: without
+   * it, callers use `stop`.
    */
   endProcesses?(id: string, opts?: CallOptions): Promise<void>;
   /**
