@@ -82,9 +82,10 @@ export interface VaultOptions {
    */
   sealWorkers?: number;
   /**
-   * Worker threads that open and decompress chunks during restore. Default: one per CPU, at
-   * most 4 (the calling thread only reads, dispatches and writes); 0 decodes on the calling
-   * thread, as does `sealWorkers: 0` when this is not set.
+   * Worker threads that open and decompress chunks during restore. Default: one per CPU but
+   * one, at least 1 and at most 4 (the calling thread reads, dispatches and writes, and on 2
+   * cores a second worker only competes with it); 0 decodes on the calling thread, as does
+   * `sealWorkers: 0` when this is not set.
    */
   restoreWorkers?: number;
   /** Pack size before rolling to a new pack. Default 32 MiB. */
@@ -595,7 +596,9 @@ export class Vault {
 
   private restorePool(): SealPool | undefined {
     const n =
-      this.opts.restoreWorkers ?? (this.opts.sealWorkers === 0 ? 0 : Math.min(4, availableParallelism()));
+      this.opts.restoreWorkers ??
+      // One core stays with the calling thread, which reads the packs and writes the files.
+      (this.opts.sealWorkers === 0 ? 0 : Math.max(1, Math.min(4, availableParallelism() - 1)));
     if (n <= 0) return undefined;
     this.decodePool ??= new SealPool(n);
     return this.decodePool;
