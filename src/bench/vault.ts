@@ -2,14 +2,16 @@
  * The vault against restic and borg, side by side on the same inputs in one run, each with
  * its own encryption on: one big checkpoint (real CRIU images of a python process holding
  * mixed memory), and a base sandbox plus ten forks (real CRIU images). Repositories live on
- * the machine's disk (where a vault lives); inputs and restores on /dev/shm, as CRIU's
- * staging folder would be.
+ * the machine's disk (where a vault lives); inputs on /dev/shm, and every tool's restores into
+ * one staging tmpfs made by `prepareStaging` (huge=within_size), the folder dormant's resume
+ * restores into.
  */
 import { mkdir, mkdtemp, readdir, rm, stat } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { run } from '../sys/exec.js';
+import { prepareStaging, releaseStaging } from '../runtime/staging.js';
 import { openVault } from '../vault/index.js';
 import { criuDump, killPid, startForkFamily, startMixedPython } from '../vault/testing/fixtures.js';
 import type { BenchRow, BenchSuite } from './harness.js';
@@ -132,9 +134,13 @@ export const vaultSuite: BenchSuite = {
     const forkMiB = quick ? 24 : 256;
     const shm = await mkdtemp('/dev/shm/dormant-bench-vault-');
     const disk = await mkdtemp(join(tmpdir(), 'dormant-bench-vault-'));
+    // Where every tool restores to: the huge-page tmpfs dormant's resume restores into (a plain
+    // /dev/shm folder where that mount is not possible). Prepared below, released in the finally.
+    const staging = `${shm}-staging`;
     const notes: string[] = [];
     const loadBefore = loadavg()[0]!;
     try {
+      const stagingKind = await prepareStaging(staging);
       // Inputs: real CRIU dumps.
       const bigPid = await startMixedPython(shm, bigMiB);
       const big = join(shm, 'big');
@@ -162,7 +168,7 @@ export const vaultSuite: BenchSuite = {
         await tool.init(repo);
         const ingestS = await timed(() => tool.put(repo, big, 'big'));
         const storedBytes = await tool.size(repo);
-        const out = join(shm, `${tool.name}-out`);
+        const out = join(staging, `${tool.name}-out`);
         const restoreS = await timed(() => tool.get(repo, 'big', big, out));
         await rm(out, { recursive: true, force: true });
         await rm(repo, { recursive: true, force: true });
@@ -271,9 +277,12 @@ export const vaultSuite: BenchSuite = {
       });
       notes.push(
         `inputs: real CRIU dumps (criu dump --shell-job into /dev/shm) of a python process holding ${label} of mixed memory (1/4 random, 1/4 JSON-like text, 1/4 zeros, 1/4 pages with 64 random bytes each): ${(bigBytes / MiB).toFixed(0)} MiB of images; and of a base process with ${forkMiB} MiB (half random, half text) plus ten forks that each change one byte per MiB and allocate 256 KiB of their own: ${(familyBytes / MiB).toFixed(0)} MiB of images in all`,
-        'repositories on the local disk, each tool with its own encryption: dormant (AES-256-GCM, zstd-1, master key file), restic 0.14 (RESTIC_PASSWORD, repository v2, compression auto), borg 1.2 (`borg init --encryption=repokey`, default lz4); restores into /dev/shm',
+        'repositories on the local disk, each tool with its own encryption: dormant (AES-256-GCM, zstd-1, master key file), restic 0.14 (RESTIC_PASSWORD, repository v2, compression auto), borg 1.2 (`borg init --encryption=repokey`, default lz4)',
+        stagingKind === 'tmpfs-huge'
+          ? "restores go into a tmpfs with huge=within_size (prepareStaging, as dormant's resume does), one output at a time, removed after; the images criu restores from are on /dev/shm"
+          : "restores go into a plain folder on /dev/shm: prepareStaging could not mount its huge=within_size tmpfs here and fell back to 'folder' (dormant's resume would too); the images criu restores from are on /dev/shm",
         'throughput is logical bytes (size of the image folder) per second of wall time; dormant runs in one Node process (the calling thread plus seal workers on ingest, decode workers on restore; a restore opens a fresh vault, so it includes loading the index), restic and borg as commands',
-        'every restore writes into fresh /dev/shm pages; the first touch of guest memory that the host has not backed yet costs ~14 us per 4 KiB page in this VM (PERF-NOTES), for every tool and for criu restore alike, so restore figures move a lot between runs with what memory the guest has touched before',
+        'every restore writes into fresh pages (tmpfs pages for the tools, process memory for criu restore); the first touch of guest memory that the host has not backed yet costs ~14 us per 4 KiB page in this VM (PERF-NOTES), for every tool and for criu restore alike, so restore figures move a lot between runs with what memory the guest has touched before',
         `restic and borg cut ~1-2 MiB chunks, so a fork that touches one byte per MiB of a shared heap changes nearly every chunk for them; dormant's 4-64 KiB content-defined chunks keep all but the touched ones`,
         `1-minute load average ${loadBefore.toFixed(1)} at the start and ${loadavg()[0]!.toFixed(1)} at the end${Math.max(loadBefore, loadavg()[0]!) > 2 ? ' (other work ran concurrently on this 2-core machine, so absolute figures are low; the ratios compare tools under the same load)' : ''}`,
       );
@@ -284,6 +293,7 @@ export const vaultSuite: BenchSuite = {
         notes,
       };
     } finally {
+      await releaseStaging(staging);
       await rm(shm, { recursive: true, force: true });
       await rm(disk, { recursive: true, force: true });
     }
