@@ -2,10 +2,15 @@
  * Byte layouts of the vault's objects (docs/VAULT.md has the overview):
  *
  * - pack   `DRMPK001 | packId(16)` then records `nonce(12) | AES-GCM(codec(1) | payload) | tag(16)`,
- *          each sealed with the tenant's data key and its chunk id as associated data.
- * - index  `DRMIX001 | packId(16) | sealed(entries)`, entries `id(16) offset(u32) stored(u32) raw(u32)`,
- *          sealed with the tenant's index key; associated data: magic, tenant, pack id. Ids are
- *          16 bytes (truncated HMAC-SHA256).
+ *          each sealed with the tenant's data key. A record holds one chunk or several chunks
+ *          back to back (compressed together); its associated data is the ids of its chunks,
+ *          in order (for one chunk: its id).
+ * - index  `DRMIX002 | packId(16) | sealed(zstd(entries))`, entries `id(16) offset(u32) stored(u32)
+ *          raw(u32) inner(u32)`: the chunk's record (pack offset and sealed length), the chunk's
+ *          length and where it starts in the record's plaintext. Entries of one record are
+ *          adjacent, in order. Sealed with the tenant's index key; associated data: magic,
+ *          tenant, pack id. Ids are 16 bytes (truncated HMAC-SHA256). `DRMIX001` (entries
+ *          without `inner`, not compressed, one chunk per record) is still read.
  * - manifest `DRMMF001 | u32 len | header JSON | sealed(body)`: the plaintext header (ids, time,
  *          size) is authenticated as associated data; the body (file list and chunk references)
  *          is sealed with the sandbox's key.
@@ -18,11 +23,20 @@ type Zstd = typeof import('zstd-napi');
 const zstd = createRequire(import.meta.url)('zstd-napi') as Zstd;
 
 export const PACK_MAGIC = Buffer.from('DRMPK001');
-export const INDEX_MAGIC = Buffer.from('DRMIX001');
+export const INDEX_MAGIC = Buffer.from('DRMIX002');
+/** The first index format: one chunk per record, entries without `inner`, not compressed. */
+export const INDEX_MAGIC_V1 = Buffer.from('DRMIX001');
 export const MANIFEST_MAGIC = Buffer.from('DRMMF001');
 export const PACK_ID_BYTES = 16;
 export const PACK_HEADER_BYTES = PACK_MAGIC.length + PACK_ID_BYTES;
-export const INDEX_ENTRY_BYTES = CHUNK_ID_BYTES + 12;
+export const INDEX_ENTRY_BYTES = CHUNK_ID_BYTES + 16;
+const INDEX_ENTRY_BYTES_V1 = CHUNK_ID_BYTES + 12;
+/**
+ * Most plaintext one record holds. Several chunks sealed together cost one nonce and tag and
+ * compress with more context; a restore that needs one of them decodes them all, so records
+ * stay small next to a restore batch.
+ */
+export const RECORD_MAX_RAW_BYTES = 256 * 1024;
 /** A manifest reference: kind(1) length(u32) id(16); holes carry a zero id. */
 export const REF_BYTES = 1 + 4 + CHUNK_ID_BYTES;
 export const REF_DATA = 0;
@@ -37,13 +51,55 @@ export function packHeader(packId: string): Buffer {
 
 export interface IndexEntry {
   id: Buffer;
+  /** The chunk's record: pack offset and sealed length. */
   offset: number;
   storedBytes: number;
   rawBytes: number;
+  /** Where the chunk starts in its record's plaintext. */
+  inner: number;
+  /** The same, with the record's other chunks grouped (see {@link locateEntries}). */
+  loc: ChunkLocation;
 }
 
-function indexAad(tenant: string, packId: string): Buffer {
-  return Buffer.concat([INDEX_MAGIC, Buffer.from(`${tenant}/${packId}`)]);
+/** A record that holds several chunks: its plaintext length and associated data. */
+export interface RecordGroup {
+  rawBytes: number;
+  /** The ids of its chunks, in order. */
+  aad: Buffer;
+  chunks: number;
+}
+
+/** Where a chunk lives. `pack` is the pack id. */
+export interface ChunkLocation {
+  pack: string;
+  /** The record that holds the chunk: its pack offset and sealed length. */
+  offset: number;
+  storedBytes: number;
+  /** The chunk's length. */
+  rawBytes: number;
+  /** Where the chunk starts in the record's plaintext. */
+  inner: number;
+  /** Set when the record holds several chunks; a one-chunk record is the chunk alone. */
+  group?: RecordGroup;
+}
+
+/** The plaintext length of the record that holds `loc`. */
+export function recordRawBytes(loc: ChunkLocation): number {
+  return loc.group?.rawBytes ?? loc.rawBytes;
+}
+
+/** The associated data of the record that holds `loc` (chunk `id`). */
+export function recordAad(loc: ChunkLocation, id: Uint8Array): Uint8Array {
+  return loc.group?.aad ?? id;
+}
+
+/** The stored bytes that are this chunk's share of its record (by length). */
+export function storedShare(loc: ChunkLocation): number {
+  return loc.group === undefined ? loc.storedBytes : (loc.storedBytes * loc.rawBytes) / loc.group.rawBytes;
+}
+
+function indexAad(magic: Buffer, tenant: string, packId: string): Buffer {
+  return Buffer.concat([magic, Buffer.from(`${tenant}/${packId}`)]);
 }
 
 export function encodeIndex(
@@ -52,23 +108,35 @@ export function encodeIndex(
   packId: string,
   entries: readonly Buffer[],
 ): Buffer {
+  // Compressed: entries of one record repeat its offset and length; ids do not shrink.
+  const plain = zstd.compress(Buffer.concat(entries), { compressionLevel: 3 });
   return Buffer.concat([
     INDEX_MAGIC,
     Buffer.from(packId, 'hex'),
-    seal(indexKey, indexAad(tenant, packId), Buffer.concat(entries)),
+    seal(indexKey, indexAad(INDEX_MAGIC, tenant, packId), plain),
   ]);
 }
 
-export function indexEntry(id: Uint8Array, offset: number, storedBytes: number, rawBytes: number): Buffer {
+export function indexEntry(
+  id: Uint8Array,
+  offset: number,
+  storedBytes: number,
+  rawBytes: number,
+  inner: number,
+): Buffer {
   const b = Buffer.allocUnsafe(INDEX_ENTRY_BYTES);
   b.set(id, 0);
   b.writeUInt32LE(offset, CHUNK_ID_BYTES);
   b.writeUInt32LE(storedBytes, CHUNK_ID_BYTES + 4);
   b.writeUInt32LE(rawBytes, CHUNK_ID_BYTES + 8);
+  b.writeUInt32LE(inner, CHUNK_ID_BYTES + 12);
   return b;
 }
 
-/** Decodes an index; undefined when it fails authentication or is malformed. */
+/**
+ * Decodes an index; undefined when it fails authentication or is malformed (entries of a
+ * record that do not tile its plaintext, or a record split by another's entries).
+ */
 export function decodeIndex(
   indexKey: Buffer,
   tenant: string,
@@ -76,18 +144,82 @@ export function decodeIndex(
   blob: Buffer,
 ): IndexEntry[] | undefined {
   const head = INDEX_MAGIC.length + PACK_ID_BYTES;
-  if (blob.length < head || !blob.subarray(0, INDEX_MAGIC.length).equals(INDEX_MAGIC)) return undefined;
+  if (blob.length < head) return undefined;
+  const magic = blob.subarray(0, INDEX_MAGIC.length);
+  const v1 = magic.equals(INDEX_MAGIC_V1);
+  if (!v1 && !magic.equals(INDEX_MAGIC)) return undefined;
   if (blob.subarray(INDEX_MAGIC.length, head).toString('hex') !== packId) return undefined;
-  const plain = open(indexKey, indexAad(tenant, packId), blob.subarray(head));
-  if (plain?.length === undefined || plain.length % INDEX_ENTRY_BYTES !== 0) return undefined;
-  const out: IndexEntry[] = [];
-  for (let at = 0; at < plain.length; at += INDEX_ENTRY_BYTES) {
+  const sealed = open(
+    indexKey,
+    indexAad(v1 ? INDEX_MAGIC_V1 : INDEX_MAGIC, tenant, packId),
+    blob.subarray(head),
+  );
+  if (sealed === undefined) return undefined;
+  let plain: Buffer;
+  try {
+    plain = v1 ? sealed : zstd.decompress(sealed);
+  } catch {
+    return undefined;
+  }
+  const size = v1 ? INDEX_ENTRY_BYTES_V1 : INDEX_ENTRY_BYTES;
+  if (plain.length % size !== 0) return undefined;
+  const out: Omit<IndexEntry, 'loc'>[] = [];
+  for (let at = 0; at < plain.length; at += size) {
     out.push({
       id: plain.subarray(at, at + CHUNK_ID_BYTES),
       offset: plain.readUInt32LE(at + CHUNK_ID_BYTES),
       storedBytes: plain.readUInt32LE(at + CHUNK_ID_BYTES + 4),
       rawBytes: plain.readUInt32LE(at + CHUNK_ID_BYTES + 8),
+      inner: v1 ? 0 : plain.readUInt32LE(at + CHUNK_ID_BYTES + 12),
     });
+  }
+  const locs = locateEntries(packId, out);
+  return locs === undefined ? undefined : out.map((x, i) => ({ ...x, loc: locs[i]! }));
+}
+
+/**
+ * The location of every entry of pack `pack`'s index (in the same order), with the records
+ * of several chunks grouped. Undefined when the entries of a record are not adjacent or do
+ * not tile its plaintext from 0.
+ */
+export function locateEntries(
+  pack: string,
+  entries: readonly Omit<IndexEntry, 'loc'>[],
+): ChunkLocation[] | undefined {
+  const out: ChunkLocation[] = [];
+  const seen = new Set<number>();
+  for (let i = 0; i < entries.length;) {
+    const first = entries[i]!;
+    let j = i;
+    let raw = 0;
+    while (j < entries.length && entries[j]!.offset === first.offset) {
+      const x = entries[j]!;
+      if (x.storedBytes !== first.storedBytes || x.inner !== raw) return undefined;
+      raw += x.rawBytes;
+      j++;
+    }
+    if (seen.has(first.offset) || (j - i > 1 && raw > RECORD_MAX_RAW_BYTES)) return undefined;
+    seen.add(first.offset);
+    const group: RecordGroup | undefined =
+      j - i === 1
+        ? undefined
+        : {
+            rawBytes: raw,
+            aad: Buffer.concat(entries.slice(i, j).map((x) => x.id)),
+            chunks: j - i,
+          };
+    for (let k = i; k < j; k++) {
+      const x = entries[k]!;
+      out.push({
+        pack,
+        offset: x.offset,
+        storedBytes: x.storedBytes,
+        rawBytes: x.rawBytes,
+        inner: x.inner,
+        ...(group ? { group } : {}),
+      });
+    }
+    i = j;
   }
   return out;
 }

@@ -9,10 +9,8 @@ import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { PAGE_BYTES, splitPieces, type Chunker } from './chunker.js';
-import { SEAL_OVERHEAD, chunkId, sealParts, type TenantKeys } from './crypto.js';
+import { CHUNK_ID_BYTES, chunkId, type TenantKeys } from './crypto.js';
 import {
-  CODEC_RAW,
-  CODEC_ZSTD,
   PACK_HEADER_BYTES,
   REF_BYTES,
   REF_DATA,
@@ -20,19 +18,23 @@ import {
   encodeIndex,
   indexEntry,
   packHeader,
+  type ChunkLocation,
   type ManifestEntry,
+  type RecordGroup,
 } from './format.js';
 import { RECORD_OVERHEAD_BYTES, type SealItem, type SealPool } from './seal-pool.js';
+import { sealChunks } from './seal-worker.js';
 import type { StoreWriter, VaultStore } from './store.js';
 
 type ZstdBinding = typeof import('zstd-napi/binding.js');
 const zstd = createRequire(import.meta.url)('zstd-napi/binding.js') as ZstdBinding;
 
-/** Where a chunk lives. `pack` is the pack id. */
-export interface ChunkLocation {
-  pack: string;
-  offset: number;
-  storedBytes: number;
+export type { ChunkLocation } from './format.js';
+
+/** One chunk of a record being added to a pack, in the record's order. */
+export interface RecordChunk {
+  key: string;
+  id: Buffer;
   rawBytes: number;
 }
 
@@ -112,9 +114,26 @@ export class PackWriter {
     return p;
   }
 
-  private placed(p: OpenPack, key: string, id: Buffer, recordBytes: number, rawBytes: number): void {
-    p.entries.push(indexEntry(id, p.offset, recordBytes, rawBytes));
-    this.pending.set(key, { pack: p.id, offset: p.offset, storedBytes: recordBytes, rawBytes });
+  private placed(p: OpenPack, chunks: readonly RecordChunk[], recordBytes: number): void {
+    let inner = 0;
+    let group: RecordGroup | undefined;
+    if (chunks.length > 1) {
+      let raw = 0;
+      for (const c of chunks) raw += c.rawBytes;
+      group = { rawBytes: raw, aad: Buffer.concat(chunks.map((c) => c.id)), chunks: chunks.length };
+    }
+    for (const c of chunks) {
+      p.entries.push(indexEntry(c.id, p.offset, recordBytes, c.rawBytes, inner));
+      this.pending.set(c.key, {
+        pack: p.id,
+        offset: p.offset,
+        storedBytes: recordBytes,
+        rawBytes: c.rawBytes,
+        inner,
+        ...(group ? { group } : {}),
+      });
+      inner += c.rawBytes;
+    }
     p.offset += recordBytes;
     this.storedBytes += recordBytes;
     if (p.offset >= this.targetBytes) {
@@ -123,23 +142,24 @@ export class PackWriter {
     }
   }
 
-  /** Adds one sealed record to the current pack, starting one if needed. */
-  add(key: string, id: Buffer, record: readonly Uint8Array[], recordBytes: number, rawBytes: number): void {
+  /** Adds one sealed record (holding `chunks`, in order) to the current pack, starting one if needed. */
+  add(chunks: readonly RecordChunk[], record: readonly Uint8Array[], recordBytes: number): void {
     const p = this.currentPack();
     for (const part of record) p.queue.push(part);
     p.queuedBytes += recordBytes;
-    this.placed(p, key, id, recordBytes, rawBytes);
+    this.placed(p, chunks, recordBytes);
   }
 
   /**
-   * Adds records that lie back to back in `buf` (`lengths[i]` bytes each, for `items[i]`),
-   * writing them straight from `buf`. `release` runs once every byte of `buf` is written (or
-   * the writer has failed), after which the caller may reuse it.
+   * Adds records that lie back to back in `buf` (`lengths[r]` bytes each, holding the next
+   * `counts[r]` of `items`), writing them straight from `buf`. `release` runs once every byte
+   * of `buf` is written (or the writer has failed), after which the caller may reuse it.
    */
   addRecords(
     buf: Buffer,
     items: readonly { key: string; id: Buffer; start: number; end: number }[],
     lengths: Int32Array,
+    counts: Int32Array,
     release: () => void,
   ): void {
     let at = 0;
@@ -149,16 +169,20 @@ export class PackWriter {
       if (--left === 0) release();
     };
     const parts: [OpenPack, number, number][] = [];
-    for (let i = 0; i < items.length;) {
+    let item = 0;
+    for (let r = 0; r < lengths.length;) {
       const p = this.currentPack();
       const from = at;
       // Records go to this pack until it is full; the rest start the next one.
-      while (i < items.length && !p.full) {
-        const it = items[i]!;
-        const n = lengths[i]!;
-        this.placed(p, it.key, it.id, n, it.end - it.start);
-        at += n;
-        i++;
+      while (r < lengths.length && !p.full) {
+        const chunks: RecordChunk[] = [];
+        for (let k = 0; k < counts[r]!; k++, item++) {
+          const it = items[item]!;
+          chunks.push({ key: it.key, id: it.id, rawBytes: it.end - it.start });
+        }
+        this.placed(p, chunks, lengths[r]!);
+        at += lengths[r]!;
+        r++;
       }
       parts.push([p, from, at]);
       pieces++;
@@ -367,24 +391,28 @@ export interface IngestContext {
   onProgress?: (c: Readonly<IngestCounters>) => void;
 }
 
-/** Compresses and seals one chunk; returns the record's parts and length. */
+/** Seals a job's chunks on the calling thread (no workers): the same records workers make. */
 class Sealer {
   private readonly cctx = new zstd.CCtx();
-  private scratch = Buffer.alloc(zstd.compressBound(64 * 1024));
-  private readonly codecRaw = Buffer.from([CODEC_RAW]);
-  private readonly codecZstd = Buffer.from([CODEC_ZSTD]);
+  private out = Buffer.alloc(0);
 
   constructor(private readonly dataKey: Buffer) {}
 
-  seal(id: Buffer, data: Uint8Array): { parts: Buffer[]; bytes: number } {
-    const bound = zstd.compressBound(data.length);
-    if (this.scratch.length < bound) this.scratch = Buffer.alloc(bound);
-    const n = this.cctx.compress(this.scratch, data, 1);
-    // Keep compression only where it pays for the decompression on restore.
-    const useZstd = n < data.length - (data.length >> 5);
-    const payload = useZstd ? this.scratch.subarray(0, n) : data;
-    const parts = sealParts(this.dataKey, id, [useZstd ? this.codecZstd : this.codecRaw, payload]);
-    return { parts, bytes: SEAL_OVERHEAD + 1 + payload.length };
+  /** Seals `items` (chunks in `buf`) into a new buffer of records; see `sealChunks`. */
+  seal(buf: Buffer, items: readonly SealItem[]): { output: Buffer; lengths: Int32Array; counts: Int32Array } {
+    const meta = new Int32Array(items.length * 2);
+    const ids = new Uint8Array(items.length * CHUNK_ID_BYTES);
+    let bytes = 0;
+    for (const [i, it] of items.entries()) {
+      meta[i * 2] = it.start;
+      meta[i * 2 + 1] = it.end - it.start;
+      ids.set(it.id, i * CHUNK_ID_BYTES);
+      bytes += it.end - it.start + RECORD_OVERHEAD_BYTES;
+    }
+    // A buffer of its own each time: the pack writer writes from it later.
+    this.out = Buffer.allocUnsafe(bytes);
+    const r = sealChunks(this.cctx, this.dataKey, buf, meta, ids, this.out);
+    return { output: this.out, ...r };
   }
 }
 
@@ -447,7 +475,7 @@ export async function ingestFolder(
         (r) => {
           p.give(r.input);
           for (const n of r.lengths) counters.storedBytes += n;
-          ctx.packs.addRecords(r.output, items, r.lengths, () => p.give(r.output));
+          ctx.packs.addRecords(r.output, items, r.lengths, r.counts, () => p.give(r.output));
         },
         (e: unknown) => {
           jobError ??= e instanceof Error ? e : new Error(String(e));
@@ -491,13 +519,13 @@ export async function ingestFolder(
       seenHere.add(key);
       counters.newChunks++;
       counters.newBytes += end - start;
-      if (sealer) {
-        const { parts, bytes } = sealer.seal(id, chunk);
-        counters.storedBytes += bytes;
-        ctx.packs.add(key, id, parts, bytes, end - start);
-      } else {
-        items.push({ key, id, start, end });
-      }
+      items.push({ key, id, start, end });
+    }
+    if (sealer && items.length > 0) {
+      const r = sealer.seal(buf, items);
+      for (const n of r.lengths) counters.storedBytes += n;
+      ctx.packs.addRecords(r.output, items, r.lengths, r.counts, () => undefined);
+      return [];
     }
     return items;
   };

@@ -14,10 +14,12 @@ import {
   REF_BYTES,
   REF_HOLE,
   packHeader,
+  recordAad,
+  recordRawBytes,
+  type ChunkLocation,
   type ManifestBody,
   type ManifestEntry,
 } from './format.js';
-import type { ChunkLocation } from './ingest.js';
 import type { SealPool } from './seal-pool.js';
 import { decodeRecord, decodeRecords } from './seal-worker.js';
 import type { StoreReader, VaultStore } from './store.js';
@@ -160,13 +162,25 @@ export class PackReaders {
   }
 }
 
-/** Decrypts and decompresses one chunk record into `out`; throws VAULT_CORRUPT naming the chunk. */
+/**
+ * Decrypts and decompresses the record that holds a chunk into `out` (room for the whole
+ * record: `recordRawBytes(loc)`; the chunk is at `at + loc.inner`); throws VAULT_CORRUPT
+ * naming the chunk.
+ */
 export class ChunkDecoder {
   private readonly dctx = new zstd.DCtx();
   constructor(private readonly keys: TenantKeys) {}
 
   decode(id: Buffer, loc: ChunkLocation, record: Buffer, out: Buffer, at: number, what: string): void {
-    const why = decodeRecord(this.keys.dataKey, this.dctx, id, record, out, at, loc.rawBytes);
+    const why = decodeRecord(
+      this.keys.dataKey,
+      this.dctx,
+      recordAad(loc, id),
+      record,
+      out,
+      at,
+      recordRawBytes(loc),
+    );
     if (why === undefined) return;
     throw new DormantError(
       ErrorCode.VAULT_CORRUPT,
@@ -229,13 +243,15 @@ interface Batch {
   inLen: number;
   outCap: number;
   outLen: number;
-  /** Per record: input offset, stored length, raw length, output offset. */
+  /** Per record: input offset, stored length, raw length, output offset, aad offset, aad length. */
   recs: number[];
-  /** Per record: its chunk id's offset in the manifest's refs, and its location (for messages). */
-  idAt: number[];
+  /** Per record: its associated data (the ids of its chunks). */
+  aads: Uint8Array[];
+  aadLen: number;
+  /** Per record: the chunk it was read for, and its location (for messages). */
   locs: ChunkLocation[];
   keys: string[];
-  /** Chunks decoded earlier in this batch: output offset by chunk id. */
+  /** Records decoded in this batch: output offset by `pack/offset`. */
   seen: Map<string, number>;
   copies: number[];
   /** Runs of output that go to one place in one file: file position, output offset, length. */
@@ -374,17 +390,19 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
 
   const runBatch = async (b: Batch): Promise<void> => {
     await Promise.all(b.reads);
-    const n = b.idAt.length;
-    const ids = new Uint8Array(n * CHUNK_ID_BYTES);
-    for (let i = 0; i < n; i++)
-      ids.set(body.refs.subarray(b.idAt[i], b.idAt[i]! + CHUNK_ID_BYTES), i * CHUNK_ID_BYTES);
+    const aad = new Uint8Array(b.aadLen);
+    let aadAt = 0;
+    for (const a of b.aads) {
+      aad.set(a, aadAt);
+      aadAt += a.length;
+    }
     const recs = Int32Array.from(b.recs);
     const copies = Int32Array.from(b.copies);
     let out = takeOutput(b.outLen);
     let bad: { rec: number; why: string } | undefined;
     if (pool) {
       // The key is copied into the message (the worker wipes its copy after the batch).
-      const r = await pool.decode(b.input, out, { key: ctx.keys.dataKey, recs, ids, copies });
+      const r = await pool.decode(b.input, out, { key: ctx.keys.dataKey, recs, aad, copies });
       out = r.output;
       giveInput(r.input);
       if (r.done.error !== undefined) {
@@ -394,7 +412,7 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
       if (r.done.badRecord !== undefined) bad = { rec: r.done.badRecord, why: r.done.why ?? 'is damaged' };
     } else {
       localDctx ??= new zstd.DCtx();
-      bad = decodeRecords(localKey!, localDctx, b.input, recs, ids, copies, out);
+      bad = decodeRecords(localKey!, localDctx, b.input, recs, aad, copies, out);
       giveInput(b.input);
     }
     try {
@@ -426,7 +444,8 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
     outCap: Math.max(BATCH_OUT_BYTES, outBytes),
     outLen: 0,
     recs: [],
-    idAt: [],
+    aads: [],
+    aadLen: 0,
     locs: [],
     keys: [],
     seen: new Map(),
@@ -543,20 +562,40 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
         }
         if (loc.offset + loc.storedBytes > r.sizeBytes)
           throw corrupt(`pack ${loc.pack} is truncated`, `pack ${loc.pack}`);
+        const recRaw = recordRawBytes(loc);
+        const recKey = `${loc.pack}/${loc.offset}`;
         let b = batch;
-        const again = b?.seen.get(key);
+        // Where the chunk's bytes already are in this batch's output, if its record is decoded.
+        const recAt = b?.seen.get(recKey);
+        const src = recAt === undefined ? -1 : recAt + loc.inner;
+        const w0 = b?.writes;
+        const l0 = w0 === undefined ? -1 : w0.length - 3;
+        // Right after the last write, in the file and in the output: nothing to decode or copy.
+        const inPlace =
+          src >= 0 &&
+          l0 >= 0 &&
+          b!.writeFiles[l0 / 3] === f &&
+          w0![l0]! + w0![l0 + 2]! === fileAt &&
+          w0![l0 + 1]! + w0![l0 + 2]! === src;
         const fits =
           b !== undefined &&
-          b.outLen + len <= b.outCap &&
-          (again !== undefined || b.inLen + loc.storedBytes <= b.input.length);
+          (inPlace ||
+            (src >= 0
+              ? b.outLen + len <= b.outCap
+              : b.outLen + recRaw <= b.outCap && b.inLen + loc.storedBytes <= b.input.length));
         if (!fits) {
           await dispatch();
-          b = batch = newBatch(loc.storedBytes, len);
+          b = batch = newBatch(loc.storedBytes, recRaw);
         }
         b = b!;
-        const outAt = b.outLen;
-        if (again !== undefined && fits) {
-          b.copies.push(again, outAt, len);
+        let outAt: number;
+        if (inPlace && fits) {
+          outAt = src;
+        } else if (src >= 0 && fits) {
+          // Decoded earlier in the batch: copied after the decode, so that writes stay long.
+          outAt = b.outLen;
+          b.copies.push(src, outAt, len);
+          b.outLen += len;
         } else {
           const run = b.run;
           if (run !== undefined && run.pack === loc.pack && run.end === loc.offset) {
@@ -565,14 +604,17 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
             endRun(b);
             b.run = { pack: loc.pack, r, start: loc.offset, end: loc.offset + loc.storedBytes, at: b.inLen };
           }
-          b.recs.push(b.inLen, loc.storedBytes, len, outAt);
-          b.idAt.push(at + 5);
+          const aad = recordAad(loc, body.refs.subarray(at + 5, at + 5 + CHUNK_ID_BYTES));
+          b.recs.push(b.inLen, loc.storedBytes, recRaw, b.outLen, b.aadLen, aad.length);
+          b.aads.push(aad);
+          b.aadLen += aad.length;
           b.locs.push(loc);
           b.keys.push(key);
-          b.seen.set(key, outAt);
+          b.seen.set(recKey, b.outLen);
           b.inLen += loc.storedBytes;
+          outAt = b.outLen + loc.inner;
+          b.outLen += recRaw;
         }
-        b.outLen += len;
         b.bytes += len;
         // Extend the last write when this chunk continues it in the file and in the output.
         const w = b.writes;

@@ -120,7 +120,7 @@ describe('byte-exact round trips', () => {
   test('a checkpoint spread over more packs than a restore keeps open restores byte-exact', async () => {
     const src = join(root, 'many-packs');
     await mkdir(src);
-    await writeFile(join(src, 'pages-1.img'), randomBytes(6 * MiB));
+    await writeFile(join(src, 'pages-1.img'), randomBytes(20 * MiB));
     const dir = join(root, 'data', 'small-packs');
     const small = await openVault({ dir, masterKey: { key }, packTargetBytes: 64 * 1024 });
     try {

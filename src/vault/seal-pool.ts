@@ -18,7 +18,7 @@ import { Worker } from 'node:worker_threads';
 import { CHUNK_ID_BYTES, SEAL_OVERHEAD } from './crypto.js';
 import type { DecodeDone, DecodeJob, SealDone, SealJob } from './seal-worker.js';
 
-/** Room a job needs in its output beyond the chunk bytes: one record's overhead per chunk. */
+/** Room a job needs in its output beyond the chunk bytes: one record's overhead per chunk (at most). */
 export const RECORD_OVERHEAD_BYTES = 1 + SEAL_OVERHEAD;
 /** Free buffers kept per size for reuse; more than this are left to the garbage collector. */
 const KEEP_FREE = 16;
@@ -31,12 +31,10 @@ export interface SealItem {
   end: number;
 }
 
-/** What a finished job hands back: records back to back in `output`, in the items' order. */
-export type OnSealed = (items: readonly SealItem[], output: Buffer, lengths: Int32Array) => void;
-
-/** A finished job: record lengths, and the job's two buffers, handed back. */
+/** A finished job: record lengths and chunk counts, and the job's two buffers, handed back. */
 export interface SealResult {
   lengths: Int32Array;
+  counts: Int32Array;
   input: Buffer;
   output: Buffer;
 }
@@ -83,7 +81,7 @@ export class SealPool {
       for (const [job, r] of [...this.running]) {
         if (r.worker !== w) continue;
         this.running.delete(job);
-        r.onDone({ job, lengths: new Int32Array(0), error: e.message });
+        r.onDone({ job, lengths: new Int32Array(0), counts: new Int32Array(0), error: e.message });
       }
     });
     this.workers.push(worker);
@@ -162,6 +160,7 @@ export class SealPool {
         else
           resolve({
             lengths: done.lengths,
+            counts: done.counts,
             input: Buffer.from(done.input),
             output: Buffer.from(done.output),
           });

@@ -16,9 +16,12 @@ import {
 } from './crypto.js';
 import {
   PACK_HEADER_BYTES,
+  RECORD_MAX_RAW_BYTES,
   REF_BYTES,
   REF_HOLE,
   decodeIndex,
+  recordRawBytes,
+  storedShare,
   decodeManifestBody,
   decodeManifestHeader,
   encodeManifest,
@@ -41,6 +44,7 @@ import {
 } from './keys.js';
 import { LocalLock, type Release } from './lock.js';
 import { SealPool } from './seal-pool.js';
+import { sealOne } from './seal-worker.js';
 import { ChunkDecoder, PackReaders, restoreInto } from './restore.js';
 import { LocalDirStore, TMP_MARK, type StoreEntry, type VaultStore } from './store.js';
 
@@ -365,8 +369,7 @@ export class Vault {
       }
       for (const x of entries) {
         const k = x.id.toString('hex');
-        if (!t.index.has(k))
-          t.index.set(k, { pack, offset: x.offset, storedBytes: x.storedBytes, rawBytes: x.rawBytes });
+        if (!t.index.has(k)) t.index.set(k, x.loc);
       }
       t.loaded.add(pack);
     }
@@ -848,7 +851,7 @@ export class Vault {
     }
     const good = new Set<string>();
     const decoder = new ChunkDecoder(t.keys);
-    const scratch = Buffer.allocUnsafe(64 * 1024);
+    const scratch = Buffer.allocUnsafe(RECORD_MAX_RAW_BYTES);
     for (const [pack, idxEntry] of indexes) {
       if (!packs.has(pack)) {
         const affected = new Set<string>();
@@ -877,11 +880,12 @@ export class Vault {
           problem(`pack ${pack}`, `pack ${pack} has a damaged header`, [...affected].sort());
           continue;
         }
+        // Records (entries of one record share its offset) must tile the pack.
         let expect = PACK_HEADER_BYTES;
         const sorted = [...entries].sort((a, b) => a.offset - b.offset);
         for (const x of sorted) {
-          if (x.offset !== expect) break;
-          expect += x.storedBytes;
+          if (x.offset === expect) expect += x.storedBytes;
+          else if (x.offset + x.storedBytes !== expect) break;
         }
         if (expect !== packEntry.sizeBytes) {
           problem(
@@ -889,31 +893,38 @@ export class Vault {
             `pack ${pack} is ${packEntry.sizeBytes} bytes but its index covers ${expect}`,
           );
         }
-        for (const x of entries) {
-          const k = x.id.toString('hex');
-          const loc = { pack, offset: x.offset, storedBytes: x.storedBytes, rawBytes: x.rawBytes };
+        // One record at a time: its entries are adjacent in the index.
+        for (let i = 0; i < entries.length;) {
+          let j = i + 1;
+          while (j < entries.length && entries[j]!.offset === entries[i]!.offset) j++;
+          const group = entries.slice(i, j);
+          i = j;
+          const loc = group[0]!.loc;
+          const us = [...new Set(group.flatMap((x) => users.get(x.id.toString('hex')) ?? []))].sort();
           try {
             const rec = await readers.record(loc);
-            const out = x.rawBytes <= scratch.length ? scratch : Buffer.allocUnsafe(x.rawBytes);
-            const us = users.get(k) ?? [];
+            const raw = recordRawBytes(loc);
+            const out = raw <= scratch.length ? scratch : Buffer.allocUnsafe(raw);
             const what =
               us.length === 0 ? 'unreferenced' : `checkpoint${us.length > 1 ? 's' : ''} ${us.join(', ')}`;
-            decoder.decode(x.id, loc, rec, out, 0, what);
-            if (!chunkId(t.keys.idKeyObject, out.subarray(0, x.rawBytes)).equals(x.id)) {
-              throw new DormantError(
-                ErrorCode.VAULT_CORRUPT,
-                `chunk ${k.slice(0, 16)} in pack ${pack} does not match its id`,
-              );
+            decoder.decode(group[0]!.id, loc, rec, out, 0, what);
+            for (const x of group) {
+              const k = x.id.toString('hex');
+              if (!chunkId(t.keys.idKeyObject, out.subarray(x.inner, x.inner + x.rawBytes)).equals(x.id)) {
+                problem(
+                  `pack ${pack}`,
+                  `chunk ${k.slice(0, 16)} in pack ${pack} does not match its id`,
+                  [...(users.get(k) ?? [])].sort(),
+                );
+                continue;
+              }
+              good.add(k);
+              report.chunksChecked++;
+              report.bytesChecked += x.rawBytes;
             }
-            good.add(k);
-            report.chunksChecked++;
-            report.bytesChecked += x.rawBytes;
+            if (out !== scratch) out.fill(0);
           } catch (e) {
-            problem(
-              `pack ${pack}`,
-              e instanceof Error ? e.message : String(e),
-              [...(users.get(k) ?? [])].sort(),
-            );
+            problem(`pack ${pack}`, e instanceof Error ? e.message : String(e), us);
           }
         }
       } finally {
@@ -1078,36 +1089,67 @@ export class Vault {
           report.indexesDeleted++;
           continue;
         }
+        // Records: the entries of one record are adjacent and share its offset.
+        const records: NonNullable<typeof entries>[] = [];
+        for (const x of entries ?? []) {
+          const last = records[records.length - 1];
+          if (last !== undefined && last[0]!.offset === x.offset) last.push(x);
+          else records.push([x]);
+        }
         let liveBytes = 0;
         let deadBytes = 0;
-        const keep: typeof entries = [];
-        for (const x of entries ?? []) {
-          const k = x.id.toString('hex');
-          if (live.has(k) && !claimed.has(k)) {
-            claimed.add(k);
-            keep.push(x);
-            liveBytes += x.storedBytes;
-          } else {
-            deadBytes += x.storedBytes;
+        const keep: { record: NonNullable<typeof entries>; live: boolean[] }[] = [];
+        for (const record of records) {
+          const liveAt = record.map((x) => {
+            const k = x.id.toString('hex');
+            const l = live.has(k) && !claimed.has(k);
+            if (l) claimed.add(k);
+            return l;
+          });
+          for (const [i, x] of record.entries()) {
+            if (liveAt[i]) liveBytes += storedShare(x.loc);
+            else deadBytes += storedShare(x.loc);
           }
+          if (liveAt.some(Boolean)) keep.push({ record, live: liveAt });
         }
         if (liveBytes === 0) {
           repackedAway.push(pack);
           continue;
         }
         if (deadBytes === 0 || deadBytes / (liveBytes + deadBytes) < (o.minDeadFraction ?? 0)) continue;
-        // Copy the live records as they are: sealed with the tenant key and bound to their id,
-        // they need no decryption to move.
+        // A record whose chunks are all live moves as it is: sealed with the tenant key and
+        // bound to its chunk ids, it needs no decryption. One with dead chunks is opened and its
+        // live chunks sealed again, each on its own, so that deleted data leaves the disk.
         const readers = new PackReaders(this.store, tenant, `gc of pack ${pack}`);
+        const decoder = new ChunkDecoder(t.keys);
         try {
-          for (const x of keep) {
-            const rec = await readers.record({
-              pack,
-              offset: x.offset,
-              storedBytes: x.storedBytes,
-              rawBytes: x.rawBytes,
-            });
-            writer.add(x.id.toString('hex'), x.id, [Buffer.from(rec)], x.storedBytes, x.rawBytes);
+          for (const { record, live } of keep) {
+            const loc = record[0]!.loc;
+            const rec = await readers.record(loc);
+            if (live.every(Boolean)) {
+              const chunks = record.map((x) => ({
+                key: x.id.toString('hex'),
+                id: x.id,
+                rawBytes: x.rawBytes,
+              }));
+              writer.add(chunks, [Buffer.from(rec)], loc.storedBytes);
+            } else {
+              const plain = Buffer.allocUnsafe(recordRawBytes(loc));
+              try {
+                decoder.decode(record[0]!.id, loc, rec, plain, 0, `gc of pack ${pack}`);
+                for (const [i, x] of record.entries()) {
+                  if (!live[i]) continue;
+                  const one = sealOne(t.keys.dataKey, x.id, plain.subarray(x.inner, x.inner + x.rawBytes));
+                  writer.add(
+                    [{ key: x.id.toString('hex'), id: x.id, rawBytes: x.rawBytes }],
+                    [one],
+                    one.length,
+                  );
+                }
+              } finally {
+                plain.fill(0);
+              }
+            }
             await writer.pump();
           }
         } finally {
@@ -1170,7 +1212,10 @@ export class Vault {
         }
         for (const c of cks) {
           let bytes = c.own;
-          for (const k of c.chunks) bytes += (t.index.get(k)?.storedBytes ?? 0) / (refcount.get(k) ?? 1);
+          for (const k of c.chunks) {
+            const loc = t.index.get(k);
+            bytes += (loc === undefined ? 0 : storedShare(loc)) / (refcount.get(k) ?? 1);
+          }
           out.push({
             tenant,
             sandboxId: c.sandboxId,
@@ -1220,9 +1265,12 @@ export class Vault {
           if (seen.has(k)) continue;
           seen.add(k);
           s.uniqueBytes += len;
-          s.chunkStoredBytes += t.index.get(k)?.storedBytes ?? 0;
+          const loc = t.index.get(k);
+          s.chunkStoredBytes += loc === undefined ? 0 : storedShare(loc);
         }
       }
+      // Shares of records holding several chunks are fractions; the total is whole bytes.
+      s.chunkStoredBytes = Math.round(s.chunkStoredBytes);
       s.dedupRatio = ratio(s.logicalBytes - s.holeBytes, s.uniqueBytes);
       s.compressionRatio = ratio(s.uniqueBytes, s.chunkStoredBytes);
       s.overallRatio = ratio(s.logicalBytes, s.storedBytes);
