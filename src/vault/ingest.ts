@@ -394,7 +394,6 @@ export interface IngestContext {
 /** Seals a job's chunks on the calling thread (no workers): the same records workers make. */
 class Sealer {
   private readonly cctx = new zstd.CCtx();
-  private out = Buffer.alloc(0);
 
   constructor(private readonly dataKey: Buffer) {}
 
@@ -410,9 +409,8 @@ class Sealer {
       bytes += it.end - it.start + RECORD_OVERHEAD_BYTES;
     }
     // A buffer of its own each time: the pack writer writes from it later.
-    this.out = Buffer.allocUnsafe(bytes);
-    const r = sealChunks(this.cctx, this.dataKey, buf, meta, ids, this.out);
-    return { output: this.out, ...r };
+    const output = Buffer.allocUnsafe(bytes);
+    return { output, ...sealChunks(this.cctx, this.dataKey, buf, meta, ids, output) };
   }
 }
 
