@@ -118,7 +118,10 @@ describe(`repeated cycles (DORMANT_TEST_CYCLES=${CYCLES}; set it to 50 for the f
       );
     }
     t.diagnostic(`hibernate: ${stats(hib)}; resume: ${stats(res)}; ${CYCLES} cycles`);
-    assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'staging is empty');
+    // The last resume's pages may still be streaming in: its staging goes once they are.
+    await eventually('staging is empty', async () => {
+      assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'staging is empty');
+    });
     const v = await daemon.vault.verify();
     assert.equal(v.ok, true, JSON.stringify(v.problems));
     assert.equal(v.checkpoints, Math.min(CYCLES, 2));

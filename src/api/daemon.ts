@@ -49,6 +49,11 @@ export interface DaemonOptions {
    */
   lazyRestore?: boolean;
   /**
+   * With lazy restore, serve the pages straight from the vault (default true); false: the
+   * pages images go to staging and CRIU's lazy-pages daemon reads them there.
+   */
+  servePagesFromVault?: boolean;
+  /**
    * Whether lazy restore works on this node: undefined when it does, else why not. Default:
    * userfaultfd in the kernel and `criu check --feature uffd-noncoop` (what `dormant doctor` reports).
    */
@@ -150,6 +155,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
     lazyRestore: opts.lazyRestore !== false,
+    ...(opts.servePagesFromVault === false ? { servePagesFromVault: false } : {}),
     lazyRestoreProbe: opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env)),
     warn,
     ...(opts.gpu ? { gpu: opts.gpu } : {}),

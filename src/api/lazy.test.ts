@@ -8,8 +8,8 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync, readdirSync } from 'node:fs';
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { readFileSync, readdirSync, statSync } from 'node:fs';
+import { mkdtemp, open, readdir, rm, stat } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
 import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
@@ -85,6 +85,27 @@ const others: Daemon[] = [];
 /** Set by a test: the sandbox whose lazy-pages daemon is killed once its restore returned. */
 let killLazyPagesOf: string | undefined;
 const killed: number[] = [];
+/** Set by a test: the sandbox whose staged pages images are looked at once its restore returned. */
+let inspectStagingOf: { id: string; dataDir: string; size: number; allocated: number } | undefined;
+
+/** Sizes and allocated bytes of the pages images in sandbox `id`'s restore staging. */
+function stagedPages(dataDir: string, id: string): { size: number; allocated: number } {
+  const images = join(stagingDirFor(dataDir), `${id}-restore`, 'images');
+  let size = 0;
+  let allocated = 0;
+  for (const f of readdirSync(images)) {
+    if (!/^pages-\d+\.img$/.test(f)) continue;
+    const st = statSync(join(images, f));
+    size += st.size;
+    allocated += st.blocks * 512;
+  }
+  return { size, allocated };
+}
+
+function inspectAtRestored(step: string): void {
+  if (step !== 'resume:restored' || inspectStagingOf === undefined) return;
+  Object.assign(inspectStagingOf, stagedPages(inspectStagingOf.dataDir, inspectStagingOf.id));
+}
 
 before(async () => {
   dir = await mkdtemp('/tmp/dormant-lazy-');
@@ -98,6 +119,7 @@ before(async () => {
     warn: () => undefined,
     // The processes run again and their pages are on the way (restore has returned).
     failAt: (step) => {
+      inspectAtRestored(step);
       if (step !== 'resume:restored' || killLazyPagesOf === undefined) return;
       for (const pid of lazyPagesOf(killLazyPagesOf)) {
         process.kill(pid, 'SIGKILL');
@@ -143,6 +165,109 @@ test('lazy resume: memory intact, a hibernate right after waits for the pages, s
   await client.pause(sb.id);
   await client.resume(sb.id);
   assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), []);
+});
+
+test('lazy pages come straight from the vault: staging never holds the memory; servePagesFromVault false stages it', async () => {
+  const staged: Record<string, { size: number; allocated: number; steps: string[] }> = {};
+  const other = await startDaemon({
+    dataDir: join(dir, 'staged'),
+    listen: '127.0.0.1:0',
+    readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+    proxy: false,
+    policy: false,
+    warn: () => undefined,
+    servePagesFromVault: false,
+    failAt: inspectAtRestored,
+  });
+  others.push(other);
+  for (const [name, d, dataDir] of [
+    ['vault', daemon, join(dir, 'data')],
+    ['staged', other, join(dir, 'staged')],
+  ] as const) {
+    const c = new DormantClient({ url: d.url, token: d.adminToken });
+    const sb = await c.createSandbox({
+      rootfs: join(dir, 'rootfs'),
+      command: ['/usr/bin/python3', '/srv/server.py'],
+      ports: [8080],
+    });
+    const [, digest] = (await eventually(() => get(sb.address!))).split(' ');
+    await c.hibernate(sb.id);
+    inspectStagingOf = { id: sb.id, dataDir, size: 0, allocated: 0 };
+    assert.equal((await c.resume(sb.id)).state, 'running');
+    const seen = inspectStagingOf;
+    inspectStagingOf = undefined;
+    assert.equal(
+      await eventually(() => get(sb.address!)),
+      `2 ${digest}`,
+      'counter and 64 MiB of memory intact',
+    );
+    await c.pause(sb.id);
+    const steps = d.controller.lastTimings(sb.id, 'resume')?.steps.map((x) => x.step) ?? [];
+    staged[name] = { size: seen.size, allocated: seen.allocated, steps };
+    await c.remove(sb.id);
+  }
+  const v = staged.vault!;
+  const st = staged.staged!;
+  assert.ok(v.size >= 64 * 1024 ** 2, `the pages images keep their size (${String(v.size)})`);
+  // Only the pages that are not lazy (vdso, private file mappings) reach staging.
+  assert.ok(v.allocated < 8 * 1024 ** 2, `served from the vault: ${String(v.allocated)} bytes staged`);
+  assert.ok(v.steps.includes('page server') && v.steps.includes('pages loaded'), v.steps.join(', '));
+  assert.ok(st.allocated >= 64 * 1024 ** 2, `staged: ${String(st.allocated)} bytes of pages on disk`);
+  assert.ok(!st.steps.includes('page server') && st.steps.includes('pages loaded'), st.steps.join(', '));
+});
+
+test('a page that fails authentication while it streams in is never served: back to the checkpoint, whole once repaired', async () => {
+  const sb = await client.createSandbox({
+    rootfs: join(dir, 'rootfs'),
+    command: ['/usr/bin/python3', '/srv/server.py'],
+    ports: [8080],
+  });
+  const [, digest] = (await eventually(() => get(sb.address!))).split(' ');
+  const packs = join(dir, 'data', 'vault', 'data', sb.tenant, 'packs');
+  const before = new Set(await readdir(packs).catch(() => []));
+  const ck = (await client.hibernate(sb.id)).checkpointId!;
+  // The middle of the largest pack this hibernate wrote: its 64 MiB of random memory, lazy pages.
+  let pack = '';
+  let size = 0;
+  for (const f of await readdir(packs)) {
+    if (before.has(f)) continue;
+    const n = (await stat(join(packs, f))).size;
+    if (n > size) [pack, size] = [join(packs, f), n];
+  }
+  assert.ok(size > 1024 * 1024, `the hibernate wrote a pack (${pack}: ${String(size)} bytes)`);
+  const at = Math.floor(size / 2);
+  const flip = async (): Promise<void> => {
+    const h = await open(pack, 'r+');
+    const b = Buffer.alloc(1);
+    await h.read(b, 0, 1, at);
+    b[0] = b[0]! ^ 0x40;
+    await h.write(b, 0, 1, at);
+    await h.close();
+  };
+  await flip();
+  assert.equal(
+    (await client.resume(sb.id)).state,
+    'running',
+    'the damage is in a lazy page: found while they stream in',
+  );
+  const back = await eventually(async () => {
+    const s = await client.getSandbox(sb.id);
+    if (s.state !== 'hibernated') throw new Error(`still ${s.state}`);
+    return s;
+  }, 30_000);
+  assert.equal(back.checkpointId, ck);
+  assert.match(
+    back.lastError ?? '',
+    new RegExp(`lazy restore failed.*checkpoint ${ck}.*(authentic|damaged)`, 's'),
+  );
+  assert.deepEqual(sandboxProcesses(sb.id), [], 'its processes, waiting on pages, were ended');
+  assert.deepEqual(lazyPagesOf(sb.id), []);
+  assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'the images were wiped');
+  // Repaired (a replica, say): the checkpoint was never lost.
+  await flip();
+  assert.equal((await client.resume(sb.id)).state, 'running');
+  assert.equal(await eventually(() => get(sb.address!)), `2 ${digest}`);
+  await client.remove(sb.id);
 });
 
 test('the lazy-pages daemon dies while pages stream in: the sandbox goes back to its checkpoint, whole', async () => {

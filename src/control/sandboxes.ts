@@ -74,6 +74,8 @@ function gpuMetaOf(m: Record<string, unknown>): GpuMeta | undefined {
   return v as GpuMeta;
 }
 import { StepTimer, type OperationTimings } from '../domain/timings.js';
+import { readCriuImages } from '../criu/images/reader.js';
+import { startPageServer, writeEagerPages, type PageServer } from '../criu/page-server.js';
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
 export interface CheckpointVault {
@@ -92,7 +94,17 @@ export interface CheckpointVault {
     checkpointId: string;
     destDir: string;
     signal?: AbortSignal;
+    /** Files (by path in the checkpoint) not restored. */
+    skip?: (path: string) => boolean;
   }): Promise<unknown>;
+  /**
+   * Random reads of a stored checkpoint's files, authenticated; held open (and gc kept
+   * waiting) until closed. Lazy resume serves the sandbox's pages from it.
+   */
+  openCheckpoint?(o: { tenant: string; checkpointId: string; signal?: AbortSignal }): Promise<{
+    read(path: string, offset: number, length: number): Promise<Buffer>;
+    close(): Promise<void>;
+  }>;
   deleteCheckpoint(o: { tenant: string; checkpointId: string }): Promise<unknown>;
   /** Crypto-shreds the sandbox's key and deletes its checkpoints. */
   destroySandboxKey(o: { tenant: string; sandboxId: string }): Promise<unknown>;
@@ -131,6 +143,12 @@ export interface ControllerOptions {
    * eager. GPU checkpoints always restore eagerly.
    */
   lazyRestore?: boolean;
+  /**
+   * With lazy restore: serve the lazy pages straight from the vault (a page server for
+   * `criu lazy-pages`), so resume never writes the memory to staging. Default true; false:
+   * the pages images are restored to staging and CRIU's daemon reads them there.
+   */
+  servePagesFromVault?: boolean;
   /**
    * Whether this node can restore lazily (userfaultfd in the kernel, CRIU's uffd support):
    * undefined when it can, else why not. Asked once, when the controller is made; without
@@ -182,6 +200,12 @@ export interface ImportArchiveInput {
   memoryBytes?: number;
 }
 
+/** A lazy restore's pages, served from the vault while they stream in. */
+interface PagesFromVault {
+  server: PageServer;
+  reader: { read(path: string, offset: number, length: number): Promise<Buffer>; close(): Promise<void> };
+}
+
 /** CRIU and the kernel say x86_64 / aarch64; Node says x64 / arm64. */
 const NODE_ARCH: Record<string, string> = { x86_64: 'x64', amd64: 'x64', aarch64: 'arm64' };
 
@@ -202,6 +226,8 @@ export class SandboxController {
   private readonly timings = new Map<string, OperationTimings>();
   /** Resolves true when resumes restore lazily on this node (asked once). */
   private readonly lazy: Promise<boolean>;
+  /** Page servers of lazy restores in flight, by sandbox. */
+  private readonly pageServers = new Map<string, PagesFromVault>();
 
   constructor(opts: ControllerOptions) {
     this.opts = opts;
@@ -1069,6 +1095,7 @@ export class SandboxController {
     );
     if (failure === undefined) {
       this.store.updateSandbox(s.id, { lazyRestoreOf: undefined });
+      await this.endPageServer(s.id);
       await this.wipe(images);
       return true;
     }
@@ -1078,7 +1105,19 @@ export class SandboxController {
       () => '',
       (u: unknown) => ` (ending it: ${asError(u).message.split('\n')[0] ?? ''})`,
     );
-    const why = `lazy restore failed, back to its checkpoint: ${failure.message}${undo}`;
+    // A page that did not authenticate (served from the vault): the checkpoint is damaged, and
+    // the operator learns which older one may still restore, as a resume that fails at once says.
+    const ckId = s.lazyRestoreOf ?? s.checkpointId;
+    const cause =
+      isDormantError(failure) && failure.code.startsWith('VAULT_')
+        ? ((d) => `${d.message} (${d.hint ?? ''})`)(
+            this.damaged(s.id, ckId, failure, 'its processes were ended'),
+          )
+        : failure.message;
+    const why = `lazy restore failed, back to its checkpoint: ${cause}${undo}`;
+    // Only now, with its tasks ended: a daemon that lost its page server would fill the
+    // missing pages with zeros.
+    await this.endPageServer(s.id);
     // Seen hibernated only once no image of it is left in staging.
     await this.wipe(images).catch(() => undefined);
     this.store.transition(s.id, 'running', 'hibernated', why, this.clock.now(), {
@@ -1087,6 +1126,24 @@ export class SandboxController {
       lazyRestoreOf: undefined,
     });
     return false;
+  }
+
+  /** CHECKPOINT_DAMAGED for checkpoint `used` of sandbox `id`, naming an older one to resume from. */
+  private damaged(id: string, used: string | undefined, e: DormantError, outcome: string): DormantError {
+    const older = this.store
+      .listCheckpoints({ sandboxId: id })
+      .find((c) => c.kind === 'memory' && c.id !== used);
+    return new DormantError(
+      'CHECKPOINT_DAMAGED',
+      `checkpoint ${used ?? '?'} of sandbox ${id} cannot be read (${e.code}): ${e.message.split('\n')[0] ?? ''}; ${outcome}`,
+      {
+        status: 409,
+        cause: e,
+        hint: older
+          ? `resume from the previous checkpoint (losing what changed since): dormant resume ${id} --from ${older.id}`
+          : 'no older checkpoint of this sandbox is kept; dormant vault verify shows what is damaged',
+      },
+    );
   }
 
   /**
@@ -1158,21 +1215,7 @@ export class SandboxController {
         if (isDormantError(e, 'RESTORE_INCOMPATIBLE')) throw e;
         if (isDormantError(e) && e.code.startsWith('VAULT_') && from === 'hibernated') {
           // A damaged checkpoint: say so, and name the older one that may still restore.
-          const used = opts.from ?? s.checkpointId;
-          const older = this.store
-            .listCheckpoints({ sandboxId: id })
-            .find((c) => c.kind === 'memory' && c.id !== used);
-          throw new DormantError(
-            'CHECKPOINT_DAMAGED',
-            `checkpoint ${used ?? '?'} of sandbox ${id} cannot be read (${e.code}): ${e.message.split('\n')[0] ?? ''}; the sandbox stays hibernated`,
-            {
-              status: 409,
-              cause: e,
-              hint: older
-                ? `resume from the previous checkpoint (losing what changed since): dormant resume ${id} --from ${older.id}`
-                : 'no older checkpoint of this sandbox is kept; dormant vault verify shows what is damaged',
-            },
-          );
+          throw this.damaged(id, opts.from ?? s.checkpointId, e, 'the sandbox stays hibernated');
         }
         throw new DormantError(
           'RESUME_FAILED',
@@ -1240,14 +1283,20 @@ export class SandboxController {
       throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
     // One restore per sandbox at a time (its lock), so the sandbox names the folder.
     const dir = this.staging(`${s.id}-restore`);
-    let lazy = false;
     let keep = false;
     let unpacked = false;
     let restored = false;
+    let served: PagesFromVault | undefined;
     try {
       const ck = this.store.getCheckpoint(ckId);
       await t.time('compatibility', () => this.checkCompatible(s.id, ck));
       const gpuMeta = ck ? gpuMetaOf(ck.meta) : undefined;
+      // CUDA's restore reads the whole host copy of device memory at once: no lazy pages for
+      // a GPU checkpoint, nor for a sandbox given GPUs (its device mappings restore eagerly).
+      const lazy = gpuMeta === undefined && s.gpus === undefined && (await this.lazy);
+      // Lazy pages come straight from the vault: the page images never reach staging.
+      const fromVault =
+        lazy && this.opts.servePagesFromVault !== false && this.vault.openCheckpoint !== undefined;
       // A checkpoint with its diff: the writable layer is filled before the overlay is mounted.
       const hasDiff = ck?.meta[FS_META] === 'tar';
       await mkdir(dir, { recursive: true, mode: 0o700 });
@@ -1256,7 +1305,12 @@ export class SandboxController {
       // it is set up while they come out of the vault.
       const [fetched, prepared] = await Promise.allSettled([
         t.time('vault fetch', () =>
-          this.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ckId, destDir: images }),
+          this.vault.restoreCheckpoint({
+            tenant: s.tenant,
+            checkpointId: ckId,
+            destDir: images,
+            ...(fromVault ? { skip: (p: string) => /^pages-\d+\.img$/.test(p) } : {}),
+          }),
         ),
         t.time('prepare', () =>
           this.runtime.prepare(this.runtimeSpec(s), { timer: t, mountRootfs: !hasDiff }),
@@ -1270,9 +1324,10 @@ export class SandboxController {
       if (prepared.status === 'rejected') throw prepared.reason;
       this.step('resume:fetched');
       unpacked = await t.time('unpack filesystem', () => this.applyFilesystem(s.id, images));
-      // CUDA's restore reads the whole host copy of device memory at once: no lazy pages for
-      // a GPU checkpoint, nor for a sandbox given GPUs (its device mappings restore eagerly).
-      lazy = gpuMeta === undefined && s.gpus === undefined && (await this.lazy);
+      if (fromVault) {
+        served = await t.time('page server', () => this.servePages(s, ckId, images));
+        this.pageServers.set(s.id, served);
+      }
       // Durable before the pages start to move: a daemon that dies before they are all in
       // leaves the marker for reconcile (the sandbox goes back to this checkpoint).
       if (lazy) this.store.updateSandbox(s.id, { lazyRestoreOf: ckId });
@@ -1281,6 +1336,7 @@ export class SandboxController {
           imagesDir: images,
           workDir: join(dir, 'work'),
           lazyPages: lazy,
+          ...(served ? { pageServer: { address: served.server.address, port: served.server.port } } : {}),
           timer: t,
         }),
       );
@@ -1289,13 +1345,49 @@ export class SandboxController {
       this.step('resume:restored');
       if (ckId !== s.checkpointId) this.store.updateSandbox(s.id, { checkpointId: ckId });
       keep = lazy;
+      // A page that fails to authenticate stops the server (it answers nothing more): the
+      // pages then never all arrive, and the sandbox goes back to its checkpoint.
+      const pages = served ? Promise.race([r.pagesLoaded, served.server.failed]) : r.pagesLoaded;
       // Wrapped: awaiting a returned promise directly would wait for the pages too.
-      return { pagesLoaded: keep ? r.pagesLoaded : undefined };
+      return { pagesLoaded: keep ? pages : undefined };
     } finally {
-      if (!keep) await this.wipe(dir);
+      if (!keep) {
+        await this.endPageServer(s.id);
+        await this.wipe(dir);
+      }
       // A failed restore stays hibernated: its diff goes back to living only in the vault.
       if (unpacked && !restored) await this.unmountAndEmpty(s.id);
     }
+  }
+
+  /**
+   * Opens checkpoint `ckId` for reading, writes the pages images' non-lazy pages into
+   * `images` and starts a page server that reads the lazy ones from the vault.
+   */
+  private async servePages(s: Sandbox, ckId: string, images: string): Promise<PagesFromVault> {
+    const reader = await this.vault.openCheckpoint!({ tenant: s.tenant, checkpointId: ckId });
+    try {
+      const dump = await readCriuImages(images);
+      await writeEagerPages(dump.processes, images, reader);
+      const server = await startPageServer({
+        processes: dump.processes,
+        source: reader,
+        what: `sandbox ${s.id} (checkpoint ${ckId})`,
+      });
+      return { server, reader };
+    } catch (e) {
+      await reader.close();
+      throw e;
+    }
+  }
+
+  /** Stops the page server of `id`'s lazy restore, if one runs. Call once its tasks are ended or whole. */
+  private async endPageServer(id: string): Promise<void> {
+    const p = this.pageServers.get(id);
+    if (p === undefined) return;
+    this.pageServers.delete(id);
+    await p.server.close().catch(() => undefined);
+    await p.reader.close().catch(() => undefined);
   }
 
   /**

@@ -762,6 +762,9 @@ export class RuncRuntime implements Runtime {
         '-o',
         'lazy-pages.log',
         '-v2',
+        ...(opts.pageServer
+          ? ['--page-server', '--address', opts.pageServer.address, '--port', String(opts.pageServer.port)]
+          : []),
       ],
       { timeoutMs: opts.pagesTimeoutMs ?? 120_000, signal: abort.signal, env: this.env },
     ).then(

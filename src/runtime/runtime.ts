@@ -140,6 +140,11 @@ export interface RestoreOptions extends CallOptions {
   lazyPages?: boolean;
   /** Limit for the lazy-pages daemon to finish copying. Default 120 s. */
   pagesTimeoutMs?: number;
+  /**
+   * With lazyPages: the daemon asks this page server (TCP) for every lazy page instead of
+   * reading the pages images, which then need hold only the pages that are not lazy.
+   */
+  pageServer?: { address: string; port: number };
 }
 
 export interface RestoreResult {

@@ -26,6 +26,7 @@ export type {
   VerifyReport,
 } from './vault.js';
 export type { Vault } from './vault.js';
+export type { CheckpointReader, CheckpointFile } from './reader.js';
 export type { MasterKeySource } from './keys.js';
 export type { VaultStore, StoreEntry, StoreReader, StoreWriter } from './store.js';
 export { LocalDirStore } from './store.js';

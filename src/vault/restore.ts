@@ -205,6 +205,8 @@ export interface RestoreContext {
   onProgress?: (restoredBytes: number) => void;
   /** Workers that decode and write the batches; without one the calling thread does. */
   pool?: SealPool;
+  /** Files (by path) not restored at all. */
+  skip?: (path: string) => boolean;
 }
 
 function checkRelPath(p: string, what: string): void {
@@ -507,6 +509,7 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
         await symlink(e.target ?? '', p);
         continue;
       }
+      if (ctx.skip?.(e.path) === true) continue;
       if (openFiles >= MAX_OPEN_FILES) {
         await dispatch();
         await settle();

@@ -46,6 +46,7 @@ import { LocalLock, type Release } from './lock.js';
 import { SealPool } from './seal-pool.js';
 import { sealOne } from './seal-worker.js';
 import { ChunkDecoder, PackReaders, restoreInto } from './restore.js';
+import { CheckpointReader } from './reader.js';
 import { LocalDirStore, TMP_MARK, type StoreEntry, type VaultStore } from './store.js';
 
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
@@ -129,6 +130,11 @@ export interface RestoreCheckpointOptions {
   destDir: string;
   signal?: AbortSignal;
   onProgress?: (restoredBytes: number) => void;
+  /**
+   * Files (by path in the checkpoint) left out of the restore: not created at all. Lazy
+   * resume leaves out the page images and reads them with {@link Vault.openCheckpoint}.
+   */
+  skip?: (path: string) => boolean;
 }
 
 export interface RestoreCheckpointResult {
@@ -623,6 +629,7 @@ export class Vault {
     await this.refreshIndex(o.tenant, t);
     await restoreInto(o.destDir, body, {
       ...(pool ? { pool } : {}),
+      ...(o.skip ? { skip: o.skip } : {}),
       store: this.store,
       tenant: o.tenant,
       checkpointId: o.checkpointId,
@@ -643,6 +650,52 @@ export class Vault {
       meta: body.meta,
       durationMs: Math.round(performance.now() - started),
     };
+  }
+
+  /**
+   * Opens checkpoint `checkpointId` of `tenant` for random reads of its files (see
+   * {@link CheckpointReader}). The reader holds the vault's shared lock, as a restore does,
+   * until it is closed: gc waits for it.
+   */
+  async openCheckpoint(o: {
+    tenant: string;
+    checkpointId: string;
+    signal?: AbortSignal;
+  }): Promise<CheckpointReader> {
+    this.check();
+    checkId('tenant', o.tenant);
+    checkId('checkpoint id', o.checkpointId);
+    const release = await this.lock.shared(this.lockOpts(o.signal));
+    try {
+      if (await isDestroyed(this.store, tenantTombstoneName(o.tenant))) {
+        throw new DormantError(
+          ErrorCode.TENANT_KEY_DESTROYED,
+          `the key of tenant ${o.tenant} was destroyed; checkpoint ${o.checkpointId} is unrecoverable`,
+          { status: 410 },
+        );
+      }
+      const t = await this.tenantState(o.tenant, false);
+      const { body } = await this.readManifest(o.tenant, o.checkpointId);
+      await this.refreshIndex(o.tenant, t);
+      return new CheckpointReader(
+        body,
+        {
+          store: this.store,
+          tenant: o.tenant,
+          checkpointId: o.checkpointId,
+          keys: t.keys,
+          lookup: (k) => t.index.get(k),
+          explainMissing: () =>
+            t.badIndexes.size > 0
+              ? ` (damaged: ${[...t.badIndexes.values()].join('; ')})`
+              : ' (its pack or index is gone)',
+        },
+        release,
+      );
+    } catch (e) {
+      await release();
+      throw e;
+    }
   }
 
   /** Lists checkpoints (all tenants, or one), oldest first. Reads headers only. */

@@ -85,3 +85,57 @@ export function leftovers(id: string): string[] {
   }
   return found;
 }
+
+/** How the resume of a sandbox with a damaged checkpoint failed. */
+export interface DamagedResume {
+  /** True when the damage was found as the pages streamed in from the vault (lazy resume). */
+  late: boolean;
+  message: string;
+  hint: string;
+}
+
+/**
+ * Resumes sandbox `id`, whose checkpoint is damaged, and returns how it failed. The damage is
+ * found at once (API error CHECKPOINT_DAMAGED, 409) when it lies in what must be restored
+ * before the sandbox runs; when it lies in a lazy page served from the vault, the resume
+ * answers running and the sandbox is back to hibernated as soon as the page is asked for,
+ * its last error saying the same (message and hint).
+ */
+export async function resumeDamaged(
+  client: {
+    resume(id: string): Promise<{ state: string }>;
+    getSandbox(id: string): Promise<{ state: string; lastError?: string | null }>;
+  },
+  id: string,
+): Promise<DamagedResume> {
+  let running: { state: string };
+  try {
+    running = await client.resume(id);
+  } catch (e) {
+    const x = e as { code?: string; status?: number; message: string; hint?: string };
+    if (x.code !== 'CHECKPOINT_DAMAGED' || x.status !== 409)
+      throw new Error(
+        `resume failed, but not as CHECKPOINT_DAMAGED 409: ${String(x.code)} ${String(x.status)}: ${x.message}`,
+      );
+    return { late: false, message: x.message, hint: x.hint ?? '' };
+  }
+  if (running.state !== 'running') throw new Error(`resume answered ${running.state}`);
+  const back = await eventually(
+    'back to hibernated',
+    async () => {
+      const s = await client.getSandbox(id);
+      if (s.state !== 'hibernated') throw new Error(`still ${s.state}`);
+      return s;
+    },
+    30_000,
+  );
+  const m =
+    /^lazy restore failed, back to its checkpoint: (.*cannot be read \(VAULT_[A-Z_]+\).*) \((.*)\)$/s.exec(
+      back.lastError ?? '',
+    );
+  if (!m)
+    throw new Error(
+      `hibernated again, but its last error does not say the checkpoint is damaged: ${back.lastError ?? ''}`,
+    );
+  return { late: true, message: m[1]!, hint: m[2]! };
+}

@@ -1,0 +1,212 @@
+/**
+ * The page server's side of CRIU's lazy-pages protocol, spoken to by a client that sends what
+ * `criu lazy-pages --page-server` sends (the real daemon is in api/lazy.test.ts): pages come
+ * back in request order from the right place of the right pages file, zero runs as zeros; a
+ * request it cannot answer truthfully gets no answer at all and the connection stays open
+ * (a daemon that loses it would fill the pages with zeros), and `failed` says why.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import { connect, type Socket } from 'node:net';
+import { join } from 'node:path';
+import { PE_LAZY, PE_PRESENT } from './images/messages.js';
+import type { ProcessImage } from './images/reader.js';
+import { startPageServer, writeEagerPages, type PageSource } from './page-server.js';
+
+const P = 4096;
+
+function proc(
+  pid: number,
+  pagesId: number,
+  entries: { vaddr: number; pages: number; flags: number }[],
+): ProcessImage {
+  return {
+    pid,
+    ppid: 0,
+    pgid: pid,
+    sid: pid,
+    threads: [pid],
+    comm: 'x',
+    taskState: 1,
+    fds: [],
+    pagemap: {
+      pagesId,
+      entries: entries.map((e) => ({
+        vaddr: BigInt(e.vaddr),
+        nrPages: e.pages,
+        inParent: false,
+        flags: e.flags,
+      })),
+    },
+  };
+}
+
+function source(files: Record<string, Buffer>, reads: string[] = []): PageSource {
+  return {
+    read: (file, offset, length) => {
+      reads.push(`${file}@${String(offset)}+${String(length)}`);
+      const f = files[file];
+      if (f === undefined || offset + length > f.length) return Promise.reject(new Error(`no ${file} range`));
+      return Promise.resolve(Buffer.from(f.subarray(offset, offset + length)));
+    },
+  };
+}
+
+function get(pid: number, vaddr: number, pages: number): Buffer {
+  const h = Buffer.alloc(32);
+  h.writeUInt32LE(7 | (PE_LAZY << 16), 0);
+  h.writeBigUInt64LE(BigInt(pages), 8);
+  h.writeBigUInt64LE(BigInt(vaddr), 16);
+  h.writeBigUInt64LE(BigInt(pid), 24);
+  return h;
+}
+
+/** Collects what the server sends. */
+function client(port: number): {
+  sock: Socket;
+  bytes: () => Buffer;
+  closed: () => boolean;
+  wait: (n: number) => Promise<Buffer>;
+} {
+  const sock = connect(port, '127.0.0.1');
+  let got = Buffer.alloc(0);
+  let closed = false;
+  const waiters: (() => void)[] = [];
+  sock.on('data', (d: Buffer) => {
+    got = Buffer.concat([got, d]);
+    for (const w of waiters.splice(0)) w();
+  });
+  sock.on('close', () => (closed = true));
+  sock.on('error', () => undefined);
+  return {
+    sock,
+    bytes: () => got,
+    closed: () => closed,
+    wait: async (n) => {
+      while (got.length < n) await new Promise<void>((r) => waiters.push(r));
+      return got;
+    },
+  };
+}
+
+// Task 10: [0x10000, 4 lazy pages) stored, [0x20000, 2 pages) zero (not stored), [0x30000,
+// 1 page) stored and not lazy. Task 11 has a pages file of its own.
+const mem10 = randomBytes(5 * P);
+const mem11 = randomBytes(2 * P);
+const procs = [
+  proc(10, 1, [
+    { vaddr: 0x10000, pages: 4, flags: PE_PRESENT | PE_LAZY },
+    { vaddr: 0x20000, pages: 2, flags: 0 },
+    { vaddr: 0x30000, pages: 1, flags: PE_PRESENT },
+  ]),
+  proc(11, 2, [{ vaddr: 0x7000, pages: 2, flags: PE_PRESENT | PE_LAZY }]),
+];
+const files = { 'pages-1.img': mem10, 'pages-2.img': mem11 };
+
+test('pages come back in request order, from the right file and offset; FLUSH is answered with 0', async () => {
+  const reads: string[] = [];
+  const srv = await startPageServer({ processes: procs, source: source(files, reads), what: 'test' });
+  try {
+    const c = client(srv.port);
+    // Pipelined, as the daemon does.
+    c.sock.write(
+      Buffer.concat([get(10, 0x11000, 2), get(11, 0x7000, 2), get(10, 0x20000, 2), get(10, 0x30000, 1)]),
+    );
+    const head = 32;
+    const want = [
+      { pid: 10, vaddr: 0x11000, data: mem10.subarray(P, 3 * P) },
+      { pid: 11, vaddr: 0x7000, data: mem11 },
+      { pid: 10, vaddr: 0x20000, data: Buffer.alloc(2 * P) },
+      { pid: 10, vaddr: 0x30000, data: mem10.subarray(4 * P, 5 * P) },
+    ];
+    const total = want.reduce((n, w) => n + head + w.data.length, 0);
+    const got = await c.wait(total);
+    let at = 0;
+    for (const w of want) {
+      assert.equal(got.readUInt32LE(at) & 0xffff, 6, 'PS_IOV_ADD_F');
+      assert.equal(got.readUInt32LE(at) >>> 16, PE_PRESENT);
+      assert.equal(got.readBigUInt64LE(at + 8), BigInt(w.data.length / P));
+      assert.equal(got.readBigUInt64LE(at + 16), BigInt(w.vaddr));
+      assert.equal(got.readBigUInt64LE(at + 24), BigInt(w.pid));
+      assert.ok(
+        got.subarray(at + head, at + head + w.data.length).equals(w.data),
+        `pages of ${String(w.pid)}@${w.vaddr.toString(16)}`,
+      );
+      at += head + w.data.length;
+    }
+    // The zero run is not read from anywhere.
+    assert.deepEqual(reads, ['pages-1.img@4096+8192', 'pages-2.img@0+8192', 'pages-1.img@16384+4096']);
+    const flush = Buffer.alloc(32);
+    flush.writeUInt32LE(0x1023, 0);
+    c.sock.write(flush);
+    const after = await c.wait(total + 4);
+    assert.equal(after.readInt32LE(total), 0);
+    assert.equal(srv.servedBytes(), total - 4 * head);
+    c.sock.destroy();
+  } finally {
+    await srv.close();
+  }
+});
+
+for (const [name, req, why] of [
+  ['a task the images do not hold', get(99, 0x10000, 1), /task 99/],
+  ['memory outside the pagemap', get(10, 0x40000, 1), /0x40000 of task 10/],
+  ['a range that runs past its run into unmapped memory', get(10, 0x13000, 2), /0x14000 of task 10/],
+  ['zero pages', get(10, 0x10000, 0), /0 pages/],
+] as const) {
+  test(`a request for ${name} gets no answer, the connection stays open, and failed says why`, async () => {
+    const srv = await startPageServer({ processes: procs, source: source(files), what: 'checkpoint ck-1' });
+    try {
+      const c = client(srv.port);
+      // A good request behind the bad one must not be answered either: answers go in order.
+      c.sock.write(Buffer.concat([req, get(10, 0x10000, 1)]));
+      await assert.rejects(
+        srv.failed,
+        (e: Error) => why.test(e.message) && /checkpoint ck-1/.test(e.message),
+      );
+      await new Promise((r) => setTimeout(r, 100));
+      assert.equal(c.bytes().length, 0, 'nothing sent');
+      assert.equal(c.closed(), false, 'the connection is kept');
+      c.sock.destroy();
+    } finally {
+      await srv.close();
+    }
+  });
+}
+
+test('a page the source cannot read (a damaged record) stops the server without an answer', async () => {
+  const bad: PageSource = { read: () => Promise.reject(new Error('chunk 1234 fails authentication')) };
+  const srv = await startPageServer({ processes: procs, source: bad, what: 'test' });
+  try {
+    const c = client(srv.port);
+    c.sock.write(get(10, 0x10000, 1));
+    await assert.rejects(srv.failed, /fails authentication/);
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(c.bytes().length, 0);
+    assert.equal(c.closed(), false);
+    c.sock.destroy();
+  } finally {
+    await srv.close();
+  }
+});
+
+test('writeEagerPages writes only the pages that are not lazy, the rest stays holes of the right size', async () => {
+  const dir = await mkdtemp('/tmp/dormant-pagesrv-');
+  try {
+    const reads: string[] = [];
+    const n = await writeEagerPages(procs, dir, source(files, reads));
+    assert.equal(n, P, 'one page is not lazy');
+    assert.deepEqual(reads, ['pages-1.img@16384+4096']);
+    const img = await readFile(join(dir, 'pages-1.img'));
+    assert.equal(img.length, 5 * P, 'as large as the dump');
+    assert.ok(img.subarray(4 * P).equals(mem10.subarray(4 * P)), 'the eager page at its place');
+    assert.ok(img.subarray(0, 4 * P).equals(Buffer.alloc(4 * P)), 'lazy pages are zeros');
+    assert.ok((await stat(join(dir, 'pages-1.img'))).blocks * 512 <= 2 * P, 'and holes, not written zeros');
+    assert.equal((await readFile(join(dir, 'pages-2.img'))).length, 2 * P);
+    assert.ok((await stat(join(dir, 'pages-2.img'))).blocks === 0, 'all lazy: all hole');
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});

@@ -1,0 +1,280 @@
+/**
+ * A page server for `criu lazy-pages --page-server`: the restored process's memory comes
+ * from wherever `source` reads it (the vault), not from a pages image on disk.
+ *
+ * The wire format (CRIU 4.x, little-endian), as the lazy-pages daemon speaks it:
+ * - a request is 32 bytes: u32 command (low 16 bits; the high 16 carry PE_* flags), 4 bytes
+ *   of padding, u64 page count, u64 virtual address, u64 destination (the task's pid in the
+ *   images);
+ * - PS_IOV_GET (7) asks for pages; the answer is the same header with command PS_IOV_ADD_F
+ *   (6) and PE_PRESENT in the flags, followed by the pages. Answers go in request order;
+ * - PS_IOV_FLUSH (0x1023) and PS_IOV_FLUSH_N_CLOSE (0x1024) are answered with an int32 0.
+ *
+ * A daemon whose connection drops fills the pages it still lacks with zeros, and the task runs
+ * on wrong memory. So on any failure (a page that does not authenticate, a request for memory
+ * the images do not hold) this server answers nothing more and keeps the connection open:
+ * `failed` rejects, and the caller ends the task before it closes the server.
+ */
+import { once } from 'node:events';
+import { open } from 'node:fs/promises';
+import { createServer, type Server, type Socket } from 'node:net';
+import { join } from 'node:path';
+import { DormantError, ErrorCode } from '../domain/errors.js';
+import { PE_LAZY, pagemapInPagesFile } from './images/messages.js';
+import { PAGE_SIZE, type ProcessImage } from './images/reader.js';
+
+const HEADER_BYTES = 32;
+const PS_IOV_ADD_F = 6;
+const PS_IOV_GET = 7;
+const PS_IOV_FLUSH = 0x1023;
+const PS_IOV_FLUSH_N_CLOSE = 0x1024;
+const PE_PRESENT = 4;
+/** No request of the daemon comes near this (it asks for 4 MiB at most). */
+const MAX_REQUEST_PAGES = 64 * 1024;
+
+/** Where a process's pages are read from: a byte range of one of its pages images. */
+export interface PageSource {
+  read(file: string, offset: number, length: number): Promise<Buffer>;
+}
+
+/** A run of a process's memory in the images: where it lies in the pages file, if there. */
+interface Run {
+  start: number;
+  end: number;
+  /** Offset in the pages file; -1 when the run is not stored there (zero pages). */
+  fileOffset: number;
+  lazy: boolean;
+}
+
+interface ProcessPages {
+  file: string;
+  runs: Run[];
+}
+
+function runsOf(p: ProcessImage): ProcessPages | undefined {
+  const pm = p.pagemap;
+  if (pm === undefined) return undefined;
+  const runs: Run[] = [];
+  let off = 0;
+  for (const e of pm.entries) {
+    const start = Number(e.vaddr);
+    const bytes = e.nrPages * PAGE_SIZE;
+    const stored = pagemapInPagesFile(e);
+    runs.push({
+      start,
+      end: start + bytes,
+      fileOffset: stored ? off : -1,
+      lazy: ((e.flags ?? 0) & PE_LAZY) !== 0,
+    });
+    if (stored) off += bytes;
+  }
+  runs.sort((a, b) => a.start - b.start);
+  return { file: `pages-${String(pm.pagesId)}.img`, runs };
+}
+
+/**
+ * Writes the pages images a lazy restore needs on disk into `dir`: each one as large as the
+ * dump's, holding only the pages that are not lazy (vdso, file-backed private mappings, ...)
+ * at their places; the lazy ones stay holes and come from the page server. Returns the bytes
+ * written.
+ */
+export async function writeEagerPages(
+  processes: readonly ProcessImage[],
+  dir: string,
+  source: PageSource,
+): Promise<number> {
+  let written = 0;
+  const done = new Set<string>();
+  for (const p of processes) {
+    const pp = runsOf(p);
+    if (pp === undefined || done.has(pp.file)) continue;
+    done.add(pp.file);
+    let size = 0;
+    for (const r of pp.runs) if (r.fileOffset >= 0) size = Math.max(size, r.fileOffset + r.end - r.start);
+    const h = await open(join(dir, pp.file), 'wx', 0o600);
+    try {
+      for (const r of pp.runs) {
+        if (r.fileOffset < 0 || r.lazy) continue;
+        const b = await source.read(pp.file, r.fileOffset, r.end - r.start);
+        let at = 0;
+        while (at < b.length) at += (await h.write(b, at, b.length - at, r.fileOffset + at)).bytesWritten;
+        b.fill(0);
+        written += b.length;
+      }
+      await h.truncate(size);
+    } finally {
+      await h.close();
+    }
+  }
+  return written;
+}
+
+export interface PageServer {
+  address: string;
+  port: number;
+  /** Rejects on the first failure; never resolves. */
+  failed: Promise<never>;
+  /** Page bytes sent so far. */
+  servedBytes(): number;
+  /** Ends every connection and stops listening. */
+  close(): Promise<void>;
+}
+
+/**
+ * Starts a page server on 127.0.0.1 (a free port) for the processes of one dump, reading
+ * their pages from `source`.
+ */
+export async function startPageServer(o: {
+  processes: readonly ProcessImage[];
+  source: PageSource;
+  /** For messages: what is being restored ("checkpoint ck-1"). */
+  what: string;
+}): Promise<PageServer> {
+  const byPid = new Map<number, ProcessPages>();
+  for (const p of o.processes) {
+    const pp = runsOf(p);
+    if (pp !== undefined) byPid.set(p.pid, pp);
+  }
+  let served = 0;
+  let failure: Error | undefined;
+  let fail!: (e: Error) => void;
+  const failed = new Promise<never>((_, reject) => {
+    fail = (e) => {
+      if (failure !== undefined) return;
+      failure = e;
+      reject(e);
+    };
+  });
+  failed.catch(() => undefined);
+  const sockets = new Set<Socket>();
+
+  const pages = async (pid: number, vaddr: number, nrPages: number): Promise<Buffer> => {
+    const pp = byPid.get(pid);
+    if (pp === undefined)
+      throw new DormantError(
+        ErrorCode.RUNTIME_RESTORE_FAILED,
+        `${o.what}: lazy pages asked for task ${String(pid)}, which the images do not hold`,
+      );
+    const len = nrPages * PAGE_SIZE;
+    const out = Buffer.alloc(len);
+    let pos = vaddr;
+    const end = vaddr + len;
+    // The first run that ends past `pos`.
+    let lo = 0;
+    let hi = pp.runs.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (pp.runs[mid]!.end <= pos) lo = mid + 1;
+      else hi = mid;
+    }
+    for (let i = lo; pos < end; i++) {
+      const r = pp.runs[i];
+      if (r === undefined || r.start > pos)
+        throw new DormantError(
+          ErrorCode.RUNTIME_RESTORE_FAILED,
+          `${o.what}: lazy pages asked for memory at 0x${pos.toString(16)} of task ${String(pid)}, which its pagemap does not hold`,
+        );
+      const n = Math.min(end, r.end) - pos;
+      if (r.fileOffset >= 0) {
+        const b = await o.source.read(pp.file, r.fileOffset + (pos - r.start), n);
+        b.copy(out, pos - vaddr);
+        b.fill(0);
+      }
+      pos += n;
+    }
+    return out;
+  };
+
+  const serve = (sock: Socket): void => {
+    sockets.add(sock);
+    sock.setNoDelay(true);
+    let pending: Buffer = Buffer.alloc(0);
+    let chain: Promise<void> = Promise.resolve();
+    // Resolves when the socket takes more (or is gone).
+    const drained = (): Promise<void> =>
+      new Promise((res) => {
+        const done = (): void => {
+          sock.off('drain', done);
+          sock.off('close', done);
+          res();
+        };
+        sock.on('drain', done);
+        sock.on('close', done);
+      });
+    const write = async (b: Buffer): Promise<void> => {
+      if (!sock.write(b)) await drained();
+    };
+    const handle = async (h: Buffer): Promise<void> => {
+      if (failure !== undefined) return;
+      const word = h.readUInt32LE(0);
+      const cmd = word & 0xffff;
+      if (cmd === PS_IOV_FLUSH || cmd === PS_IOV_FLUSH_N_CLOSE) {
+        const r = Buffer.alloc(4);
+        await write(r);
+        return;
+      }
+      if (cmd !== PS_IOV_GET)
+        throw new DormantError(
+          ErrorCode.RUNTIME_RESTORE_FAILED,
+          `${o.what}: lazy pages sent page server command ${String(cmd)}, which this server does not know`,
+        );
+      const nr = h.readBigUInt64LE(8);
+      const vaddr = h.readBigUInt64LE(16);
+      const pid = h.readBigUInt64LE(24);
+      if (
+        nr === 0n ||
+        nr > BigInt(MAX_REQUEST_PAGES) ||
+        vaddr > BigInt(Number.MAX_SAFE_INTEGER) ||
+        pid > 0x7fffffffn
+      )
+        throw new DormantError(
+          ErrorCode.RUNTIME_RESTORE_FAILED,
+          `${o.what}: lazy pages sent a request for ${nr.toString()} pages at 0x${vaddr.toString(16)} of task ${pid.toString()}, which this server refuses`,
+        );
+      const data = await pages(Number(pid), Number(vaddr), Number(nr));
+      const reply = Buffer.alloc(HEADER_BYTES);
+      reply.writeUInt32LE((PS_IOV_ADD_F | (PE_PRESENT << 16)) >>> 0, 0);
+      reply.writeBigUInt64LE(nr, 8);
+      reply.writeBigUInt64LE(vaddr, 16);
+      reply.writeBigUInt64LE(pid, 24);
+      if (failure !== undefined) return;
+      sock.cork();
+      sock.write(reply);
+      const ok = sock.write(data);
+      sock.uncork();
+      served += data.length;
+      if (!ok) await drained();
+      // The socket copied what it could not send at once; the plaintext goes when it is sent.
+    };
+    sock.on('data', (d: Buffer) => {
+      pending = pending.length === 0 ? d : Buffer.concat([pending, d]);
+      while (pending.length >= HEADER_BYTES) {
+        const h = Buffer.from(pending.subarray(0, HEADER_BYTES));
+        pending = pending.subarray(HEADER_BYTES);
+        chain = chain
+          .then(() => handle(h))
+          .catch((e: unknown) => {
+            fail(e instanceof Error ? e : new Error(String(e)));
+          });
+      }
+    });
+    sock.on('error', () => undefined);
+    sock.on('close', () => sockets.delete(sock));
+  };
+
+  const server: Server = createServer(serve);
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const addr = server.address();
+  if (addr === null || typeof addr === 'string') throw new Error('page server: no port');
+  return {
+    address: '127.0.0.1',
+    port: addr.port,
+    failed,
+    servedBytes: () => served,
+    close: async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((res) => server.close(() => res()));
+    },
+  };
+}
