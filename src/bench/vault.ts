@@ -6,6 +6,7 @@
  * one staging tmpfs made by `prepareStaging` (huge=within_size), the folder dormant's resume
  * restores into.
  */
+import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, readdir, rm, stat } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
@@ -14,6 +15,8 @@ import { join } from 'node:path';
 import { run } from '../sys/exec.js';
 import { prepareStaging, releaseStaging } from '../runtime/staging.js';
 import { openVault } from '../vault/index.js';
+import { readCriuImages } from '../criu/images/reader.js';
+import { startPageServer, writeEagerPages } from '../criu/page-server.js';
 import { criuDump, killPid, startForkFamily, startMixedPython } from '../vault/testing/fixtures.js';
 import type { BenchRow, BenchSuite } from './harness.js';
 
@@ -88,6 +91,97 @@ function dormantTool(keyDir: string): Tool {
     },
     size: duBytes,
   };
+}
+
+/**
+ * Restores checkpoint `id` of the dormant repository `repo` as lazy resume does: the non-page
+ * images (and the non-lazy pages) into `work`/images, then `criu restore --lazy-pages` with
+ * `criu lazy-pages` asking a page server for every lazy page, read from the vault. Returns the
+ * seconds until criu restore returned (the process runs) and until every page was in, and the
+ * restored pid (the caller ends it).
+ */
+async function lazyFromVault(
+  repo: string,
+  keyDir: string,
+  id: string,
+  work: string,
+  pidFile: string,
+): Promise<{ runningS: number; pagesS: number; pid: number }> {
+  const t0 = performance.now();
+  const v = await openVault({ dir: repo, masterKey: { file: join(keyDir, 'master.key') } });
+  let reader: Awaited<ReturnType<typeof v.openCheckpoint>> | undefined;
+  let server: Awaited<ReturnType<typeof startPageServer>> | undefined;
+  let daemon: ReturnType<typeof spawn> | undefined;
+  const images = join(work, 'images');
+  const criuWork = join(work, 'work');
+  try {
+    await mkdir(criuWork, { recursive: true });
+    await v.restoreCheckpoint({
+      tenant: 'bench',
+      checkpointId: id,
+      destDir: images,
+      skip: (p) => /^pages-\d+\.img$/.test(p),
+    });
+    reader = await v.openCheckpoint({ tenant: 'bench', checkpointId: id });
+    const dump = await readCriuImages(images);
+    await writeEagerPages(dump.processes, images, reader);
+    server = await startPageServer({ processes: dump.processes, source: reader, what: `checkpoint ${id}` });
+    const d = spawn(
+      'criu',
+      [
+        'lazy-pages',
+        '-D',
+        images,
+        '-W',
+        criuWork,
+        '-o',
+        'lazy-pages.log',
+        '--page-server',
+        '--address',
+        server.address,
+        '--port',
+        String(server.port),
+      ],
+      { stdio: 'ignore' },
+    );
+    daemon = d;
+    const exited = new Promise<number | null>((res) => d.once('exit', (code) => res(code)));
+    const socket = join(criuWork, 'lazy-pages.socket');
+    while (!existsSync(socket)) {
+      if (d.exitCode !== null)
+        throw new Error(`criu lazy-pages exited (${String(d.exitCode)}); see ${criuWork}/lazy-pages.log`);
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    await run(
+      'criu',
+      [
+        'restore',
+        '-D',
+        images,
+        '-W',
+        criuWork,
+        '--lazy-pages',
+        '--shell-job',
+        '-d',
+        '-o',
+        'restore.log',
+        '--pidfile',
+        pidFile,
+      ],
+      { timeoutMs: 600_000 },
+    );
+    const runningS = (performance.now() - t0) / 1000;
+    const pid = Number((await readFile(pidFile, 'utf8')).trim());
+    const code = await Promise.race([exited, server.failed]);
+    if (code !== 0)
+      throw new Error(`criu lazy-pages exited with ${String(code)}; see ${criuWork}/lazy-pages.log`);
+    return { runningS, pagesS: (performance.now() - t0) / 1000, pid };
+  } finally {
+    if (daemon && daemon.exitCode === null) daemon.kill('SIGKILL');
+    await server?.close();
+    await reader?.close();
+    await v.close();
+  }
 }
 
 const resticEnv = {
@@ -221,6 +315,10 @@ export const vaultSuite: BenchSuite = {
       const ROUNDS = 3;
       const dormantRuns: number[] = [];
       const criuRuns: number[] = [];
+      const criuSeconds: number[] = [];
+      const lazyRunning: number[] = [];
+      const lazyPages: number[] = [];
+      let lazyFailed: string | undefined;
       let criuFailed: string | undefined;
       // Outside the images folder: criu refuses to restore when the pidfile already exists.
       const pidFile = join(disk, 'criu-restore.pid');
@@ -248,15 +346,36 @@ export const vaultSuite: BenchSuite = {
               ),
             );
             criuRuns.push(bigBytes / MB / cs);
+            criuSeconds.push(cs);
           } catch (e) {
             criuFailed = String(e).slice(0, 200);
           }
-          const fromFile = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
-          if (Number.isInteger(fromFile) && fromFile > 0) live.add(fromFile);
-          for (const pid of live) {
-            killPid(pid);
-            await waitGone(pid);
-            live.delete(pid);
+          const endLive = async (): Promise<void> => {
+            const fromFile = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+            if (Number.isInteger(fromFile) && fromFile > 0) live.add(fromFile);
+            for (const pid of live) {
+              killPid(pid);
+              await waitGone(pid);
+              live.delete(pid);
+            }
+          };
+          await endLive();
+
+          // Lazy resume's way: criu restores the process from the non-page images and the
+          // lazy-pages daemon gets every other page from the vault's page server.
+          if (lazyFailed === undefined) {
+            await rm(pidFile, { force: true });
+            live.add(bigPid);
+            const work = join(staging, 'dormant-lazy');
+            try {
+              const r = await lazyFromVault(dormantBigRepo, disk, 'big', work, pidFile);
+              lazyRunning.push(r.runningS);
+              lazyPages.push(r.pagesS);
+            } catch (e) {
+              lazyFailed = String(e).slice(0, 300);
+            }
+            await endLive();
+            await rm(work, { recursive: true, force: true });
           }
         }
       } finally {
@@ -323,6 +442,31 @@ export const vaultSuite: BenchSuite = {
           },
         );
       }
+      if (criuFailed === undefined && lazyFailed === undefined && lazyRunning.length > 0) {
+        rows.push(
+          {
+            name: `lazy resume of the ${label} checkpoint from the vault: until the process runs, vs criu restore of the plain images`,
+            dormant: median(lazyRunning) * 1000,
+            peer: median(criuSeconds) * 1000,
+            peerName: 'criu restore',
+            unit: 'ms',
+            better: 'lower',
+          },
+          {
+            name: `lazy resume of the ${label} checkpoint from the vault: every page in, vs criu restore of the plain images`,
+            dormant: bigBytes / MB / median(lazyPages),
+            peer: median(criuRuns),
+            peerName: 'criu restore',
+            unit: 'MB/s',
+            better: 'higher',
+          },
+        );
+        notes.push(
+          `lazy resume rows: in each of the ${ROUNDS} rounds, after the criu run, a fresh vault is opened, the checkpoint's non-page images go to the staging folder (the lazy pages never do: writeEagerPages puts only the non-lazy ones there), a page server reads the rest from the vault, and \`criu restore --lazy-pages\` runs with \`criu lazy-pages --page-server\` (what dormant's resume does); "runs" is when criu restore returned, "every page in" when the lazy-pages daemon exited. Medians; runs: until running ${lazyRunning.map((x) => (x * 1000).toFixed(0)).join(', ')} ms, every page in ${lazyPages.map((x) => (bigBytes / MB / x).toFixed(0)).join(', ')} MB/s. The lazy-pages daemon sends its closing message on a corked socket, which adds up to ~200 ms before it exits`,
+        );
+      }
+      if (lazyFailed !== undefined)
+        notes.push(`the lazy resume from the vault failed here, so there are no lazy rows: ${lazyFailed}`);
       if (criuFailed === undefined) {
         rows.push({
           name: `restore ${label} checkpoint vs criu restore of it`,

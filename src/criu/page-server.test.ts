@@ -45,11 +45,13 @@ function proc(
 
 function source(files: Record<string, Buffer>, reads: string[] = []): PageSource {
   return {
-    read: (file, offset, length) => {
+    read: (file, offset, length, out, at = 0) => {
       reads.push(`${file}@${String(offset)}+${String(length)}`);
       const f = files[file];
       if (f === undefined || offset + length > f.length) return Promise.reject(new Error(`no ${file} range`));
-      return Promise.resolve(Buffer.from(f.subarray(offset, offset + length)));
+      const dst = out ?? Buffer.alloc(length);
+      f.copy(dst, out ? at : 0, offset, offset + length);
+      return Promise.resolve(dst);
     },
   };
 }

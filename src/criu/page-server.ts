@@ -34,7 +34,8 @@ const MAX_REQUEST_PAGES = 64 * 1024;
 
 /** Where a process's pages are read from: a byte range of one of its pages images. */
 export interface PageSource {
-  read(file: string, offset: number, length: number): Promise<Buffer>;
+  /** Reads into `out` at `at` when given (and returns it), else into a new buffer. */
+  read(file: string, offset: number, length: number, out?: Buffer, at?: number): Promise<Buffer>;
 }
 
 /** A run of a process's memory in the images: where it lies in the pages file, if there. */
@@ -175,11 +176,8 @@ export async function startPageServer(o: {
           `${o.what}: lazy pages asked for memory at 0x${pos.toString(16)} of task ${String(pid)}, which its pagemap does not hold`,
         );
       const n = Math.min(end, r.end) - pos;
-      if (r.fileOffset >= 0) {
-        const b = await o.source.read(pp.file, r.fileOffset + (pos - r.start), n);
-        b.copy(out, pos - vaddr);
-        b.fill(0);
-      }
+      if (r.fileOffset >= 0)
+        await o.source.read(pp.file, r.fileOffset + (pos - r.start), n, out, pos - vaddr);
       pos += n;
     }
     return out;
@@ -240,11 +238,11 @@ export async function startPageServer(o: {
       if (failure !== undefined) return;
       sock.cork();
       sock.write(reply);
-      const ok = sock.write(data);
+      // The plaintext is wiped once the kernel has it.
+      const ok = sock.write(data, () => data.fill(0));
       sock.uncork();
       served += data.length;
       if (!ok) await drained();
-      // The socket copied what it could not send at once; the plaintext goes when it is sent.
     };
     sock.on('data', (d: Buffer) => {
       pending = pending.length === 0 ? d : Buffer.concat([pending, d]);

@@ -26,6 +26,10 @@ export function registerServe(program: Command): void {
     )
     .option('--no-lazy-restore', 'resume eagerly: every page in memory before the sandbox runs')
     .option(
+      '--stage-lazy-pages',
+      "lazy resume copies the page images to staging and CRIU's lazy-pages daemon reads them there, instead of asking dormant's page server to read them from the vault (the default)",
+    )
+    .option(
       '--allow-root <dir>',
       'only accept root filesystems and images under this folder (repeatable)',
       collect,
@@ -60,6 +64,7 @@ export function registerServe(program: Command): void {
           : false,
         ...(o.policy ? {} : { policy: false as const }),
         ...(o.lazyRestore === false ? { lazyRestore: false } : {}),
+        ...(o.stageLazyPages === true ? { servePagesFromVault: false } : {}),
         ...(o.allowRoot.length > 0 ? { allowedSourceRoots: o.allowRoot.map((r) => resolve(r)) } : {}),
       });
       for (const r of d.reconciled)
