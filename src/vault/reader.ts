@@ -8,8 +8,18 @@ import { CHUNK_ID_BYTES } from './crypto.js';
 import { REF_BYTES, REF_HOLE, recordRawBytes, type ManifestBody, type ManifestEntry } from './format.js';
 import { ChunkDecoder, PackReaders, type RestoreContext } from './restore.js';
 
-/** Decoded records kept for reads that come back to them (a fault next to the last one). */
-const CACHED_RECORDS = 8;
+/**
+ * Decoded records kept: for reads that come back to them (a fault next to the last one) and
+ * for what read-ahead decoded.
+ */
+const CACHED_RECORDS = 24;
+/**
+ * After a read, while no other read waits, the records of the next bytes of the same file are
+ * decoded into the cache, one record per turn of the event loop: a lazy-pages daemon mostly
+ * asks for memory in order, and it copies one answer into the process while the next is
+ * decoded.
+ */
+const READ_AHEAD_BYTES = 4 * 1024 * 1024;
 
 interface FileRefs {
   entry: ManifestEntry;
@@ -87,9 +97,64 @@ export class CheckpointReader {
    * `at` (a new buffer when omitted). The range must lie within the file.
    */
   read(path: string, offset: number, length: number, out?: Buffer, at = 0): Promise<Buffer> {
-    const p = this.queue.then(() => this.readNow(path, offset, length, out ?? Buffer.alloc(length), at));
-    this.queue = p.catch(() => undefined);
+    this.waiting++;
+    const p = this.queue.then(() => {
+      this.waiting--;
+      return this.readNow(path, offset, length, out ?? Buffer.alloc(length), at);
+    });
+    this.queue = p.then(
+      () => this.startReadAhead(path, offset + length),
+      () => undefined,
+    );
     return p;
+  }
+
+  /** Reads queued and not yet started. */
+  private waiting = 0;
+  /** Bumped by every read: a read-ahead of an older read stops. */
+  private generation = 0;
+
+  private startReadAhead(path: string, from: number): void {
+    const f = this.files.get(path);
+    if (f === undefined || this.closed || from >= f.entry.sizeBytes) return;
+    const gen = ++this.generation;
+    const end = Math.min(f.entry.sizeBytes, from + READ_AHEAD_BYTES);
+    let i = this.refAt(f, from);
+    const step = (): void => {
+      if (gen !== this.generation || this.waiting > 0 || this.closed || i >= f.entry.refCount) return;
+      if (f.starts[i]! >= end) return;
+      const ref = (f.entry.firstRef + i) * REF_BYTES;
+      const len = f.starts[i + 1]! - f.starts[i]!;
+      i++;
+      const t =
+        this.body.refs[ref] === REF_HOLE
+          ? this.queue
+          : // Queued like a read, so it never runs beside one; a damaged record is left to
+            // the read that needs it to report.
+            this.queue.then(() =>
+              gen === this.generation && this.waiting === 0 && !this.closed
+                ? this.chunkRecord(ref, len, f.entry.path).then(
+                    () => undefined,
+                    () => undefined,
+                  )
+                : undefined,
+            );
+      this.queue = t;
+      void t.then(() => setImmediate(step));
+    };
+    setImmediate(step);
+  }
+
+  /** The index of the reference of `f` that holds byte `offset`. */
+  private refAt(f: FileRefs, offset: number): number {
+    let lo = 0;
+    let hi = f.entry.refCount - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (f.starts[mid]! <= offset) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
   }
 
   private async readNow(
@@ -117,14 +182,7 @@ export class CheckpointReader {
         `read of ${String(length)} bytes at ${String(offset)} is outside ${path} of ${this.what} (${String(f.entry.sizeBytes)} bytes)`,
       );
     const { starts, entry } = f;
-    // The reference that holds `offset`: the last start at or before it.
-    let lo = 0;
-    let hi = entry.refCount - 1;
-    while (lo < hi) {
-      const mid = (lo + hi + 1) >> 1;
-      if (starts[mid]! <= offset) lo = mid;
-      else hi = mid - 1;
-    }
+    const lo = this.refAt(f, offset);
     let pos = offset;
     const end = offset + length;
     for (let i = lo; pos < end; i++) {
