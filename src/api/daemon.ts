@@ -213,6 +213,8 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     meter,
     reconciled,
     async close() {
+      // Pages still streaming from the vault's page server: let them finish first.
+      await controller.settleLazyRestores();
       await meter.close();
       await wake.close();
       await app.close();

@@ -8,7 +8,16 @@
  */
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, readdir, rm, stat } from 'node:fs/promises';
+import {
+  mkdir,
+  mkdtemp,
+  open as openFile,
+  readFile,
+  readdir,
+  rm,
+  stat,
+  type FileHandle,
+} from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -16,7 +25,7 @@ import { run } from '../sys/exec.js';
 import { prepareStaging, releaseStaging } from '../runtime/staging.js';
 import { openVault } from '../vault/index.js';
 import { readCriuImages } from '../criu/images/reader.js';
-import { startPageServer, writeEagerPages } from '../criu/page-server.js';
+import { startPageServer, writeEagerPages, type PageSource } from '../criu/page-server.js';
 import { criuDump, killPid, startForkFamily, startMixedPython } from '../vault/testing/fixtures.js';
 import type { BenchRow, BenchSuite } from './harness.js';
 
@@ -106,6 +115,8 @@ async function lazyFromVault(
   id: string,
   work: string,
   pidFile: string,
+  /** Serve the pages from these plain images instead (the same page server, no vault decode). */
+  plainImages?: string,
 ): Promise<{ runningS: number; pagesS: number; pid: number }> {
   const t0 = performance.now();
   const v = await openVault({ dir: repo, masterKey: { file: join(keyDir, 'master.key') } });
@@ -114,6 +125,7 @@ async function lazyFromVault(
   let daemon: ReturnType<typeof spawn> | undefined;
   const images = join(work, 'images');
   const criuWork = join(work, 'work');
+  const plainFiles = new Map<string, FileHandle>();
   try {
     await mkdir(criuWork, { recursive: true });
     await v.restoreCheckpoint({
@@ -124,8 +136,9 @@ async function lazyFromVault(
     });
     reader = await v.openCheckpoint({ tenant: 'bench', checkpointId: id });
     const dump = await readCriuImages(images);
-    await writeEagerPages(dump.processes, images, reader);
-    server = await startPageServer({ processes: dump.processes, source: reader, what: `checkpoint ${id}` });
+    const source: PageSource = plainImages === undefined ? reader : plainSource(plainImages, plainFiles);
+    await writeEagerPages(dump.processes, images, source);
+    server = await startPageServer({ processes: dump.processes, source, what: `checkpoint ${id}` });
     const d = spawn(
       'criu',
       [
@@ -181,7 +194,25 @@ async function lazyFromVault(
     await server?.close();
     await reader?.close();
     await v.close();
+    for (const h of plainFiles.values()) await h.close();
   }
+}
+
+/** Pages read from plain images in `dir` (the peer of the vault's reader). */
+function plainSource(dir: string, open: Map<string, FileHandle>): PageSource {
+  return {
+    async read(file, offset, length, out, at = 0) {
+      let h = open.get(file);
+      if (h === undefined) {
+        h = await openFile(join(dir, file), 'r');
+        open.set(file, h);
+      }
+      const dst = out ?? Buffer.alloc(length);
+      const { bytesRead } = await h.read(dst, out ? at : 0, length, offset);
+      if (bytesRead !== length) throw new Error(`${file}: short read at ${String(offset)}`);
+      return dst;
+    },
+  };
 }
 
 const resticEnv = {
@@ -318,6 +349,7 @@ export const vaultSuite: BenchSuite = {
       const criuSeconds: number[] = [];
       const lazyRunning: number[] = [];
       const lazyPages: number[] = [];
+      const plainPages: number[] = [];
       let lazyFailed: string | undefined;
       let criuFailed: string | undefined;
       // Outside the images folder: criu refuses to restore when the pidfile already exists.
@@ -371,6 +403,14 @@ export const vaultSuite: BenchSuite = {
               const r = await lazyFromVault(dormantBigRepo, disk, 'big', work, pidFile);
               lazyRunning.push(r.runningS);
               lazyPages.push(r.pagesS);
+              await endLive();
+              await rm(work, { recursive: true, force: true });
+              // The same, with the page server reading the plain images: what the vault's
+              // decoding costs on top of CRIU's lazy-pages protocol.
+              await rm(pidFile, { force: true });
+              live.add(bigPid);
+              const p = await lazyFromVault(dormantBigRepo, disk, 'big', work, pidFile, big);
+              plainPages.push(p.pagesS);
             } catch (e) {
               lazyFailed = String(e).slice(0, 300);
             }
@@ -460,9 +500,17 @@ export const vaultSuite: BenchSuite = {
             unit: 'MB/s',
             better: 'higher',
           },
+          {
+            name: `lazy resume of the ${label} checkpoint, every page in: pages from the vault vs the same page server reading the plain images`,
+            dormant: bigBytes / MB / median(lazyPages),
+            peer: bigBytes / MB / median(plainPages),
+            peerName: 'plain images',
+            unit: 'MB/s',
+            better: 'higher',
+          },
         );
         notes.push(
-          `lazy resume rows: in each of the ${ROUNDS} rounds, after the criu run, a fresh vault is opened, the checkpoint's non-page images go to the staging folder (the lazy pages never do: writeEagerPages puts only the non-lazy ones there), a page server reads the rest from the vault, and \`criu restore --lazy-pages\` runs with \`criu lazy-pages --page-server\` (what dormant's resume does); "runs" is when criu restore returned, "every page in" when the lazy-pages daemon exited. Medians; runs: until running ${lazyRunning.map((x) => (x * 1000).toFixed(0)).join(', ')} ms, every page in ${lazyPages.map((x) => (bigBytes / MB / x).toFixed(0)).join(', ')} MB/s. The lazy-pages daemon sends its closing message on a corked socket, which adds up to ~200 ms before it exits`,
+          `lazy resume rows: in each of the ${ROUNDS} rounds, after the criu run, a fresh vault is opened, the checkpoint's non-page images go to the staging folder (the lazy pages never do: writeEagerPages puts only the non-lazy ones there), a page server reads the rest from the vault, and \`criu restore --lazy-pages\` runs with \`criu lazy-pages --page-server\` (what dormant's resume does); "runs" is when criu restore returned, "every page in" when the lazy-pages daemon exited. Medians; runs: until running ${lazyRunning.map((x) => (x * 1000).toFixed(0)).join(', ')} ms, every page in ${lazyPages.map((x) => (bigBytes / MB / x).toFixed(0)).join(', ')} MB/s; with the page server reading the plain images from /dev/shm instead of the vault (run right after, same rounds) ${plainPages.map((x) => (bigBytes / MB / x).toFixed(0)).join(', ')} MB/s. CRIU's lazy-pages daemon asks its page server for one 1 MiB piece at a time and waits for each before it copies it in and asks again, so the protocol, not the vault's decoding, sets the pace of "every page in". The lazy-pages daemon sends its closing message on a corked socket, which adds up to ~200 ms before it exits`,
         );
       }
       if (lazyFailed !== undefined)

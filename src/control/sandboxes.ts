@@ -226,6 +226,8 @@ export class SandboxController {
   private readonly timings = new Map<string, OperationTimings>();
   /** Resolves true when resumes restore lazily on this node (asked once). */
   private readonly lazy: Promise<boolean>;
+  /** Lazy restores whose pages are still coming in (or being undone). */
+  private readonly lazyInFlight = new Set<Promise<boolean>>();
   /** Page servers of lazy restores in flight, by sandbox. */
   private readonly pageServers = new Map<string, PagesFromVault>();
 
@@ -1088,6 +1090,31 @@ export class SandboxController {
    * True when every page arrived.
    */
   private async afterLazyRestore(s: Sandbox, pagesLoaded: Promise<void>): Promise<boolean> {
+    const p = this.afterLazyRestoreNow(s, pagesLoaded);
+    this.lazyInFlight.add(p);
+    try {
+      return await p;
+    } finally {
+      this.lazyInFlight.delete(p);
+    }
+  }
+
+  /**
+   * Waits (at most `timeoutMs`) for every lazy restore in flight to have all its pages in or
+   * to be undone. Call before shutting down: a page server that goes away with the process
+   * leaves CRIU's lazy-pages daemon filling the missing pages with zeros.
+   */
+  async settleLazyRestores(timeoutMs = 30_000): Promise<void> {
+    if (this.lazyInFlight.size === 0) return;
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([
+      Promise.allSettled([...this.lazyInFlight]),
+      new Promise((r) => (timer = setTimeout(r, timeoutMs))),
+    ]);
+    clearTimeout(timer);
+  }
+
+  private async afterLazyRestoreNow(s: Sandbox, pagesLoaded: Promise<void>): Promise<boolean> {
     const images = this.staging(`${s.id}-restore`);
     const failure = await pagesLoaded.then(
       () => undefined,

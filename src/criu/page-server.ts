@@ -157,7 +157,8 @@ export async function startPageServer(o: {
         `${o.what}: lazy pages asked for task ${String(pid)}, which the images do not hold`,
       );
     const len = nrPages * PAGE_SIZE;
-    const out = Buffer.alloc(len);
+    // Every byte is written below: pages from the source, zeros for runs it does not store.
+    const out = Buffer.allocUnsafe(len);
     let pos = vaddr;
     const end = vaddr + len;
     // The first run that ends past `pos`.
@@ -178,6 +179,7 @@ export async function startPageServer(o: {
       const n = Math.min(end, r.end) - pos;
       if (r.fileOffset >= 0)
         await o.source.read(pp.file, r.fileOffset + (pos - r.start), n, out, pos - vaddr);
+      else out.fill(0, pos - vaddr, pos - vaddr + n);
       pos += n;
     }
     return out;
