@@ -25,12 +25,13 @@ const pages = Buffer.concat([
   Buffer.alloc(4096 * 3),
 ]);
 const small = Buffer.from('core image\n');
+const masterKey = randomBytes(32);
 
 before(async () => {
   root = await shmDir('reader');
   vault = await openVault({
     dir: join(root, 'vault'),
-    masterKey: { key: randomBytes(32) },
+    masterKey: { key: masterKey },
     lockTimeoutMs: 2000,
   });
   const src = join(root, 'src');
@@ -46,41 +47,46 @@ after(async () => {
   await removeDir(root);
 });
 
-test('random reads equal the stored bytes across chunk, record and hole edges', async () => {
-  const r = await vault.openCheckpoint({ tenant: 't', checkpointId: 'ck' });
-  try {
-    assert.equal(r.size('pages-1.img'), pages.length);
-    assert.deepEqual(
-      r.list().map((f) => [f.path, f.type, f.sizeBytes]),
-      [
-        ['empty.img', 'file', 0],
-        ['pages-1.img', 'file', pages.length],
-        ['sub', 'dir', 0],
-        ['sub/core-1.img', 'file', small.length],
-      ].sort(),
-    );
-    assert.ok((await r.read('sub/core-1.img', 0, small.length)).equals(small));
-    assert.equal((await r.read('empty.img', 0, 0)).length, 0);
-    // Whole, in 4 MiB steps (the daemon's background reads), then 500 random ranges, pipelined.
-    const whole = Buffer.alloc(pages.length);
-    for (let at = 0; at < pages.length; at += 4 * MiB)
-      await r.read('pages-1.img', at, Math.min(4 * MiB, pages.length - at), whole, at);
-    assert.ok(whole.equals(pages), 'read through in order');
-    const ranges = Array.from({ length: 500 }, () => {
-      const off = randomInt(pages.length);
-      return [off, randomInt(Math.min(pages.length - off, 300_000) + 1)] as const;
-    });
-    const got = await Promise.all(ranges.map(([off, len]) => r.read('pages-1.img', off, len)));
-    for (const [i, [off, len]] of ranges.entries())
-      assert.ok(got[i]!.equals(pages.subarray(off, off + len)), `range ${String(off)}+${String(len)}`);
-    // The last byte, one page across the zero run's start.
-    const z = 3 * MiB + 4096 * 7;
-    assert.ok((await r.read('pages-1.img', pages.length - 1, 1)).equals(pages.subarray(-1)));
-    assert.ok((await r.read('pages-1.img', z - 2048, 4096)).equals(pages.subarray(z - 2048, z + 2048)));
-  } finally {
-    await r.close();
-  }
-});
+for (const workers of [true, false])
+  test(`random reads equal the stored bytes across chunk, record and hole edges (read-ahead ${workers ? 'on a decode worker' : 'on the calling thread'})`, async () => {
+    const v = workers
+      ? vault
+      : await openVault({ dir: join(root, 'vault'), masterKey: { key: masterKey }, restoreWorkers: 0 });
+    const r = await v.openCheckpoint({ tenant: 't', checkpointId: 'ck' });
+    try {
+      assert.equal(r.size('pages-1.img'), pages.length);
+      assert.deepEqual(
+        r.list().map((f) => [f.path, f.type, f.sizeBytes]),
+        [
+          ['empty.img', 'file', 0],
+          ['pages-1.img', 'file', pages.length],
+          ['sub', 'dir', 0],
+          ['sub/core-1.img', 'file', small.length],
+        ].sort(),
+      );
+      assert.ok((await r.read('sub/core-1.img', 0, small.length)).equals(small));
+      assert.equal((await r.read('empty.img', 0, 0)).length, 0);
+      // Whole, in 4 MiB steps (the daemon's background reads), then 500 random ranges, pipelined.
+      const whole = Buffer.alloc(pages.length);
+      for (let at = 0; at < pages.length; at += 4 * MiB)
+        await r.read('pages-1.img', at, Math.min(4 * MiB, pages.length - at), whole, at);
+      assert.ok(whole.equals(pages), 'read through in order');
+      const ranges = Array.from({ length: 500 }, () => {
+        const off = randomInt(pages.length);
+        return [off, randomInt(Math.min(pages.length - off, 300_000) + 1)] as const;
+      });
+      const got = await Promise.all(ranges.map(([off, len]) => r.read('pages-1.img', off, len)));
+      for (const [i, [off, len]] of ranges.entries())
+        assert.ok(got[i]!.equals(pages.subarray(off, off + len)), `range ${String(off)}+${String(len)}`);
+      // The last byte, one page across the zero run's start.
+      const z = 3 * MiB + 4096 * 7;
+      assert.ok((await r.read('pages-1.img', pages.length - 1, 1)).equals(pages.subarray(-1)));
+      assert.ok((await r.read('pages-1.img', z - 2048, 4096)).equals(pages.subarray(z - 2048, z + 2048)));
+    } finally {
+      await r.close();
+      if (v !== vault) await v.close();
+    }
+  });
 
 test('reads outside a file, of a missing file, or after close are refused by name', async () => {
   const r = await vault.openCheckpoint({ tenant: 't', checkpointId: 'ck' });

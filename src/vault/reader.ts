@@ -5,21 +5,44 @@
  */
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { CHUNK_ID_BYTES } from './crypto.js';
-import { REF_BYTES, REF_HOLE, recordRawBytes, type ManifestBody, type ManifestEntry } from './format.js';
+import {
+  REF_BYTES,
+  REF_HOLE,
+  recordAad,
+  recordRawBytes,
+  type ChunkLocation,
+  type ManifestBody,
+  type ManifestEntry,
+} from './format.js';
+import { REC_FIELDS } from './seal-worker.js';
 import { ChunkDecoder, PackReaders, type RestoreContext } from './restore.js';
 
+/** Decoded records kept (bytes of plaintext): for reads that come back, and what read-ahead decoded. */
+const CACHE_BYTES = 8 * 1024 * 1024;
 /**
- * Decoded records kept: for reads that come back to them (a fault next to the last one) and
- * for what read-ahead decoded.
- */
-const CACHED_RECORDS = 24;
-/**
- * After a read, while no other read waits, the records of the next bytes of the same file are
- * decoded into the cache, one record per turn of the event loop: a lazy-pages daemon mostly
- * asks for memory in order, and it copies one answer into the process while the next is
- * decoded.
+ * After a read, the records of the next bytes of the same file are decoded ahead, into the
+ * cache: a lazy-pages daemon mostly asks for memory in order, one piece at a time, and copies
+ * each answer into the process before it asks again. With decode workers, batches of records
+ * decode there while the calling thread answers; without, one record per turn of the event
+ * loop while no read waits.
  */
 const READ_AHEAD_BYTES = 4 * 1024 * 1024;
+/** A read-ahead batch: at most this much input and output, and at most two in flight. */
+const BATCH_BYTES = 2 * 1024 * 1024;
+const BATCH_TARGET_RAW = 1024 * 1024;
+const BATCHES_IN_FLIGHT = 2;
+
+/** The output buffer of a decoded batch, shared by its records in the cache. */
+interface Batch {
+  buf: Buffer;
+  /** Its records still in the cache. */
+  live: number;
+}
+
+interface Cached {
+  rec: Buffer;
+  batch?: Batch;
+}
 
 interface FileRefs {
   entry: ManifestEntry;
@@ -43,7 +66,16 @@ export class CheckpointReader {
   private readonly files = new Map<string, FileRefs>();
   private readonly packs: PackReaders;
   private readonly decoder: ChunkDecoder;
-  private readonly cache = new Map<string, Buffer>();
+  private readonly cache = new Map<string, Cached>();
+  private cachedBytes = 0;
+  /** Records a worker batch is decoding: settles once they are cached (or found bad). */
+  private readonly inflight = new Map<string, Promise<void>>();
+  private batchesInFlight = 0;
+  private readonly batches = new Set<Promise<void>>();
+  /** How far read-ahead has gone in `aheadPath`. */
+  private aheadPath = '';
+  private aheadPos = 0;
+  private poolFailed = false;
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
   private readonly what: string;
@@ -52,7 +84,7 @@ export class CheckpointReader {
 
   constructor(
     private readonly body: ManifestBody,
-    private readonly ctx: Omit<RestoreContext, 'pool' | 'onProgress' | 'signal'>,
+    private readonly ctx: Omit<RestoreContext, 'onProgress' | 'signal' | 'skip'>,
     private readonly release: () => Promise<void>,
   ) {
     this.what = `checkpoint ${ctx.checkpointId}`;
@@ -117,6 +149,15 @@ export class CheckpointReader {
   private startReadAhead(path: string, from: number): void {
     const f = this.files.get(path);
     if (f === undefined || this.closed || from >= f.entry.sizeBytes) return;
+    if (this.ctx.pool !== undefined && !this.poolFailed) {
+      // Carry on from where read-ahead got to, if that is ahead of this read and not too far.
+      if (this.aheadPath !== path || this.aheadPos < from || this.aheadPos > from + READ_AHEAD_BYTES) {
+        this.aheadPath = path;
+        this.aheadPos = from;
+      }
+      this.pump(f, from + READ_AHEAD_BYTES);
+      return;
+    }
     const gen = ++this.generation;
     const end = Math.min(f.entry.sizeBytes, from + READ_AHEAD_BYTES);
     let i = this.refAt(f, from);
@@ -133,7 +174,7 @@ export class CheckpointReader {
             // the read that needs it to report.
             this.queue.then(() =>
               gen === this.generation && this.waiting === 0 && !this.closed
-                ? this.chunkRecord(ref, len, f.entry.path).then(
+                ? this.withRecord(ref, len, f.entry.path, () => undefined).then(
                     () => undefined,
                     () => undefined,
                   )
@@ -143,6 +184,172 @@ export class CheckpointReader {
       void t.then(() => setImmediate(step));
     };
     setImmediate(step);
+  }
+
+  /**
+   * Starts worker batches for the records of `f` from `aheadPos` up to `limit`, while fewer
+   * than BATCHES_IN_FLIGHT run and no read waits. Reading the sealed bytes goes through the
+   * queue (the pack readers serve one caller at a time); decoding does not.
+   */
+  private pump(f: FileRefs, limit: number): void {
+    if (this.closed || this.poolFailed || this.batchesInFlight >= BATCHES_IN_FLIGHT || this.waiting > 0)
+      return;
+    if (this.aheadPath !== f.entry.path || this.aheadPos >= Math.min(limit, f.entry.sizeBytes)) return;
+    this.batchesInFlight++;
+    const build = this.queue.then(() => this.buildBatch(f, limit));
+    this.queue = build.catch(() => undefined);
+    const run: Promise<void> = build
+      .then((b) => (b === undefined ? undefined : this.decodeBatch(b)))
+      .catch(() => {
+        // A worker that failed: reads decode on this thread from now on.
+        this.poolFailed = true;
+      })
+      .finally(() => {
+        this.batchesInFlight--;
+        this.batches.delete(run);
+        this.pump(f, limit);
+      });
+    this.batches.add(run);
+  }
+
+  /** Collects and reads the next records of read-ahead into a batch, or undefined when none. */
+  private async buildBatch(
+    f: FileRefs,
+    limit: number,
+  ): Promise<
+    | { input: Buffer; out: Buffer; recs: number[]; aads: Uint8Array[]; wheres: string[]; done: () => void }
+    | undefined
+  > {
+    if (this.closed || this.waiting > 0 || this.aheadPath !== f.entry.path) return undefined;
+    const pool = this.ctx.pool!;
+    const end = Math.min(limit, f.entry.sizeBytes);
+    let i = this.refAt(f, this.aheadPos);
+    const picked: { loc: ChunkLocation; id: Buffer; where: string }[] = [];
+    const seen = new Set<string>();
+    let inBytes = 0;
+    let outBytes = 0;
+    for (; i < f.entry.refCount && f.starts[i]! < end; i++) {
+      const ref = (f.entry.firstRef + i) * REF_BYTES;
+      if (this.body.refs[ref] === REF_HOLE) continue;
+      const id = this.body.refs.subarray(ref + 5, ref + 5 + CHUNK_ID_BYTES);
+      const loc = this.ctx.lookup(id.toString('hex'));
+      // A missing chunk is for the read that needs it to report.
+      if (loc === undefined) continue;
+      const where = `${loc.pack}/${String(loc.offset)}`;
+      if (seen.has(where) || this.cache.has(where) || this.inflight.has(where)) continue;
+      const raw = recordRawBytes(loc);
+      if (inBytes + loc.storedBytes > BATCH_BYTES || outBytes + raw > BATCH_BYTES) break;
+      seen.add(where);
+      picked.push({ loc, id: Buffer.from(id), where });
+      inBytes += loc.storedBytes;
+      outBytes += raw;
+      if (outBytes >= BATCH_TARGET_RAW) {
+        i++;
+        break;
+      }
+    }
+    this.aheadPos = i < f.entry.refCount ? Math.min(f.starts[i]!, end) : f.entry.sizeBytes;
+    if (picked.length === 0) return undefined;
+    let settle!: () => void;
+    const ready = new Promise<void>((r) => (settle = r));
+    for (const p of picked) this.inflight.set(p.where, ready);
+    const input = pool.take(BATCH_BYTES);
+    const out = pool.take(BATCH_BYTES);
+    const recs: number[] = [];
+    const aads: Uint8Array[] = [];
+    let at = 0;
+    let outAt = 0;
+    let aadAt = 0;
+    try {
+      for (const p of picked) {
+        const sealed = await this.packs.record(p.loc);
+        sealed.copy(input, at);
+        const aad = recordAad(p.loc, p.id);
+        recs.push(at, sealed.length, recordRawBytes(p.loc), outAt, aadAt, aad.length);
+        aads.push(aad);
+        at += sealed.length;
+        outAt += recordRawBytes(p.loc);
+        aadAt += aad.length;
+      }
+    } catch (e) {
+      for (const p of picked) this.inflight.delete(p.where);
+      settle();
+      pool.give(input);
+      pool.give(out);
+      throw e;
+    }
+    return {
+      input,
+      out,
+      recs,
+      aads,
+      wheres: picked.map((p) => p.where),
+      done: () => {
+        for (const p of picked) this.inflight.delete(p.where);
+        settle();
+      },
+    };
+  }
+
+  private async decodeBatch(b: {
+    input: Buffer;
+    out: Buffer;
+    recs: number[];
+    aads: Uint8Array[];
+    wheres: string[];
+    done: () => void;
+  }): Promise<void> {
+    const pool = this.ctx.pool!;
+    const aad = new Uint8Array(b.aads.reduce((n, a) => n + a.length, 0));
+    let at = 0;
+    for (const a of b.aads) {
+      aad.set(a, at);
+      at += a.length;
+    }
+    try {
+      const r = await pool.decode(b.input, b.out, {
+        key: this.ctx.keys.dataKey,
+        recs: Int32Array.from(b.recs),
+        aad,
+        copies: new Int32Array(0),
+      });
+      pool.give(r.input);
+      // Records before a bad one decoded; that one and the rest are left to the reads that
+      // need them (which report the damage).
+      const good = r.done.error !== undefined ? 0 : (r.done.badRecord ?? b.wheres.length);
+      if (this.closed || good === 0) {
+        r.output.fill(0);
+        return;
+      }
+      const batch: Batch = { buf: r.output, live: 0 };
+      for (let k = 0; k < good; k++) {
+        const f = k * REC_FIELDS;
+        const rec = r.output.subarray(b.recs[f + 3], b.recs[f + 3]! + b.recs[f + 2]!);
+        batch.live++;
+        this.cachePut(b.wheres[k]!, { rec, batch });
+      }
+    } finally {
+      b.done();
+    }
+  }
+
+  private cachePut(where: string, c: Cached): void {
+    this.cache.set(where, c);
+    this.cachedBytes += c.rec.length;
+    while (this.cachedBytes > CACHE_BYTES && this.cache.size > 1) {
+      const [oldest, old] = this.cache.entries().next().value as [string, Cached];
+      this.dropCached(oldest, old);
+    }
+  }
+
+  private dropCached(where: string, c: Cached): void {
+    this.cache.delete(where);
+    this.cachedBytes -= c.rec.length;
+    if (c.batch === undefined) c.rec.fill(0);
+    else if (--c.batch.live === 0) {
+      c.batch.buf.fill(0);
+      this.ctx.pool?.give(c.batch.buf);
+    }
   }
 
   /** The index of the reference of `f` that holds byte `offset`. */
@@ -194,8 +401,10 @@ export class CheckpointReader {
       if (this.body.refs[ref] === REF_HOLE) {
         out.fill(0, dst, dst + n);
       } else {
-        const plain = await this.chunkRecord(ref, refEnd - refStart, entry.path);
-        plain.rec.copy(out, dst, plain.inner + (pos - refStart), plain.inner + (pos - refStart) + n);
+        const from = pos - refStart;
+        await this.withRecord(ref, refEnd - refStart, entry.path, (rec, inner) =>
+          rec.copy(out, dst, inner + from, inner + from + n),
+        );
       }
       pos += n;
     }
@@ -203,8 +412,17 @@ export class CheckpointReader {
     return out;
   }
 
-  /** The decoded record that holds the chunk of reference `ref`, and where the chunk starts in it. */
-  private async chunkRecord(ref: number, len: number, path: string): Promise<{ rec: Buffer; inner: number }> {
+  /**
+   * Calls `use` with the decoded record that holds the chunk of reference `ref` and where the
+   * chunk starts in it, in the same turn as it is looked up or decoded: a cached record may be
+   * evicted (and wiped) by anything that runs later.
+   */
+  private async withRecord(
+    ref: number,
+    len: number,
+    path: string,
+    use: (rec: Buffer, inner: number) => void,
+  ): Promise<void> {
     const id = this.body.refs.subarray(ref + 5, ref + 5 + CHUNK_ID_BYTES);
     const key = id.toString('hex');
     const loc = this.ctx.lookup(key);
@@ -224,27 +442,28 @@ export class CheckpointReader {
         { details: { object: `pack ${loc.pack}` } },
       );
     const where = `${loc.pack}/${String(loc.offset)}`;
-    let rec = this.cache.get(where);
-    if (rec !== undefined) {
+    // A worker batch is decoding it: wait for that rather than decode it twice.
+    const coming = this.inflight.get(where);
+    if (coming !== undefined) await coming;
+    const hit = this.cache.get(where);
+    if (hit !== undefined) {
       // Most recently used last.
       this.cache.delete(where);
-      this.cache.set(where, rec);
-      return { rec, inner: loc.inner };
+      this.cache.set(where, hit);
+      use(hit.rec, loc.inner);
+      return;
     }
     const sealed = await this.packs.record(loc);
-    let spare: Buffer | undefined;
-    if (this.cache.size >= CACHED_RECORDS) {
-      const [oldest, buf] = this.cache.entries().next().value as [string, Buffer];
-      this.cache.delete(oldest);
-      spare = buf;
-    }
-    const raw = recordRawBytes(loc);
-    rec = spare !== undefined && spare.length >= raw ? spare.subarray(0, raw) : Buffer.allocUnsafe(raw);
-    if (spare !== undefined && rec.buffer !== spare.buffer) spare.fill(0);
+    const rec = Buffer.allocUnsafe(recordRawBytes(loc));
     // Opened with the first chunk's id for a one-chunk record, all of them for a group.
-    this.decoder.decode(id, loc, sealed, rec, 0, this.what);
-    this.cache.set(where, rec);
-    return { rec, inner: loc.inner };
+    try {
+      this.decoder.decode(id, loc, sealed, rec, 0, this.what);
+    } catch (e) {
+      rec.fill(0);
+      throw e;
+    }
+    use(rec, loc.inner);
+    this.cachePut(where, { rec });
   }
 
   /** Wipes what it decoded, closes its packs and releases the vault. Safe to call twice. */
@@ -252,8 +471,8 @@ export class CheckpointReader {
     if (this.closed) return;
     this.closed = true;
     await this.queue.catch(() => undefined);
-    for (const b of this.cache.values()) b.fill(0);
-    this.cache.clear();
+    await Promise.allSettled([...this.batches]);
+    for (const [where, c] of [...this.cache]) this.dropCached(where, c);
     try {
       await this.packs.close();
     } finally {

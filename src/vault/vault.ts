@@ -674,12 +674,14 @@ export class Vault {
           { status: 410 },
         );
       }
+      const pool = this.restorePool();
       const t = await this.tenantState(o.tenant, false);
       const { body } = await this.readManifest(o.tenant, o.checkpointId);
       await this.refreshIndex(o.tenant, t);
       return new CheckpointReader(
         body,
         {
+          ...(pool ? { pool } : {}),
           store: this.store,
           tenant: o.tenant,
           checkpointId: o.checkpointId,
