@@ -180,7 +180,7 @@ export const sandboxSuite: BenchSuite = {
     return {
       title: 'sandbox hibernate and resume',
       description:
-        "One sandbox running a python server that holds N MiB (half random, half a repeated byte per MiB), hibernated once fresh (all its memory new to the vault). Peer: `runc checkpoint` then `runc restore -d` of the same sandbox with images on /dev/shm (through the runtime adapter, no vault). dormant: `hibernate` (freeze, CRIU dump into the daemon's staging tmpfs, huge pages for big files, while the vault chunks, compresses (zstd), encrypts (AES-GCM) and writes with fsync what CRIU has written so far; commit; end processes) and `resume` (vault to staging, runc restore; eager, and with CRIU lazy pages, the daemon's default, timed until the processes run with their pages arriving behind).",
+        "One sandbox running a python server that holds N MiB (half random, half a repeated byte per MiB), hibernated once fresh (all its memory new to the vault). Peer: `runc checkpoint` then `runc restore -d` of the same sandbox with images on /dev/shm (through the runtime adapter, no vault). dormant: `hibernate` (freeze, CRIU dump into the daemon's staging tmpfs, huge pages for big files, while the vault chunks, compresses (zstd), encrypts (AES-GCM) and writes with fsync what CRIU has written so far; commit; end processes) and `resume` (eager: vault to staging, runc restore; and with CRIU lazy pages, the daemon's default: the non-page images to staging, runc restore, every lazy page served from the vault by dormant's page server; timed until the processes run with their pages arriving behind, and the steps show when the last page was in).",
       rows,
       notes,
     };
