@@ -7,6 +7,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm, stat } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
@@ -210,5 +211,41 @@ test('writeEagerPages writes only the pages that are not lazy, the rest stays ho
     assert.ok((await stat(join(dir, 'pages-2.img'))).blocks === 0, 'all lazy: all hole');
   } finally {
     await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test('a connection from a user other than root gets nothing and is closed', async () => {
+  const srv = await startPageServer({ processes: procs, source: source(files), what: 'test' });
+  try {
+    // A local user (nobody) asks for task 10's pages on the loopback port.
+    const script = `
+      const s = require('net').connect(${String(srv.port)}, '127.0.0.1');
+      let got = 0;
+      s.on('connect', () => s.write(Buffer.from('${get(10, 0x10000, 1).toString('hex')}', 'hex')));
+      s.on('data', (d) => (got += d.length));
+      s.on('error', () => {});
+      s.on('close', () => { console.log('closed ' + got); process.exit(0); });
+      setTimeout(() => { console.log('open ' + got); process.exit(0); }, 3000);`;
+    const out = await new Promise<string>((resolve, reject) => {
+      const c = spawn(process.execPath, ['-e', script], {
+        uid: 65534,
+        gid: 65534,
+        stdio: ['ignore', 'pipe', 'inherit'],
+      });
+      let o = '';
+      c.stdout.on('data', (d: Buffer) => (o += d.toString()));
+      c.on('error', reject);
+      c.on('exit', () => resolve(o.trim()));
+    });
+    assert.equal(out, 'closed 0', 'no byte of memory, and the connection closed');
+    assert.equal(srv.servedBytes(), 0);
+    // Root (the lazy-pages daemon) is still served.
+    const c = client(srv.port);
+    c.sock.write(get(10, 0x10000, 1));
+    const got = await c.wait(32 + P);
+    assert.ok(got.subarray(32).equals(mem10.subarray(0, P)));
+    c.sock.destroy();
+  } finally {
+    await srv.close();
   }
 });

@@ -16,7 +16,7 @@
  * `failed` rejects, and the caller ends the task before it closes the server.
  */
 import { once } from 'node:events';
-import { open } from 'node:fs/promises';
+import { open, readFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { DormantError, ErrorCode } from '../domain/errors.js';
@@ -110,6 +110,23 @@ export async function writeEagerPages(
   return written;
 }
 
+/**
+ * The uid owning the other end of a loopback TCP connection (from /proc/net/tcp), or
+ * undefined when it cannot be told.
+ */
+async function peerUid(sock: Socket): Promise<number | undefined> {
+  const hex = (port: number | undefined): string => (port ?? -1).toString(16).toUpperCase().padStart(4, '0');
+  const theirs = `0100007F:${hex(sock.remotePort)}`;
+  const ours = `0100007F:${hex(sock.localPort)}`;
+  const table = await readFile('/proc/net/tcp', 'utf8').catch(() => '');
+  for (const line of table.split('\n').slice(1)) {
+    const f = line.trim().split(/\s+/);
+    // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+    if (f[1] === theirs && f[2] === ours) return Number(f[7]);
+  }
+  return undefined;
+}
+
 export interface PageServer {
   address: string;
   port: number;
@@ -187,6 +204,16 @@ export async function startPageServer(o: {
 
   const serve = (sock: Socket): void => {
     sockets.add(sock);
+    // Memory is served only to root (CRIU runs as root): any local user can reach a loopback
+    // port, and these pages are a process's secrets. Nothing is read from a socket before.
+    sock.pause();
+    void peerUid(sock).then((uid) => {
+      if (uid !== 0) {
+        sock.destroy();
+        return;
+      }
+      sock.resume();
+    });
     sock.setNoDelay(true);
     let pending: Buffer = Buffer.alloc(0);
     let chain: Promise<void> = Promise.resolve();
