@@ -102,7 +102,8 @@ export interface CheckpointVault {
    * waiting) until closed. Lazy resume serves the sandbox's pages from it.
    */
   openCheckpoint?(o: { tenant: string; checkpointId: string; signal?: AbortSignal }): Promise<{
-    read(path: string, offset: number, length: number): Promise<Buffer>;
+    /** Reads into `out` at `at` when given (and returns it), else into a new buffer. */
+    read(path: string, offset: number, length: number, out?: Buffer, at?: number): Promise<Buffer>;
     close(): Promise<void>;
   }>;
   deleteCheckpoint(o: { tenant: string; checkpointId: string }): Promise<unknown>;
@@ -203,7 +204,7 @@ export interface ImportArchiveInput {
 /** A lazy restore's pages, served from the vault while they stream in. */
 interface PagesFromVault {
   server: PageServer;
-  reader: { read(path: string, offset: number, length: number): Promise<Buffer>; close(): Promise<void> };
+  reader: Awaited<ReturnType<NonNullable<CheckpointVault['openCheckpoint']>>>;
 }
 
 /** CRIU and the kernel say x86_64 / aarch64; Node says x64 / arm64. */

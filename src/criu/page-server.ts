@@ -194,9 +194,11 @@ export async function startPageServer(o: {
           `${o.what}: lazy pages asked for memory at 0x${pos.toString(16)} of task ${String(pid)}, which its pagemap does not hold`,
         );
       const n = Math.min(end, r.end) - pos;
-      if (r.fileOffset >= 0)
-        await o.source.read(pp.file, r.fileOffset + (pos - r.start), n, out, pos - vaddr);
-      else out.fill(0, pos - vaddr, pos - vaddr + n);
+      if (r.fileOffset >= 0) {
+        const b = await o.source.read(pp.file, r.fileOffset + (pos - r.start), n, out, pos - vaddr);
+        // A source that ignores `out` returns the pages in a buffer of their own.
+        if (b !== out) b.copy(out, pos - vaddr, 0, n);
+      } else out.fill(0, pos - vaddr, pos - vaddr + n);
       pos += n;
     }
     return out;

@@ -7,11 +7,11 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes, randomInt } from 'node:crypto';
-import { mkdir, open, readdir, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { openVault, type Vault } from './index.js';
-import { removeDir, shmDir } from './testing/fixtures.js';
+import { flipByte, removeDir, shmDir } from './testing/fixtures.js';
 
 let root: string;
 let vault: Vault;
@@ -121,12 +121,8 @@ test('a flipped byte in a pack: the read that needs it throws VAULT_CORRUPT nami
     const n = (await stat(join(packs, f))).size;
     if (n > size) [pack, size] = [join(packs, f), n];
   }
-  const h = await open(pack, 'r+');
   const at = 1024;
-  const b = Buffer.alloc(1);
-  await h.read(b, 0, 1, at);
-  b[0] = b[0]! ^ 1;
-  await h.write(b, 0, 1, at);
+  await flipByte(pack, at, 1);
   const r = await vault.openCheckpoint({ tenant: 't', checkpointId: 'ck' });
   try {
     // Page by page: the pages of the damaged record fail, every other page reads right.
@@ -153,8 +149,6 @@ test('a flipped byte in a pack: the read that needs it throws VAULT_CORRUPT nami
     assert.ok(bad <= 5, `only the damaged record's pages fail (${String(bad)} of 64 KiB)`);
   } finally {
     await r.close();
-    b[0] = b[0] ^ 1;
-    await h.write(b, 0, 1, at);
-    await h.close();
+    await flipByte(pack, at, 1);
   }
 });

@@ -79,8 +79,6 @@ export class CheckpointReader {
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
   private readonly what: string;
-  /** Plaintext bytes returned so far. */
-  readBytes = 0;
 
   constructor(
     private readonly body: ManifestBody,
@@ -112,11 +110,6 @@ export class CheckpointReader {
   /** The checkpoint's folder, in walk order. */
   list(): CheckpointFile[] {
     return this.body.entries.map((e) => ({ path: e.path, type: e.type, sizeBytes: e.sizeBytes }));
-  }
-
-  /** The checkpoint's meta (architecture, CRIU version, ...). */
-  get meta(): Record<string, string> {
-    return this.body.meta;
   }
 
   /** Size of file `path`, or undefined when the checkpoint has no such file. */
@@ -408,7 +401,6 @@ export class CheckpointReader {
       }
       pos += n;
     }
-    this.readBytes += length;
     return out;
   }
 

@@ -37,7 +37,7 @@ import {
   tenantTombstoneName,
 } from './keys.js';
 import { LocalDirStore, openVault, type Vault, type VaultOptions } from './index.js';
-import { diffTrees, removeDir, shmDir } from './testing/fixtures.js';
+import { diffTrees, flipByte, removeDir, shmDir } from './testing/fixtures.js';
 
 const MiB = 1024 * 1024;
 const TENANT = 'acme';
@@ -248,18 +248,6 @@ async function rawFiles(dir: string): Promise<{ path: string; bytes: Buffer }[]>
   return out;
 }
 
-async function flip(path: string, pos: number): Promise<void> {
-  const h = await openFile(path, 'r+');
-  try {
-    const b = Buffer.alloc(1);
-    await h.read(b, 0, 1, pos);
-    b[0] = b[0]! ^ 0x40;
-    await h.write(b, 0, 1, pos);
-  } finally {
-    await h.close();
-  }
-}
-
 describe('records of several chunks', () => {
   test('a flipped byte in the middle chunk of a record: verify names the checkpoint, restore fails and leaves nothing', async () => {
     const CK = 'ck-tamper';
@@ -310,7 +298,7 @@ describe('records of several chunks', () => {
     };
     await restoreOk('before');
 
-    await flip(path, pos);
+    await flipByte(path, pos);
     try {
       await withVault(dir, async (v) => {
         const report = await v.verify();
@@ -348,7 +336,7 @@ describe('records of several chunks', () => {
         }
       }
     } finally {
-      await flip(path, pos);
+      await flipByte(path, pos);
     }
     // The flip was the only damage: undone, everything is whole again.
     await restoreOk('after');

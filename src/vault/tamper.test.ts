@@ -5,7 +5,7 @@ import { mkdir, open, readdir, writeFile, access } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError } from '../domain/errors.js';
 import { openVault } from './index.js';
-import { diffTrees, removeDir, shmDir } from './testing/fixtures.js';
+import { diffTrees, flipByte, removeDir, shmDir } from './testing/fixtures.js';
 
 const MiB = 1024 * 1024;
 let root: string;
@@ -13,18 +13,6 @@ let vaultDir: string;
 let src: string;
 const key = randomBytes(32);
 const CK = 'ck-tamper';
-
-async function flip(path: string, pos: number): Promise<void> {
-  const h = await open(path, 'r+');
-  try {
-    const b = Buffer.alloc(1);
-    await h.read(b, 0, 1, pos);
-    b[0] = b[0]! ^ 0x40;
-    await h.write(b, 0, 1, pos);
-  } finally {
-    await h.close();
-  }
-}
 
 async function files(kind: 'packs' | 'index' | 'manifests'): Promise<string[]> {
   const dir = join(vaultDir, 'data', 'acme', kind);
@@ -143,11 +131,11 @@ describe('a single flipped byte is detected by verify and by restore', () => {
       let flips = 0;
       for (const f of await files(kind)) {
         for (const pos of positions(await sizeOf(f))) {
-          await flip(f, pos);
+          await flipByte(f, pos);
           try {
             await expectDetected(`${kind} ${f.slice(f.lastIndexOf('/') + 1)} byte ${pos}`);
           } finally {
-            await flip(f, pos);
+            await flipByte(f, pos);
           }
           flips++;
         }

@@ -45,7 +45,7 @@ import {
 import { LocalLock, type Release } from './lock.js';
 import { SealPool } from './seal-pool.js';
 import { sealOne } from './seal-worker.js';
-import { ChunkDecoder, PackReaders, restoreInto } from './restore.js';
+import { ChunkDecoder, PackReaders, restoreInto, type RestoreContext } from './restore.js';
 import { CheckpointReader } from './reader.js';
 import { LocalDirStore, TMP_MARK, type StoreEntry, type VaultStore } from './store.js';
 
@@ -613,32 +613,54 @@ export class Vault {
     return this.decodePool;
   }
 
-  private async restoreLocked(o: RestoreCheckpointOptions): Promise<RestoreCheckpointResult> {
-    const started = performance.now();
-    if (await isDestroyed(this.store, tenantTombstoneName(o.tenant))) {
+  /**
+   * What a restore and a reader need of checkpoint `checkpointId`: its manifest, and the
+   * context to find and open its chunks (the index refreshed first). Call under the shared lock.
+   */
+  private async readContext(
+    tenant: string,
+    checkpointId: string,
+  ): Promise<{
+    header: ManifestHeader;
+    body: ManifestBody;
+    ctx: Omit<RestoreContext, 'signal' | 'onProgress' | 'skip'>;
+  }> {
+    if (await isDestroyed(this.store, tenantTombstoneName(tenant))) {
       throw new DormantError(
         ErrorCode.TENANT_KEY_DESTROYED,
-        `the key of tenant ${o.tenant} was destroyed; checkpoint ${o.checkpointId} is unrecoverable`,
+        `the key of tenant ${tenant} was destroyed; checkpoint ${checkpointId} is unrecoverable`,
         { status: 410 },
       );
     }
     // Started first: the workers boot while the manifest and the index load.
     const pool = this.restorePool();
-    const t = await this.tenantState(o.tenant, false);
-    const { header, body } = await this.readManifest(o.tenant, o.checkpointId);
-    await this.refreshIndex(o.tenant, t);
+    const t = await this.tenantState(tenant, false);
+    const { header, body } = await this.readManifest(tenant, checkpointId);
+    await this.refreshIndex(tenant, t);
+    return {
+      header,
+      body,
+      ctx: {
+        ...(pool ? { pool } : {}),
+        store: this.store,
+        tenant,
+        checkpointId,
+        keys: t.keys,
+        lookup: (k) => t.index.get(k),
+        explainMissing: () =>
+          t.badIndexes.size > 0
+            ? ` (damaged: ${[...t.badIndexes.values()].join('; ')})`
+            : ' (its pack or index is gone)',
+      },
+    };
+  }
+
+  private async restoreLocked(o: RestoreCheckpointOptions): Promise<RestoreCheckpointResult> {
+    const started = performance.now();
+    const { header, body, ctx } = await this.readContext(o.tenant, o.checkpointId);
     await restoreInto(o.destDir, body, {
-      ...(pool ? { pool } : {}),
+      ...ctx,
       ...(o.skip ? { skip: o.skip } : {}),
-      store: this.store,
-      tenant: o.tenant,
-      checkpointId: o.checkpointId,
-      keys: t.keys,
-      lookup: (k) => t.index.get(k),
-      explainMissing: () =>
-        t.badIndexes.size > 0
-          ? ` (damaged: ${[...t.badIndexes.values()].join('; ')})`
-          : ' (its pack or index is gone)',
       ...(o.signal ? { signal: o.signal } : {}),
       ...(o.onProgress ? { onProgress: o.onProgress } : {}),
     });
@@ -667,33 +689,8 @@ export class Vault {
     checkId('checkpoint id', o.checkpointId);
     const release = await this.lock.shared(this.lockOpts(o.signal));
     try {
-      if (await isDestroyed(this.store, tenantTombstoneName(o.tenant))) {
-        throw new DormantError(
-          ErrorCode.TENANT_KEY_DESTROYED,
-          `the key of tenant ${o.tenant} was destroyed; checkpoint ${o.checkpointId} is unrecoverable`,
-          { status: 410 },
-        );
-      }
-      const pool = this.restorePool();
-      const t = await this.tenantState(o.tenant, false);
-      const { body } = await this.readManifest(o.tenant, o.checkpointId);
-      await this.refreshIndex(o.tenant, t);
-      return new CheckpointReader(
-        body,
-        {
-          ...(pool ? { pool } : {}),
-          store: this.store,
-          tenant: o.tenant,
-          checkpointId: o.checkpointId,
-          keys: t.keys,
-          lookup: (k) => t.index.get(k),
-          explainMissing: () =>
-            t.badIndexes.size > 0
-              ? ` (damaged: ${[...t.badIndexes.values()].join('; ')})`
-              : ' (its pack or index is gone)',
-        },
-        release,
-      );
+      const { body, ctx } = await this.readContext(o.tenant, o.checkpointId);
+      return new CheckpointReader(body, ctx, release);
     } catch (e) {
       await release();
       throw e;

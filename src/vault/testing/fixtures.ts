@@ -3,7 +3,7 @@
  * and real CRIU dumps of python processes. Test-only (the layer check skips testing/).
  */
 import { spawn } from 'node:child_process';
-import { lstat, mkdir, mkdtemp, readdir, readFile, readlink, rm } from 'node:fs/promises';
+import { lstat, mkdir, mkdtemp, open, readdir, readFile, readlink, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { run } from '../../sys/exec.js';
 
@@ -11,6 +11,19 @@ import { run } from '../../sys/exec.js';
 export async function shmDir(prefix: string): Promise<string> {
   await mkdir('/dev/shm', { recursive: true });
   return mkdtemp(join('/dev/shm', `dormant-vault-${prefix}-`));
+}
+
+/** Flips bits of the byte at `pos` of `path` (XOR `mask`): the same call again undoes it. */
+export async function flipByte(path: string, pos: number, mask = 0x40): Promise<void> {
+  const h = await open(path, 'r+');
+  try {
+    const b = Buffer.alloc(1);
+    await h.read(b, 0, 1, pos);
+    b[0] = b[0]! ^ mask;
+    await h.write(b, 0, 1, pos);
+  } finally {
+    await h.close();
+  }
 }
 
 export async function removeDir(dir: string): Promise<void> {
