@@ -26,8 +26,27 @@ import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { createWriteStream } from 'node:fs';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { leftovers, sandboxProcesses } from './testing/host.js';
-import { COUNTER_SERVER_PY, serveCounter } from './testing/servers.js';
+import { eventually, leftovers, sandboxProcesses } from './testing/host.js';
+import { COUNTER_SERVER_PY, MEMORY_CHECKER_PY, checkMemory, serveCounter } from './testing/servers.js';
+import { existsSync, readFileSync } from 'node:fs';
+
+/** Resident memory of processes `pids`, in MiB (0 for one that is gone). */
+function residentMiB(pids: number[]): number {
+  let kib = 0;
+  for (const p of pids) {
+    const m = /^VmRSS:\s+(\d+) kB/m.exec(readOr(`/proc/${String(p)}/status`));
+    if (m) kib += Number(m[1]);
+  }
+  return kib / 1024;
+}
+
+function readOr(path: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch {
+    return '';
+  }
+}
 
 const CRASH_DAEMON = fileURLToPath(new URL('./testing/crash-daemon.js', import.meta.url));
 
@@ -92,7 +111,10 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
   before(async () => {
     dir = await mkdtemp('/tmp/dormant-crash-');
     rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': COUNTER_SERVER_PY });
+    await buildBusyboxRootfs(rootfs, {
+      'srv/server.py': COUNTER_SERVER_PY,
+      'srv/checker.py': MEMORY_CHECKER_PY,
+    });
     layout = join(dir, 'layout');
     await writeOciLayout(layout, { layers: [rootfs], tag: 'latest', config: {} });
   });
@@ -266,6 +288,61 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       await finish(daemon, client, [sb.id]);
     });
   }
+
+  // Between the crash and the restart nobody serves the pages still missing. CRIU's lazy-pages
+  // daemon, if its page server's connection dropped, would fill them with zeros and the
+  // processes would run on wrong memory; the keeper holding that connection ends them first.
+  test('crash while the pages stream from the vault: the processes are ended before any runs on missing memory', async () => {
+    const data = join(dir, 'pages-streaming');
+    // No crash step: this test kills the daemon itself, once about half of the memory is in.
+    const child = await startCrashDaemon(data, 'none');
+    children.push(child.proc);
+    const sb = await child.client.createSandbox({
+      name: 'checker',
+      rootfs,
+      command: ['/usr/bin/python3', '-u', '/srv/checker.py'],
+      ports: [8080],
+      memory: '256M',
+    });
+    const before = await checkMemory(sb);
+    assert.equal(before.bad, 0);
+    const ck = (await child.client.hibernate(sb.id)).checkpointId;
+    assert.equal((await child.client.resume(sb.id)).state, 'running');
+    // The interpreter runs (its own pages are in) and the checker is asking for its blocks.
+    let rss = 0;
+    const deadline = Date.now() + 20_000;
+    while ((rss = residentMiB(sandboxProcesses(sb.id))) < 40 && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 5));
+    child.proc.kill('SIGKILL');
+    await child.exited;
+    assert.ok(
+      rss >= 40 && rss < 90,
+      `killed with part of the memory still to come (${String(rss)} MiB resident)`,
+    );
+    const settle = Date.now() + 5000;
+    while (sandboxProcesses(sb.id).length > 0 && Date.now() < settle)
+      await new Promise((r) => setTimeout(r, 50));
+    assert.deepEqual(sandboxProcesses(sb.id), [], 'the processes were ended right after the daemon died');
+    const mark = join(data, 'runtime', 'sandboxes', sb.id, 'fs', 'upper', 'tmp', 'memory-damaged');
+    assert.equal(
+      existsSync(mark),
+      false,
+      `no process ran on memory that never came: ${existsSync(mark) ? readFileSync(mark, 'utf8').slice(0, 200) : ''}`,
+    );
+    const { daemon, client } = await restart(data);
+    const s = await client.getSandbox(sb.id);
+    assert.equal(s.state, 'hibernated');
+    assert.equal(s.checkpointId, ck);
+    assert.equal((await client.resume(sb.id)).state, 'running');
+    const after = await eventually('a full pass of the checker', async () => {
+      const m = await checkMemory(sb);
+      if (m.passes <= before.passes) throw new Error(`${String(m.passes)} passes`);
+      return m;
+    });
+    assert.equal(after.bad, 0, 'every block is as it was');
+    assert.equal(after.token, before.token, 'same process, same memory');
+    await finish(daemon, client, [sb.id]);
+  });
 
   for (const step of ['fork:dumped', 'fork:stored']) {
     test(`crash at ${step}: the source is running with its memory; no half fork remains`, async (t) => {

@@ -16,6 +16,7 @@ import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { sandboxProcesses } from './testing/host.js';
+import { MEMORY_CHECKER_PY, checkMemory } from './testing/servers.js';
 import { flipByte } from '../vault/testing/fixtures.js';
 
 const SERVER = `
@@ -110,7 +111,10 @@ function inspectAtRestored(step: string): void {
 
 before(async () => {
   dir = await mkdtemp('/tmp/dormant-lazy-');
-  await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/server.py': SERVER });
+  await buildBusyboxRootfs(join(dir, 'rootfs'), {
+    'srv/server.py': SERVER,
+    'srv/checker.py': MEMORY_CHECKER_PY,
+  });
   daemon = await startDaemon({
     dataDir: join(dir, 'data'),
     listen: '127.0.0.1:0',
@@ -166,6 +170,33 @@ test('lazy resume: memory intact, a hibernate right after waits for the pages, s
   await client.pause(sb.id);
   await client.resume(sb.id);
   assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), []);
+});
+
+test('memory shared with a forked worker (MAP_SHARED) comes back whole from a lazy resume', async () => {
+  // CRIU restores shared anonymous memory from its own pages image, never lazily: that image
+  // must reach staging whole although the processes' pages images do not.
+  const sb = await client.createSandbox({
+    rootfs: join(dir, 'rootfs'),
+    command: ['/usr/bin/python3', '/srv/checker.py'],
+    env: { SHARED: '1', BLOCKS: '32' },
+    ports: [8080],
+  });
+  const before = await checkMemory(sb);
+  assert.equal(sandboxProcesses(sb.id).length, 2, 'the server and its worker');
+  await client.hibernate(sb.id);
+  assert.equal((await client.resume(sb.id)).state, 'running');
+  const after = await eventually(async () => {
+    const m = await checkMemory(sb);
+    if (m.passes <= before.passes) throw new Error(`${String(m.passes)} passes`);
+    return m;
+  });
+  assert.equal(after.bad, 0, 'every MiB of the shared mapping is as it was');
+  assert.equal(after.token, before.token, 'same process');
+  // A pause waits for the pages; the resume's steps are recorded by then.
+  await client.pause(sb.id);
+  const steps = daemon.controller.lastTimings(sb.id, 'resume')?.steps.map((x) => x.step) ?? [];
+  assert.ok(steps.includes('page server'), `pages served from the vault: ${steps.join(', ')}`);
+  await client.remove(sb.id);
 });
 
 test('lazy pages come straight from the vault: staging never holds the memory; servePagesFromVault false stages it', async () => {

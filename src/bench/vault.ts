@@ -137,7 +137,12 @@ async function lazyFromVault(
     reader = await v.openCheckpoint({ tenant: 'bench', checkpointId: id });
     const dump = await readCriuImages(images);
     const source: PageSource = plainImages === undefined ? reader : plainSource(plainImages, plainFiles);
-    await writeEagerPages(dump.processes, images, source);
+    await writeEagerPages(
+      dump.processes,
+      images,
+      source,
+      reader.list().filter((f) => /^pages-\d+\.img$/.test(f.path)),
+    );
     server = await startPageServer({ processes: dump.processes, source, what: `checkpoint ${id}` });
     const d = spawn(
       'criu',

@@ -9,6 +9,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, open, readFile, realpath, rename, rm, stat } from 'node:fs/promises';
 import { arch, release } from 'node:os';
 import { basename, isAbsolute, join } from 'node:path';
+import type { Socket } from 'node:net';
 import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
 import {
   ID_PATTERN,
@@ -76,6 +77,7 @@ function gpuMetaOf(m: Record<string, unknown>): GpuMeta | undefined {
 import { StepTimer, type OperationTimings } from '../domain/timings.js';
 import { readCriuImages } from '../criu/images/reader.js';
 import { startPageServer, writeEagerPages, type PageServer } from '../criu/page-server.js';
+import { startKeeper, type Keeper } from '../sys/keeper.js';
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
 export interface CheckpointVault {
@@ -104,6 +106,8 @@ export interface CheckpointVault {
   openCheckpoint?(o: { tenant: string; checkpointId: string; signal?: AbortSignal }): Promise<{
     /** Reads into `out` at `at` when given (and returns it), else into a new buffer. */
     read(path: string, offset: number, length: number, out?: Buffer, at?: number): Promise<Buffer>;
+    /** The checkpoint's files. */
+    list(): { path: string; sizeBytes: number }[];
     close(): Promise<void>;
   }>;
   deleteCheckpoint(o: { tenant: string; checkpointId: string }): Promise<unknown>;
@@ -205,7 +209,12 @@ export interface ImportArchiveInput {
 interface PagesFromVault {
   server: PageServer;
   reader: Awaited<ReturnType<NonNullable<CheckpointVault['openCheckpoint']>>>;
+  /** Hold the server's connections, to end the sandbox's processes should dormant die. */
+  keepers: Keeper[];
 }
+
+/** CRIU's pages images; lazy resume writes them itself (writeEagerPages) rather than restore them. */
+const PAGES_IMAGE = /^pages-\d+\.img$/;
 
 /** CRIU and the kernel say x86_64 / aarch64; Node says x64 / arm64. */
 const NODE_ARCH: Record<string, string> = { x86_64: 'x64', amd64: 'x64', aarch64: 'arm64' };
@@ -1337,7 +1346,7 @@ export class SandboxController {
             tenant: s.tenant,
             checkpointId: ckId,
             destDir: images,
-            ...(fromVault ? { skip: (p: string) => /^pages-\d+\.img$/.test(p) } : {}),
+            ...(fromVault ? { skip: (p: string) => PAGES_IMAGE.test(p) } : {}),
           }),
         ),
         t.time('prepare', () =>
@@ -1396,13 +1405,29 @@ export class SandboxController {
     const reader = await this.vault.openCheckpoint!({ tenant: s.tenant, checkpointId: ckId });
     try {
       const dump = await readCriuImages(images);
-      await writeEagerPages(dump.processes, images, reader);
+      await writeEagerPages(
+        dump.processes,
+        images,
+        reader,
+        reader.list().filter((f) => PAGES_IMAGE.test(f.path)),
+      );
+      const keepers: Keeper[] = [];
+      const procsFiles = this.runtime.procsFiles?.(s.id);
       const server = await startPageServer({
         processes: dump.processes,
         source: reader,
         what: `sandbox ${s.id} (checkpoint ${ckId})`,
+        // Should dormant die while pages are still on the way, its processes are ended
+        // before CRIU's lazy-pages daemon sees the connection drop (and fills with zeros).
+        ...(procsFiles
+          ? {
+              onConnection: async (sock: Socket) => {
+                keepers.push(await startKeeper({ hold: [sock], procsFiles }));
+              },
+            }
+          : {}),
       });
-      return { server, reader };
+      return { server, reader, keepers };
     } catch (e) {
       await reader.close();
       throw e;
@@ -1414,6 +1439,7 @@ export class SandboxController {
     const p = this.pageServers.get(id);
     if (p === undefined) return;
     this.pageServers.delete(id);
+    await Promise.all(p.keepers.map((k) => k.release()));
     await p.server.close().catch(() => undefined);
     await p.reader.close().catch(() => undefined);
   }

@@ -195,13 +195,18 @@ test('a page the source cannot read (a damaged record) stops the server without 
   }
 });
 
-test('writeEagerPages writes only the pages that are not lazy, the rest stays holes of the right size', async () => {
+test('writeEagerPages writes only the pages that are not lazy, the rest stays holes of the right size; shared memory is copied whole', async () => {
   const dir = await mkdtemp('/tmp/dormant-pagesrv-');
   try {
     const reads: string[] = [];
-    const n = await writeEagerPages(procs, dir, source(files, reads));
-    assert.equal(n, P, 'one page is not lazy');
-    assert.deepEqual(reads, ['pages-1.img@16384+4096']);
+    // pages-3.img: no process's pagemap names it (shared anonymous memory's, restored from disk).
+    const shmem = randomBytes(6 * P);
+    const all = { ...files, 'pages-3.img': shmem };
+    const list = Object.entries(all).map(([path, b]) => ({ path, sizeBytes: b.length }));
+    const n = await writeEagerPages(procs, dir, source(all, reads), list);
+    assert.equal(n, P + shmem.length, 'one page is not lazy, and all of shared memory');
+    assert.deepEqual(reads, ['pages-1.img@16384+4096', `pages-3.img@0+${String(6 * P)}`]);
+    assert.ok((await readFile(join(dir, 'pages-3.img'))).equals(shmem), 'shared memory is there, whole');
     const img = await readFile(join(dir, 'pages-1.img'));
     assert.equal(img.length, 5 * P, 'as large as the dump');
     assert.ok(img.subarray(4 * P).equals(mem10.subarray(4 * P)), 'the eager page at its place');

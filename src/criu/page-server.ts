@@ -19,7 +19,7 @@ import { once } from 'node:events';
 import { open, readFile } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
-import { DormantError, ErrorCode } from '../domain/errors.js';
+import { DormantError, ErrorCode, asError } from '../domain/errors.js';
 import { PE_LAZY, pagemapInPagesFile } from './images/messages.js';
 import { PAGE_SIZE, type ProcessImage } from './images/reader.js';
 
@@ -74,31 +74,32 @@ function runsOf(p: ProcessImage): ProcessPages | undefined {
 }
 
 /**
- * Writes the pages images a lazy restore needs on disk into `dir`: each one as large as the
- * dump's, holding only the pages that are not lazy (vdso, file-backed private mappings, ...)
- * at their places; the lazy ones stay holes and come from the page server. Returns the bytes
- * written.
+ * Writes the pages images a lazy restore needs on disk into `dir`: each process's one as large
+ * as the dump's, holding only the pages that are not lazy (vdso, file-backed private
+ * mappings, ...) at their places; the lazy ones stay holes and come from the page server.
+ * `pagesFiles` names every pages image of the dump: those no process's pagemap uses (shared
+ * anonymous memory's, which CRIU restores from disk, never lazily) are copied whole. Returns
+ * the bytes written.
  */
 export async function writeEagerPages(
   processes: readonly ProcessImage[],
   dir: string,
   source: PageSource,
+  pagesFiles: readonly { path: string; sizeBytes: number }[],
 ): Promise<number> {
   let written = 0;
   const done = new Set<string>();
-  for (const p of processes) {
-    const pp = runsOf(p);
-    if (pp === undefined || done.has(pp.file)) continue;
-    done.add(pp.file);
-    let size = 0;
-    for (const r of pp.runs) if (r.fileOffset >= 0) size = Math.max(size, r.fileOffset + r.end - r.start);
-    const h = await open(join(dir, pp.file), 'wx', 0o600);
+  const put = async (
+    file: string,
+    pieces: Iterable<[offset: number, length: number]>,
+    size: number,
+  ): Promise<void> => {
+    const h = await open(join(dir, file), 'wx', 0o600);
     try {
-      for (const r of pp.runs) {
-        if (r.fileOffset < 0 || r.lazy) continue;
-        const b = await source.read(pp.file, r.fileOffset, r.end - r.start);
+      for (const [offset, length] of pieces) {
+        const b = await source.read(file, offset, length);
         let at = 0;
-        while (at < b.length) at += (await h.write(b, at, b.length - at, r.fileOffset + at)).bytesWritten;
+        while (at < b.length) at += (await h.write(b, at, b.length - at, offset + at)).bytesWritten;
         b.fill(0);
         written += b.length;
       }
@@ -106,6 +107,27 @@ export async function writeEagerPages(
     } finally {
       await h.close();
     }
+  };
+  for (const p of processes) {
+    const pp = runsOf(p);
+    if (pp === undefined || done.has(pp.file)) continue;
+    done.add(pp.file);
+    let size = 0;
+    for (const r of pp.runs) if (r.fileOffset >= 0) size = Math.max(size, r.fileOffset + r.end - r.start);
+    const eager = pp.runs.filter((r) => r.fileOffset >= 0 && !r.lazy);
+    await put(
+      pp.file,
+      eager.map((r): [number, number] => [r.fileOffset, r.end - r.start]),
+      size,
+    );
+  }
+  const PIECE = 4 << 20;
+  for (const f of pagesFiles) {
+    if (done.has(f.path)) continue;
+    done.add(f.path);
+    const pieces: [number, number][] = [];
+    for (let at = 0; at < f.sizeBytes; at += PIECE) pieces.push([at, Math.min(PIECE, f.sizeBytes - at)]);
+    await put(f.path, pieces, f.sizeBytes);
   }
   return written;
 }
@@ -147,6 +169,11 @@ export async function startPageServer(o: {
   source: PageSource;
   /** For messages: what is being restored ("checkpoint ck-1"). */
   what: string;
+  /**
+   * Called with each accepted (root's) connection before anything is read from it; a
+   * rejection fails the server. dormant's resume hands the socket to a keeper here.
+   */
+  onConnection?: (sock: Socket) => Promise<void> | void;
 }): Promise<PageServer> {
   const byPid = new Map<number, ProcessPages>();
   for (const p of o.processes) {
@@ -209,9 +236,16 @@ export async function startPageServer(o: {
     // Memory is served only to root (CRIU runs as root): any local user can reach a loopback
     // port, and these pages are a process's secrets. Nothing is read from a socket before.
     sock.pause();
-    void peerUid(sock).then((uid) => {
+    void peerUid(sock).then(async (uid) => {
       if (uid !== 0) {
         sock.destroy();
+        return;
+      }
+      try {
+        await o.onConnection?.(sock);
+      } catch (e) {
+        // Nothing is served without it; the connection stays open, unanswered.
+        fail(asError(e));
         return;
       }
       sock.resume();

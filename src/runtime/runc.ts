@@ -500,16 +500,20 @@ export class RuncRuntime implements Runtime {
     return { stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode ?? 255, durationMs: r.durationMs };
   }
 
-  async pids(id: string): Promise<number[]> {
+  procsFiles(id: string): string[] {
     // cgroup v2 (unified), else the v1 pids or freezer hierarchy runc also placed it in.
-    for (const dir of [
+    return [
       join(CGROUP_ROOT, this.cgroupPath(id)),
       join(CGROUP_ROOT, 'pids', this.cgroupPath(id)),
       join(CGROUP_ROOT, 'freezer', this.cgroupPath(id)),
-    ]) {
+    ].map((dir) => join(dir, 'cgroup.procs'));
+  }
+
+  async pids(id: string): Promise<number[]> {
+    for (const file of this.procsFiles(id)) {
       let text: string;
       try {
-        text = await readFile(join(dir, 'cgroup.procs'), 'utf8');
+        text = await readFile(file, 'utf8');
       } catch (e) {
         if (errnoCode(e) === 'ENOENT') continue;
         throw e;

@@ -174,6 +174,11 @@ export interface Runtime {
   exec(id: string, args: readonly string[], opts?: ExecOptions): Promise<ExecResult>;
   /** Host pids of the sandbox's processes, read from its cgroup (no runc call); [] when none. */
   pids(id: string): Promise<number[]>;
+  /**
+   * The cgroup.procs files that list the sandbox's processes, in the order `pids` reads them
+   * (for a keeper that must end them after dormant has died). Optional.
+   */
+  procsFiles?(id: string): string[];
   /** Freezes every process (cgroup freezer); memory stays. */
   freeze(id: string, opts?: CallOptions): Promise<void>;
   thaw(id: string, opts?: CallOptions): Promise<void>;

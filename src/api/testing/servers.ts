@@ -34,3 +34,61 @@ export async function serveCounter(sb: SandboxInfo): Promise<[number, string]> {
   const [n, token] = body.split(' ');
   return [Number(n), token!];
 }
+
+/**
+ * A python HTTP server on port 8080 holding BLOCKS MiB (default 96) of random bytes in one
+ * anonymous mapping (private; with SHARED=1 shared with a forked worker), with the SHA-256 of
+ * each MiB. A thread checks every block against its sum (a pass, then 0.2 s of
+ * rest, over and over) and appends the numbers of the blocks that differ to
+ * /tmp/memory-damaged, so memory that came back wrong (zeros from a lazy restore that lost its
+ * page server, say) leaves a mark in the writable layer. GET answers "PASSES BAD TOKEN".
+ */
+export const MEMORY_CHECKER_PY = `
+import hashlib, http.server, mmap, os, threading, time
+MIB = 1 << 20
+n = int(os.environ.get("BLOCKS", "96"))
+# One anonymous mapping, apart from the interpreter's own objects: private (what CRIU restores
+# lazily) unless SHARED=1 (MAP_SHARED, as memory shared with forked workers is).
+shared = os.environ.get("SHARED") == "1"
+mem = mmap.mmap(-1, n * MIB, flags=mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE)
+if shared and os.fork() == 0:
+    # A worker that shares the memory and only waits.
+    while True:
+        time.sleep(3600)
+for i in range(n):
+    mem[i * MIB:(i + 1) * MIB] = os.urandom(MIB)
+view = memoryview(mem)
+sums = [hashlib.sha256(view[i * MIB:(i + 1) * MIB]).digest() for i in range(n)]
+token = os.urandom(8).hex()
+seen = {"passes": 0, "bad": 0}
+def check():
+    while True:
+        bad = [i for i in range(n) if hashlib.sha256(view[i * MIB:(i + 1) * MIB]).digest() != sums[i]]
+        if bad:
+            with open("/tmp/memory-damaged", "a") as f:
+                f.write(" ".join(map(str, bad)) + "\\n")
+        seen["passes"] += 1
+        seen["bad"] = len(bad)
+        time.sleep(0.2)
+threading.Thread(target=check, daemon=True).start()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("%d %d %s" % (seen["passes"], seen["bad"], token)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+print("serving", flush=True)
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+`;
+
+/** {passes, bad, token} from the memory checker of sandbox `sb`, waiting for it to answer. */
+export async function checkMemory(sb: SandboxInfo): Promise<{ passes: number; bad: number; token: string }> {
+  const body = await eventually(`checker of ${sb.id}`, () => httpGet(sb.address!, 8080));
+  assert.match(body, /^\d+ \d+ [0-9a-f]{16}$/);
+  const [passes, bad, token] = body.split(' ');
+  return { passes: Number(passes), bad: Number(bad), token: token! };
+}
