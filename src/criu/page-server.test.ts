@@ -153,6 +153,52 @@ test('pages come back in request order, from the right file and offset; FLUSH is
   }
 });
 
+test('answers stay whole while the client reads slowly: a reused buffer is written again only once the kernel has its bytes', async () => {
+  // 64 MiB of one task, asked for 1 MiB at a time, all at once, and read only after a pause:
+  // the answers queue in the socket, so a buffer reused too early would show in them.
+  const big = randomBytes(64 << 20);
+  const pages = big.length / P;
+  const bigProcs = [proc(20, 7, [{ vaddr: 0x100000, pages, flags: PE_PRESENT | PE_LAZY }])];
+  const srv = await startPageServer({
+    processes: bigProcs,
+    source: source({ 'pages-7.img': big }),
+    what: 'test',
+  });
+  try {
+    const sock = connect(srv.port, '127.0.0.1');
+    sock.pause();
+    const per = 256;
+    const reqs: Buffer[] = [];
+    for (let i = 0; i < pages; i += per) reqs.push(get(20, 0x100000 + i * P, per));
+    sock.write(Buffer.concat(reqs));
+    await new Promise((r) => setTimeout(r, 300));
+    const want = reqs.length * 32 + big.length;
+    const chunks: Buffer[] = [];
+    let n = 0;
+    await new Promise<void>((resolve) => {
+      sock.on('data', (d: Buffer) => {
+        chunks.push(d);
+        n += d.length;
+        if (n >= want) resolve();
+      });
+      sock.resume();
+    });
+    const got = Buffer.concat(chunks);
+    for (let k = 0, at = 0; k < reqs.length; k++) {
+      assert.equal(got.readBigUInt64LE(at + 16), BigInt(0x100000 + k * per * P));
+      at += 32;
+      assert.ok(
+        got.subarray(at, at + per * P).equals(big.subarray(k * per * P, (k + 1) * per * P)),
+        `answer ${String(k)}`,
+      );
+      at += per * P;
+    }
+    sock.destroy();
+  } finally {
+    await srv.close();
+  }
+});
+
 for (const [name, req, why] of [
   ['a task the images do not hold', get(99, 0x10000, 1), /task 99/],
   ['memory outside the pagemap', get(10, 0x40000, 1), /0x40000 of task 10/],

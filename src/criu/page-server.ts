@@ -29,6 +29,10 @@ const PS_IOV_GET = 7;
 const PS_IOV_FLUSH = 0x1023;
 const PS_IOV_FLUSH_N_CLOSE = 0x1024;
 const PE_PRESENT = 4;
+/** Capacity of a reused answer buffer: the most the daemon asks for at once. */
+const ANSWER_BYTES = 4 << 20;
+/** Answer buffers kept for reuse (the daemon asks one at a time; a few cover overlap). */
+const FREE_ANSWERS = 4;
 /** No request of the daemon comes near this (it asks for 4 MiB at most). */
 const MAX_REQUEST_PAGES = 64 * 1024;
 
@@ -192,6 +196,18 @@ export async function startPageServer(o: {
   });
   failed.catch(() => undefined);
   const sockets = new Set<Socket>();
+  // Answers are written from a few reused buffers: a fresh 1 MiB buffer per request is fresh
+  // memory each time, and its first touch (~14 us a page on these VMs) cost more than serving.
+  const free: Buffer[] = [];
+  const take = (len: number): Buffer => {
+    if (len > ANSWER_BYTES) return Buffer.allocUnsafe(len);
+    return (free.pop() ?? Buffer.allocUnsafe(ANSWER_BYTES)).subarray(0, len);
+  };
+  const give = (b: Buffer): void => {
+    b.fill(0);
+    if (b.buffer.byteLength === ANSWER_BYTES && b.byteOffset === 0 && free.length < FREE_ANSWERS)
+      free.push(Buffer.from(b.buffer, 0, ANSWER_BYTES));
+  };
 
   const pages = async (pid: number, vaddr: number, nrPages: number): Promise<Buffer> => {
     const pp = byPid.get(pid);
@@ -202,7 +218,7 @@ export async function startPageServer(o: {
       );
     const len = nrPages * PAGE_SIZE;
     // Every byte is written below: pages from the source, zeros for runs it does not store.
-    const out = Buffer.allocUnsafe(len);
+    const out = take(len);
     let pos = vaddr;
     const end = vaddr + len;
     // The first run that ends past `pos`.
@@ -213,20 +229,26 @@ export async function startPageServer(o: {
       if (pp.runs[mid]!.end <= pos) lo = mid + 1;
       else hi = mid;
     }
-    for (let i = lo; pos < end; i++) {
-      const r = pp.runs[i];
-      if (r === undefined || r.start > pos)
-        throw new DormantError(
-          ErrorCode.RUNTIME_RESTORE_FAILED,
-          `${o.what}: lazy pages asked for memory at 0x${pos.toString(16)} of task ${String(pid)}, which its pagemap does not hold`,
-        );
-      const n = Math.min(end, r.end) - pos;
-      if (r.fileOffset >= 0) {
-        const b = await o.source.read(pp.file, r.fileOffset + (pos - r.start), n, out, pos - vaddr);
-        // A source that ignores `out` returns the pages in a buffer of their own.
-        if (b !== out) b.copy(out, pos - vaddr, 0, n);
-      } else out.fill(0, pos - vaddr, pos - vaddr + n);
-      pos += n;
+    try {
+      for (let i = lo; pos < end; i++) {
+        const r = pp.runs[i];
+        if (r === undefined || r.start > pos)
+          throw new DormantError(
+            ErrorCode.RUNTIME_RESTORE_FAILED,
+            `${o.what}: lazy pages asked for memory at 0x${pos.toString(16)} of task ${String(pid)}, which its pagemap does not hold`,
+          );
+        const n = Math.min(end, r.end) - pos;
+        if (r.fileOffset >= 0) {
+          const b = await o.source.read(pp.file, r.fileOffset + (pos - r.start), n, out, pos - vaddr);
+          // A source that ignores `out` returns the pages in a buffer of their own.
+          if (b !== out) b.copy(out, pos - vaddr, 0, n);
+        } else out.fill(0, pos - vaddr, pos - vaddr + n);
+        pos += n;
+      }
+    } catch (e) {
+      // What was decoded of this answer is not left lying in memory.
+      give(out);
+      throw e;
     }
     return out;
   };
@@ -300,11 +322,14 @@ export async function startPageServer(o: {
       reply.writeBigUInt64LE(nr, 8);
       reply.writeBigUInt64LE(vaddr, 16);
       reply.writeBigUInt64LE(pid, 24);
-      if (failure !== undefined) return;
+      if (failure !== undefined) {
+        give(data);
+        return;
+      }
       sock.cork();
       sock.write(reply);
-      // The plaintext is wiped once the kernel has it.
-      const ok = sock.write(data, () => data.fill(0));
+      // The plaintext is wiped once the kernel has it, and its buffer used again.
+      const ok = sock.write(data, () => give(data));
       sock.uncork();
       served += data.length;
       if (!ok) await drained();
