@@ -25,7 +25,7 @@ import { run } from '../sys/exec.js';
 import { prepareStaging, releaseStaging } from '../runtime/staging.js';
 import { openVault } from '../vault/index.js';
 import { readCriuImages } from '../criu/images/reader.js';
-import { startPageServer, writeEagerPages, type PageSource } from '../criu/page-server.js';
+import { isPagesImage, startPageServer, writeEagerPages, type PageSource } from '../criu/page-server.js';
 import { criuDump, killPid, startForkFamily, startMixedPython } from '../vault/testing/fixtures.js';
 import type { BenchRow, BenchSuite } from './harness.js';
 
@@ -132,7 +132,7 @@ async function lazyFromVault(
       tenant: 'bench',
       checkpointId: id,
       destDir: images,
-      skip: (p) => /^pages-\d+\.img$/.test(p),
+      skip: isPagesImage,
     });
     reader = await v.openCheckpoint({ tenant: 'bench', checkpointId: id });
     const dump = await readCriuImages(images);
@@ -141,7 +141,7 @@ async function lazyFromVault(
       dump.processes,
       images,
       source,
-      reader.list().filter((f) => /^pages-\d+\.img$/.test(f.path)),
+      reader.list().filter((f) => isPagesImage(f.path)),
     );
     server = await startPageServer({ processes: dump.processes, source, what: `checkpoint ${id}` });
     const d = spawn(

@@ -76,7 +76,7 @@ function gpuMetaOf(m: Record<string, unknown>): GpuMeta | undefined {
 }
 import { StepTimer, type OperationTimings } from '../domain/timings.js';
 import { readCriuImages } from '../criu/images/reader.js';
-import { startPageServer, writeEagerPages, type PageServer } from '../criu/page-server.js';
+import { isPagesImage, startPageServer, writeEagerPages, type PageServer } from '../criu/page-server.js';
 import { startKeeper, type Keeper } from '../sys/keeper.js';
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
@@ -212,9 +212,6 @@ interface PagesFromVault {
   /** Hold the server's connections, to end the sandbox's processes should dormant die. */
   keepers: Keeper[];
 }
-
-/** CRIU's pages images; lazy resume writes them itself (writeEagerPages) rather than restore them. */
-const PAGES_IMAGE = /^pages-\d+\.img$/;
 
 /** CRIU and the kernel say x86_64 / aarch64; Node says x64 / arm64. */
 const NODE_ARCH: Record<string, string> = { x86_64: 'x64', amd64: 'x64', aarch64: 'arm64' };
@@ -1346,7 +1343,7 @@ export class SandboxController {
             tenant: s.tenant,
             checkpointId: ckId,
             destDir: images,
-            ...(fromVault ? { skip: (p: string) => PAGES_IMAGE.test(p) } : {}),
+            ...(fromVault ? { skip: isPagesImage } : {}),
           }),
         ),
         t.time('prepare', () =>
@@ -1409,7 +1406,7 @@ export class SandboxController {
         dump.processes,
         images,
         reader,
-        reader.list().filter((f) => PAGES_IMAGE.test(f.path)),
+        reader.list().filter((f) => isPagesImage(f.path)),
       );
       const keepers: Keeper[] = [];
       const procsFiles = this.runtime.procsFiles?.(s.id);

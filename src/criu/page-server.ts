@@ -36,6 +36,11 @@ const FREE_ANSWERS = 4;
 /** No request of the daemon comes near this (it asks for 4 MiB at most). */
 const MAX_REQUEST_PAGES = 64 * 1024;
 
+/** Whether `name` (a path in a dump folder) is one of CRIU's pages images, `pages-N.img`. */
+export function isPagesImage(name: string): boolean {
+  return /^pages-\d+\.img$/.test(name);
+}
+
 /** Where a process's pages are read from: a byte range of one of its pages images. */
 export interface PageSource {
   /** Reads into `out` at `at` when given (and returns it), else into a new buffer. */
