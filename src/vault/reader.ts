@@ -37,6 +37,8 @@ interface Batch {
   buf: Buffer;
   /** Its records still in the cache. */
   live: number;
+  /** Bytes of `buf` the batch wrote (what is wiped once its records are gone). */
+  used: number;
 }
 
 interface Cached {
@@ -181,12 +183,14 @@ export class CheckpointReader {
 
   /**
    * Starts worker batches for the records of `f` from `aheadPos` up to `limit`, while fewer
-   * than BATCHES_IN_FLIGHT run and no read waits. Reading the sealed bytes goes through the
-   * queue (the pack readers serve one caller at a time); decoding does not.
+   * than BATCHES_IN_FLIGHT run. Reading the sealed bytes goes through the queue (the pack
+   * readers serve one caller at a time, so a read may wait behind a batch's sealed reads, not
+   * behind its decoding); decoding does not. A reader that asks again as soon as it has its
+   * answer (CRIU's lazy-pages daemon does) always has a read waiting: were batches held back
+   * while one waits, every read would decode on this thread and the workers would idle.
    */
   private pump(f: FileRefs, limit: number): void {
-    if (this.closed || this.poolFailed || this.batchesInFlight >= BATCHES_IN_FLIGHT || this.waiting > 0)
-      return;
+    if (this.closed || this.poolFailed || this.batchesInFlight >= BATCHES_IN_FLIGHT) return;
     if (this.aheadPath !== f.entry.path || this.aheadPos >= Math.min(limit, f.entry.sizeBytes)) return;
     this.batchesInFlight++;
     const build = this.queue.then(() => this.buildBatch(f, limit));
@@ -213,7 +217,7 @@ export class CheckpointReader {
     | { input: Buffer; out: Buffer; recs: number[]; aads: Uint8Array[]; wheres: string[]; done: () => void }
     | undefined
   > {
-    if (this.closed || this.waiting > 0 || this.aheadPath !== f.entry.path) return undefined;
+    if (this.closed || this.aheadPath !== f.entry.path) return undefined;
     const pool = this.ctx.pool!;
     const end = Math.min(limit, f.entry.sizeBytes);
     let i = this.refAt(f, this.aheadPos);
@@ -314,7 +318,10 @@ export class CheckpointReader {
         r.output.fill(0);
         return;
       }
-      const batch: Batch = { buf: r.output, live: 0 };
+      let used = 0;
+      for (let f = 0; f < b.recs.length; f += REC_FIELDS)
+        used = Math.max(used, b.recs[f + 3]! + b.recs[f + 2]!);
+      const batch: Batch = { buf: r.output, live: 0, used };
       for (let k = 0; k < good; k++) {
         const f = k * REC_FIELDS;
         const rec = r.output.subarray(b.recs[f + 3], b.recs[f + 3]! + b.recs[f + 2]!);
@@ -340,7 +347,7 @@ export class CheckpointReader {
     this.cachedBytes -= c.rec.length;
     if (c.batch === undefined) c.rec.fill(0);
     else if (--c.batch.live === 0) {
-      c.batch.buf.fill(0);
+      c.batch.buf.fill(0, 0, c.batch.used);
       this.ctx.pool?.give(c.batch.buf);
     }
   }
