@@ -231,8 +231,11 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
  * dump or restore through libnftables, in-process, instead of running iptables-restore and
  * ip6tables-restore to lock and again to unlock (~0.2 s of a dump and ~0.15 s of a restore
  * here). A restore unlocks with the method its checkpoint was dumped with, so checkpoints
- * made with the iptables lock still restore.
+ * made with the iptables lock still restore. `skip-in-flight`: a connection still in a
+ * listening socket's accept queue (a client that arrived while the sandbox was frozen for its
+ * dump) is left out of the dump instead of failing it; that client sees its connection reset
+ * and connects again, as with `tcp-close`.
  */
 export function criuConfigText(): string {
-  return 'tcp-close\nnetwork-lock nftables\n';
+  return 'tcp-close\nnetwork-lock nftables\nskip-in-flight\n';
 }

@@ -312,6 +312,49 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
 
     await rt.destroy(id);
   });
+  test('a connection still waiting to be accepted does not fail a checkpoint: it is left out of the dump, the sandbox runs on', async () => {
+    // A server that listens and never accepts: the host's connection completes in the kernel
+    // and waits in the accept queue, as a client that arrives while a sandbox is dumped does.
+    const id = `inflight-${suffix}`;
+    await rt.create({
+      id,
+      rootfs,
+      args: [
+        '/usr/bin/python3',
+        '-u',
+        '-c',
+        'import socket, time\ns = socket.socket()\ns.bind(("0.0.0.0", 8080))\ns.listen(8)\nwhile True: time.sleep(60)',
+      ],
+      ports: [8080],
+      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+    });
+    await rt.start(id);
+    const { network } = await rt.state(id);
+    const waiting = await waitFor(
+      'the listener',
+      () =>
+        new Promise<ReturnType<typeof connect> | undefined>((resolve) => {
+          const c = connect(8080, network.address);
+          c.once('connect', () => resolve(c));
+          c.once('error', () => resolve(undefined));
+        }),
+      20_000,
+    );
+    waiting.on('error', () => undefined);
+    try {
+      const ck = await rt.checkpoint(id, {
+        imagesDir: join(shm, 'inflight'),
+        workDir: join(tmp, 'work-inflight'),
+        leaveRunning: true,
+      });
+      assert.ok(ck.durationMs > 0);
+      assert.equal((await rt.state(id)).status, 'running');
+    } finally {
+      waiting.destroy();
+      await rt.destroy(id);
+    }
+  });
+
   test("the daemon's hibernate path (freeze, dump leaving it in place, stop) and a fork", async () => {
     const spec = {
       id: `hib-${suffix}`,

@@ -11,7 +11,7 @@
  *   fs/upper/, fs/work/   the writable layer (fs/upper is the filesystem diff)
  *   log/output.log        the sandbox's stdout+stderr, appended by the log collector
  *   log/*.pid             the collector's pids (log-collector.ts)
- *   criu.conf             CRIU options runc cannot pass (tcp-close)
+ *   criu.conf             CRIU options runc cannot pass (tcp-close, skip-in-flight)
  *   runc.log              runc's own log (JSON lines), read back for error messages
  */
 import { mkdir, open, readFile, readdir, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
