@@ -360,11 +360,17 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     assert.equal(s.state, 'hibernated');
     assert.equal(s.checkpointId, ck);
     assert.equal((await client.resume(sb.id)).state, 'running');
-    const after = await eventually('a full pass of the checker', async () => {
-      const m = await checkMemory(sb);
-      if (m.passes <= before.passes) throw new Error(`${String(m.passes)} passes`);
-      return m;
-    });
+    // A process that scans all its memory pages it in one fault at a time from the vault's
+    // page server (~20 MB/s here, slower on a loaded machine): the first pass takes seconds.
+    const after = await eventually(
+      'a full pass of the checker',
+      async () => {
+        const m = await checkMemory(sb);
+        if (m.passes <= before.passes) throw new Error(`${String(m.passes)} passes`);
+        return m;
+      },
+      90_000,
+    );
     assert.equal(after.bad, 0, 'every block is as it was');
     assert.equal(after.token, before.token, 'same process, same memory');
     await finish(daemon, client, [sb.id]);

@@ -211,6 +211,8 @@ interface PagesFromVault {
   reader: Awaited<ReturnType<NonNullable<CheckpointVault['openCheckpoint']>>>;
   /** Hold the server's connections, to end the sandbox's processes should dormant die. */
   keepers: Keeper[];
+  /** Set once the server is being stopped: a keeper that starts after that is released at once. */
+  ended: { now: boolean };
 }
 
 /** CRIU and the kernel say x86_64 / aarch64; Node says x64 / arm64. */
@@ -1128,8 +1130,11 @@ export class SandboxController {
       (e: unknown) => asError(e),
     );
     if (failure === undefined) {
-      this.store.updateSandbox(s.id, { lazyRestoreOf: undefined });
+      // The keeper goes before the marker: a daemon that dies in between leaves a healthy
+      // sandbox recorded mid-restore (reconcile puts it back on its checkpoint), never a
+      // sandbox recorded running whose processes its keeper ended.
       await this.endPageServer(s.id);
+      this.store.updateSandbox(s.id, { lazyRestoreOf: undefined });
       await this.wipe(images);
       return true;
     }
@@ -1409,6 +1414,7 @@ export class SandboxController {
         reader.list().filter((f) => isPagesImage(f.path)),
       );
       const keepers: Keeper[] = [];
+      const ended = { now: false };
       const procsFiles = this.runtime.procsFiles?.(s.id);
       const server = await startPageServer({
         processes: dump.processes,
@@ -1419,12 +1425,15 @@ export class SandboxController {
         ...(procsFiles
           ? {
               onConnection: async (sock: Socket) => {
-                keepers.push(await startKeeper({ hold: [sock], procsFiles }));
+                const k = await startKeeper({ hold: [sock], procsFiles });
+                // Left running, it would end a healthy sandbox whenever this daemon exits.
+                if (ended.now) await k.release();
+                else keepers.push(k);
               },
             }
           : {}),
       });
-      return { server, reader, keepers };
+      return { server, reader, keepers, ended };
     } catch (e) {
       await reader.close();
       throw e;
@@ -1436,6 +1445,7 @@ export class SandboxController {
     const p = this.pageServers.get(id);
     if (p === undefined) return;
     this.pageServers.delete(id);
+    p.ended.now = true;
     await Promise.all(p.keepers.map((k) => k.release()));
     await p.server.close().catch(() => undefined);
     await p.reader.close().catch(() => undefined);
