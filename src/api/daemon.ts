@@ -53,6 +53,8 @@ export interface DaemonOptions {
    * pages images go to staging and CRIU's lazy-pages daemon reads them there.
    */
   servePagesFromVault?: boolean;
+  /** Only checkpoints bigger than this are served from the vault (default 256 MiB; 0: all). */
+  pagesFromVaultAboveBytes?: number;
   /**
    * Whether lazy restore works on this node: undefined when it does, else why not. Default:
    * userfaultfd in the kernel and `criu check --feature uffd-noncoop` (what `dormant doctor` reports).
@@ -156,6 +158,9 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
     lazyRestore: opts.lazyRestore !== false,
     ...(opts.servePagesFromVault === false ? { servePagesFromVault: false } : {}),
+    ...(opts.pagesFromVaultAboveBytes !== undefined
+      ? { pagesFromVaultAboveBytes: opts.pagesFromVaultAboveBytes }
+      : {}),
     lazyRestoreProbe: opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env)),
     warn,
     ...(opts.gpu ? { gpu: opts.gpu } : {}),

@@ -122,6 +122,8 @@ before(async () => {
     proxy: false,
     policy: false,
     warn: () => undefined,
+    // Every checkpoint's pages from the vault, the small sandboxes of these tests' too.
+    pagesFromVaultAboveBytes: 0,
     // The processes run again and their pages are on the way (restore has returned).
     failAt: (step) => {
       inspectAtRestored(step);
@@ -199,7 +201,7 @@ test('memory shared with a forked worker (MAP_SHARED) comes back whole from a la
   await client.remove(sb.id);
 });
 
-test('lazy pages come straight from the vault: staging never holds the memory; servePagesFromVault false stages it', async () => {
+test('lazy pages come straight from the vault: staging never holds the memory; servePagesFromVault false, or a checkpoint below pagesFromVaultAboveBytes (default 256 MiB), stages it', async () => {
   const staged: Record<string, { size: number; allocated: number; steps: string[] }> = {};
   const other = await startDaemon({
     dataDir: join(dir, 'staged'),
@@ -212,9 +214,21 @@ test('lazy pages come straight from the vault: staging never holds the memory; s
     failAt: inspectAtRestored,
   });
   others.push(other);
+  // The defaults: this 64 MiB sandbox's checkpoint is under the threshold.
+  const small = await startDaemon({
+    dataDir: join(dir, 'small'),
+    listen: '127.0.0.1:0',
+    readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+    proxy: false,
+    policy: false,
+    warn: () => undefined,
+    failAt: inspectAtRestored,
+  });
+  others.push(small);
   for (const [name, d, dataDir] of [
     ['vault', daemon, join(dir, 'data')],
     ['staged', other, join(dir, 'staged')],
+    ['small', small, join(dir, 'small')],
   ] as const) {
     const c = new DormantClient({ url: d.url, token: d.adminToken });
     const sb = await c.createSandbox({
@@ -246,6 +260,9 @@ test('lazy pages come straight from the vault: staging never holds the memory; s
   assert.ok(v.steps.includes('page server') && v.steps.includes('pages loaded'), v.steps.join(', '));
   assert.ok(st.allocated >= 64 * 1024 ** 2, `staged: ${String(st.allocated)} bytes of pages on disk`);
   assert.ok(!st.steps.includes('page server') && st.steps.includes('pages loaded'), st.steps.join(', '));
+  const sm = staged.small!;
+  assert.ok(sm.allocated >= 64 * 1024 ** 2, `small, staged: ${String(sm.allocated)} bytes of pages on disk`);
+  assert.ok(!sm.steps.includes('page server') && sm.steps.includes('pages loaded'), sm.steps.join(', '));
 });
 
 test('a page that fails authentication while it streams in is never served: back to the checkpoint, whole once repaired', async () => {
@@ -305,6 +322,7 @@ test('a daemon shut down while pages stream in from the vault waits for them: th
       proxy: false,
       policy: false,
       warn: () => undefined,
+      pagesFromVaultAboveBytes: 0,
     });
   const d = await open();
   const c = new DormantClient({ url: d.url, token: d.adminToken });

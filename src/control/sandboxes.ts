@@ -155,6 +155,14 @@ export interface ControllerOptions {
    */
   servePagesFromVault?: boolean;
   /**
+   * With pages served from the vault: only checkpoints larger than this (logical bytes) are;
+   * smaller ones are staged, as their fetch costs little before the sandbox runs and CRIU's
+   * own daemon then pages them in at local speed, also for a process that touches all of its
+   * memory at once (from the page server that is one fault per round trip). Default 256 MiB;
+   * 0: every checkpoint.
+   */
+  pagesFromVaultAboveBytes?: number;
+  /**
    * Whether this node can restore lazily (userfaultfd in the kernel, CRIU's uffd support):
    * undefined when it can, else why not. Asked once, when the controller is made; without
    * it, lazy restore is taken to work. Where it cannot, resumes are eager (and `warn` says so once).
@@ -214,6 +222,9 @@ interface PagesFromVault {
   /** Set once the server is being stopped: a keeper that starts after that is released at once. */
   ended: { now: boolean };
 }
+
+/** Checkpoints up to this size are staged for a lazy resume, bigger ones served from the vault. */
+const PAGES_FROM_VAULT_ABOVE_BYTES = 256 * 1024 * 1024;
 
 /** CRIU and the kernel say x86_64 / aarch64; Node says x64 / arm64. */
 const NODE_ARCH: Record<string, string> = { x86_64: 'x64', amd64: 'x64', aarch64: 'arm64' };
@@ -1333,9 +1344,14 @@ export class SandboxController {
       // CUDA's restore reads the whole host copy of device memory at once: no lazy pages for
       // a GPU checkpoint, nor for a sandbox given GPUs (its device mappings restore eagerly).
       const lazy = gpuMeta === undefined && s.gpus === undefined && (await this.lazy);
-      // Lazy pages come straight from the vault: the page images never reach staging.
+      // Lazy pages come straight from the vault (the page images never reach staging) for a
+      // big checkpoint, whose fetch to staging would hold up the resume.
       const fromVault =
-        lazy && this.opts.servePagesFromVault !== false && this.vault.openCheckpoint !== undefined;
+        lazy &&
+        this.opts.servePagesFromVault !== false &&
+        this.vault.openCheckpoint !== undefined &&
+        (ck?.logicalBytes ?? Number.POSITIVE_INFINITY) >
+          (this.opts.pagesFromVaultAboveBytes ?? PAGES_FROM_VAULT_ABOVE_BYTES);
       // A checkpoint with its diff: the writable layer is filled before the overlay is mounted.
       const hasDiff = ck?.meta[FS_META] === 'tar';
       await mkdir(dir, { recursive: true, mode: 0o700 });

@@ -20,6 +20,8 @@ const daemon = await startDaemon({
   proxy: false,
   policy: false,
   warn: () => undefined,
+  // Every lazy resume serves its pages from the vault, the tests' small sandboxes' too.
+  pagesFromVaultAboveBytes: 0,
   failAt: (step) => {
     if (step === crashAt) {
       process.stderr.write(`crash-daemon: SIGKILL at ${step}\n`);
