@@ -74,9 +74,13 @@ interface Child {
   exited: Promise<NodeJS.Signals | null>;
 }
 
-async function startCrashDaemon(dataDir: string, crashAt: string): Promise<Child> {
+async function startCrashDaemon(dataDir: string, crashAt: string, stageLazyPages = false): Promise<Child> {
   const proc = spawn(process.execPath, [CRASH_DAEMON, dataDir], {
-    env: { ...process.env, DORMANT_TEST_CRASH_AT: crashAt },
+    env: {
+      ...process.env,
+      DORMANT_TEST_CRASH_AT: crashAt,
+      ...(stageLazyPages ? { DORMANT_TEST_STAGE_LAZY_PAGES: '1' } : {}),
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let err = '';
@@ -373,6 +377,58 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     );
     assert.equal(after.bad, 0, 'every block is as it was');
     assert.equal(after.token, before.token, 'same process, same memory');
+    await finish(daemon, client, [sb.id]);
+  });
+
+  // With staged pages CRIU's lazy-pages daemon reads them from staging, not from dormant: it
+  // must outlive the daemon (its output goes to pipes nobody reads any more) and finish.
+  test("crash while staged pages stream in: CRIU's own lazy-pages daemon finishes, the sandbox runs on whole", async () => {
+    const step = 'resume:pages-pending';
+    const data = join(dir, 'staged-streaming');
+    const child = await startCrashDaemon(data, step, true);
+    children.push(child.proc);
+    // Mostly resting between passes: a process that asks for few pages, so CRIU's daemon is
+    // still at its copy (it starts after a second of quiet) when the daemon dies.
+    const sb = await child.client.createSandbox({
+      name: 'checker',
+      rootfs,
+      command: ['/usr/bin/python3', '-u', '/srv/checker.py'],
+      env: { PAUSE: '2' },
+      ports: [8080],
+      memory: '256M',
+    });
+    const before = await checkMemory(sb);
+    const ck = (await child.client.hibernate(sb.id)).checkpointId;
+    const logged = kernelLog().length;
+    await crashDuring(child, step, () => child.client.resume(sb.id));
+    // Still copying when the daemon died (the crash comes ~1 ms after the resume's answer).
+    const copying = leftovers(sb.id).some((x) => x.startsWith('process') && x.includes('lazy-pages'));
+    const threads = sandboxProcesses(sb.id).flatMap((p) => threadsOf(p));
+    // Two full passes of the checker with the daemon gone: every page came, and came right.
+    const seen = await eventually(
+      'two passes of the checker after the crash',
+      async () => {
+        const m = await checkMemory(sb);
+        if (m.passes < before.passes + 2) throw new Error(`${String(m.passes)} passes`);
+        return m;
+      },
+      60_000,
+    ).catch((e: unknown) => e as Error);
+    const faults = kernelLog()
+      .slice(logged)
+      .filter((l) => threads.some((p) => l.includes(`[${String(p)}]: segfault`)));
+    const { daemon, client } = await restart(data);
+    if (seen instanceof Error) assert.fail(`the sandbox ran on after the crash: ${seen.message}`);
+    assert.equal(seen.bad, 0, 'every block as it was');
+    assert.equal(seen.token, before.token, 'the same process');
+    assert.deepEqual(faults, [], 'no thread of it crashed');
+    assert.ok(copying, "CRIU's lazy-pages daemon was still at work when the daemon died");
+    // Reconcile cannot tell the pages all came: the sandbox goes back to its checkpoint.
+    const s = await client.getSandbox(sb.id);
+    assert.equal(s.state, 'hibernated');
+    assert.equal(s.checkpointId, ck);
+    assert.equal((await client.resume(sb.id)).state, 'running');
+    assert.equal((await checkMemory(sb)).token, before.token);
     await finish(daemon, client, [sb.id]);
   });
 

@@ -20,8 +20,11 @@ const daemon = await startDaemon({
   proxy: false,
   policy: false,
   warn: () => undefined,
-  // Every lazy resume serves its pages from the vault, the tests' small sandboxes' too.
-  pagesFromVaultAboveBytes: 0,
+  // Every lazy resume serves its pages from the vault, the tests' small sandboxes' too; with
+  // DORMANT_TEST_STAGE_LAZY_PAGES=1 every one stages them (CRIU's own daemon reads them).
+  ...(process.env.DORMANT_TEST_STAGE_LAZY_PAGES === '1'
+    ? { servePagesFromVault: false }
+    : { pagesFromVaultAboveBytes: 0 }),
   failAt: (step) => {
     if (step === crashAt) {
       process.stderr.write(`crash-daemon: SIGKILL at ${step}\n`);

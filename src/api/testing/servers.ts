@@ -38,7 +38,7 @@ export async function serveCounter(sb: SandboxInfo): Promise<[number, string]> {
 /**
  * A python HTTP server on port 8080 holding BLOCKS MiB (default 96) of random bytes in one
  * anonymous mapping (private; with SHARED=1 shared with a forked worker), with the SHA-256 of
- * each MiB. A thread checks every block against its sum (a pass, then 0.2 s of
+ * each MiB. A thread checks every block against its sum (a pass, then PAUSE seconds (0.2) of
  * rest, over and over) and appends the numbers of the blocks that differ to
  * /tmp/memory-damaged, so memory that came back wrong (zeros from a lazy restore that lost its
  * page server, say) leaves a mark in the writable layer. GET answers "PASSES BAD TOKEN".
@@ -70,7 +70,7 @@ def check():
                 f.write(" ".join(map(str, bad)) + "\\n")
         seen["passes"] += 1
         seen["bad"] = len(bad)
-        time.sleep(0.2)
+        time.sleep(float(os.environ.get("PAUSE", "0.2")))
 threading.Thread(target=check, daemon=True).start()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
