@@ -26,7 +26,7 @@ import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { createWriteStream } from 'node:fs';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { eventually, leftovers, sandboxProcesses } from './testing/host.js';
+import { eventually, leftovers, readOr, sandboxProcesses } from './testing/host.js';
 import { COUNTER_SERVER_PY, MEMORY_CHECKER_PY, checkMemory, serveCounter } from './testing/servers.js';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 
@@ -34,7 +34,7 @@ import { existsSync, readFileSync, readdirSync } from 'node:fs';
 function residentMiB(pids: number[]): number {
   let kib = 0;
   for (const p of pids) {
-    const m = /^VmRSS:\s+(\d+) kB/m.exec(readOr(`/proc/${String(p)}/status`));
+    const m = /^VmRSS:\s+(\d+) kB/m.exec(readOr(`/proc/${String(p)}/status`, ''));
     if (m) kib += Number(m[1]);
   }
   return kib / 1024;
@@ -54,14 +54,6 @@ function kernelLog(): string[] {
   return execFileSync('dmesg', [], { encoding: 'utf8', maxBuffer: 64 << 20 })
     .split('\n')
     .filter((l) => l !== '');
-}
-
-function readOr(path: string): string {
-  try {
-    return readFileSync(path, 'utf8');
-  } catch {
-    return '';
-  }
 }
 
 const CRASH_DAEMON = fileURLToPath(new URL('./testing/crash-daemon.js', import.meta.url));

@@ -109,6 +109,15 @@ function inspectAtRestored(step: string): void {
   Object.assign(inspectStagingOf, stagedPages(inspectStagingOf.dataDir, inspectStagingOf.id));
 }
 
+/** What every daemon of these tests shares. */
+const BASE: Omit<Parameters<typeof startDaemon>[0], 'dataDir'> = {
+  listen: '127.0.0.1:0',
+  readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+  proxy: false,
+  policy: false,
+  warn: () => undefined,
+};
+
 before(async () => {
   dir = await mkdtemp('/tmp/dormant-lazy-');
   await buildBusyboxRootfs(join(dir, 'rootfs'), {
@@ -116,12 +125,8 @@ before(async () => {
     'srv/checker.py': MEMORY_CHECKER_PY,
   });
   daemon = await startDaemon({
+    ...BASE,
     dataDir: join(dir, 'data'),
-    listen: '127.0.0.1:0',
-    readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-    proxy: false,
-    policy: false,
-    warn: () => undefined,
     // Every checkpoint's pages from the vault, the small sandboxes of these tests' too.
     pagesFromVaultAboveBytes: 0,
     // The processes run again and their pages are on the way (restore has returned).
@@ -204,24 +209,16 @@ test('memory shared with a forked worker (MAP_SHARED) comes back whole from a la
 test('lazy pages come straight from the vault: staging never holds the memory; servePagesFromVault false, or a checkpoint below pagesFromVaultAboveBytes (default 256 MiB), stages it', async () => {
   const staged: Record<string, { size: number; allocated: number; steps: string[] }> = {};
   const other = await startDaemon({
+    ...BASE,
     dataDir: join(dir, 'staged'),
-    listen: '127.0.0.1:0',
-    readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-    proxy: false,
-    policy: false,
-    warn: () => undefined,
     servePagesFromVault: false,
     failAt: inspectAtRestored,
   });
   others.push(other);
   // The defaults: this 64 MiB sandbox's checkpoint is under the threshold.
   const small = await startDaemon({
+    ...BASE,
     dataDir: join(dir, 'small'),
-    listen: '127.0.0.1:0',
-    readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-    proxy: false,
-    policy: false,
-    warn: () => undefined,
     failAt: inspectAtRestored,
   });
   others.push(small);
@@ -316,12 +313,8 @@ test('a daemon shut down while pages stream in from the vault waits for them: th
   const data = join(dir, 'shutdown');
   const open = () =>
     startDaemon({
+      ...BASE,
       dataDir: data,
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      proxy: false,
-      policy: false,
-      warn: () => undefined,
       pagesFromVaultAboveBytes: 0,
     });
   const d = await open();
@@ -399,11 +392,8 @@ test('no userfaultfd on the node: resumes are eager, with one warning; lazyResto
   const make = async (name: string, opts: Partial<Parameters<typeof startDaemon>[0]>) => {
     const warnings: string[] = [];
     const d = await startDaemon({
+      ...BASE,
       dataDir: join(dir, name),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      proxy: false,
-      policy: false,
       warn: (m) => warnings.push(m),
       ...opts,
     });

@@ -39,7 +39,8 @@ export async function eventually<T>(what: string, fn: () => Promise<T>, timeoutM
   throw new Error(`${what}: not after ${timeoutMs} ms: ${String(last)}`);
 }
 
-function readOr(path: string, fallback: string): string {
+/** The text of file `path`, or `fallback` when it cannot be read (a process gone meanwhile). */
+export function readOr(path: string, fallback: string): string {
   try {
     return readFileSync(path, 'utf8');
   } catch {

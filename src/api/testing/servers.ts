@@ -7,16 +7,8 @@ import assert from 'node:assert/strict';
 import type { SandboxInfo } from '../../sdk/client.js';
 import { eventually, httpGet } from './host.js';
 
-export const COUNTER_SERVER_PY = `
-import http.server, os
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-        self.send_response(200)
+/** The end of both servers: `body` answered with a 200 on port 8080, without logging. */
+const ANSWER_AND_SERVE = `        self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
         self.end_headers()
@@ -26,6 +18,17 @@ class H(http.server.BaseHTTPRequestHandler):
 print("serving", flush=True)
 http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
 `;
+
+export const COUNTER_SERVER_PY = `
+import http.server, os
+count = 0
+token = os.urandom(8).hex()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        count += 1
+        body = ("%d %s" % (count, token)).encode()
+${ANSWER_AND_SERVE}`;
 
 /** [counter, token] from the counter server of sandbox `sb`, waiting for it to answer. */
 export async function serveCounter(sb: SandboxInfo): Promise<[number, string]> {
@@ -75,16 +78,7 @@ threading.Thread(target=check, daemon=True).start()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = ("%d %d %s" % (seen["passes"], seen["bad"], token)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-print("serving", flush=True)
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
+${ANSWER_AND_SERVE}`;
 
 /** {passes, bad, token} from the memory checker of sandbox `sb`, waiting for it to answer. */
 export async function checkMemory(sb: SandboxInfo): Promise<{ passes: number; bad: number; token: string }> {
