@@ -163,61 +163,49 @@ export function decodeIndex(
   }
   const size = v1 ? INDEX_ENTRY_BYTES_V1 : INDEX_ENTRY_BYTES;
   if (plain.length % size !== 0) return undefined;
-  const out: Omit<IndexEntry, 'loc'>[] = [];
-  for (let at = 0; at < plain.length; at += size) {
-    out.push({
-      id: plain.subarray(at, at + CHUNK_ID_BYTES),
-      offset: plain.readUInt32LE(at + CHUNK_ID_BYTES),
-      storedBytes: plain.readUInt32LE(at + CHUNK_ID_BYTES + 4),
-      rawBytes: plain.readUInt32LE(at + CHUNK_ID_BYTES + 8),
-      inner: v1 ? 0 : plain.readUInt32LE(at + CHUNK_ID_BYTES + 12),
-    });
-  }
-  const locs = locateEntries(packId, out);
-  return locs === undefined ? undefined : out.map((x, i) => ({ ...x, loc: locs[i]! }));
+  return locateEntries(packId, plain, size, v1);
 }
 
 /**
- * The location of every entry of pack `pack`'s index (in the same order), with the records
- * of several chunks grouped. Undefined when the entries of a record are not adjacent or do
- * not tile its plaintext from 0.
+ * The entries of pack `pack`'s index (`size` bytes each, in `plain`), each with its location
+ * and the records of several chunks grouped, in one pass (a vault's open reads every index).
+ * Undefined when the entries of a record are not adjacent or do not tile its plaintext from 0.
  */
-export function locateEntries(
-  pack: string,
-  entries: readonly Omit<IndexEntry, 'loc'>[],
-): ChunkLocation[] | undefined {
-  const out: ChunkLocation[] = [];
+function locateEntries(pack: string, plain: Buffer, size: number, v1: boolean): IndexEntry[] | undefined {
+  const n = plain.length / size;
+  const out = new Array<IndexEntry>(n);
   const seen = new Set<number>();
-  for (let i = 0; i < entries.length;) {
-    const first = entries[i]!;
+  const field = (k: number, f: number): number => plain.readUInt32LE(k * size + CHUNK_ID_BYTES + 4 * f);
+  for (let i = 0; i < n;) {
+    const offset = field(i, 0);
+    const storedBytes = field(i, 1);
     let j = i;
     let raw = 0;
-    while (j < entries.length && entries[j]!.offset === first.offset) {
-      const x = entries[j]!;
-      if (x.storedBytes !== first.storedBytes || x.inner !== raw) return undefined;
-      raw += x.rawBytes;
-      j++;
+    for (; j < n && field(j, 0) === offset; j++) {
+      if (field(j, 1) !== storedBytes || (v1 ? 0 : field(j, 3)) !== raw) return undefined;
+      raw += field(j, 2);
     }
-    if (seen.has(first.offset) || (j - i > 1 && raw > RECORD_MAX_RAW_BYTES)) return undefined;
-    seen.add(first.offset);
-    const group: RecordGroup | undefined =
-      j - i === 1
-        ? undefined
-        : {
-            rawBytes: raw,
-            aad: Buffer.concat(entries.slice(i, j).map((x) => x.id)),
-            chunks: j - i,
-          };
+    if (seen.has(offset) || (j - i > 1 && raw > RECORD_MAX_RAW_BYTES)) return undefined;
+    seen.add(offset);
+    let group: RecordGroup | undefined;
+    if (j - i > 1) {
+      const aad = Buffer.allocUnsafe((j - i) * CHUNK_ID_BYTES);
+      for (let k = i; k < j; k++)
+        plain.copy(aad, (k - i) * CHUNK_ID_BYTES, k * size, k * size + CHUNK_ID_BYTES);
+      group = { rawBytes: raw, aad, chunks: j - i };
+    }
     for (let k = i; k < j; k++) {
-      const x = entries[k]!;
-      out.push({
-        pack,
-        offset: x.offset,
-        storedBytes: x.storedBytes,
-        rawBytes: x.rawBytes,
-        inner: x.inner,
-        ...(group ? { group } : {}),
-      });
+      const rawBytes = field(k, 2);
+      const inner = v1 ? 0 : field(k, 3);
+      const loc: ChunkLocation = { pack, offset, storedBytes, rawBytes, inner, group };
+      out[k] = {
+        id: plain.subarray(k * size, k * size + CHUNK_ID_BYTES),
+        offset,
+        storedBytes,
+        rawBytes,
+        inner,
+        loc,
+      };
     }
     i = j;
   }

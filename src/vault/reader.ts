@@ -46,6 +46,18 @@ interface Cached {
   batch?: Batch;
 }
 
+/**
+ * What identifies a record in the cache: its group (shared by the location of each of its
+ * chunks) or, for a one-chunk record, the chunk's location. Locations are the index's own
+ * objects, which stay put while the reader holds the vault's shared lock; were one replaced,
+ * the record would only be decoded again.
+ */
+type RecordKey = object;
+
+function recordKey(loc: ChunkLocation): RecordKey {
+  return loc.group ?? loc;
+}
+
 interface FileRefs {
   entry: ManifestEntry;
   /** File offset where each reference starts, and one past the last (the size). */
@@ -68,10 +80,12 @@ export class CheckpointReader {
   private readonly files = new Map<string, FileRefs>();
   private readonly packs: PackReaders;
   private readonly decoder: ChunkDecoder;
-  private readonly cache = new Map<string, Cached>();
+  private readonly cache = new Map<RecordKey, Cached>();
+  /** Where each reference's chunk lives, looked up once (by reference number). */
+  private readonly locs: (ChunkLocation | undefined)[];
   private cachedBytes = 0;
   /** Records a worker batch is decoding: settles once they are cached (or found bad). */
-  private readonly inflight = new Map<string, Promise<void>>();
+  private readonly inflight = new Map<RecordKey, Promise<void>>();
   private batchesInFlight = 0;
   private readonly batches = new Set<Promise<void>>();
   /** How far read-ahead has gone in `aheadPath`. */
@@ -90,6 +104,7 @@ export class CheckpointReader {
     this.what = `checkpoint ${ctx.checkpointId}`;
     this.packs = new PackReaders(ctx.store, ctx.tenant, this.what);
     this.decoder = new ChunkDecoder(ctx.keys);
+    this.locs = new Array<ChunkLocation | undefined>(body.refs.length / REF_BYTES);
     for (const e of body.entries) {
       if (e.type !== 'file') continue;
       const starts = new Float64Array(e.refCount + 1);
@@ -159,17 +174,17 @@ export class CheckpointReader {
     const step = (): void => {
       if (gen !== this.generation || this.waiting > 0 || this.closed || i >= f.entry.refCount) return;
       if (f.starts[i]! >= end) return;
-      const ref = (f.entry.firstRef + i) * REF_BYTES;
+      const r = f.entry.firstRef + i;
       const len = f.starts[i + 1]! - f.starts[i]!;
       i++;
       const t =
-        this.body.refs[ref] === REF_HOLE
+        this.body.refs[r * REF_BYTES] === REF_HOLE
           ? this.queue
           : // Queued like a read, so it never runs beside one; a damaged record is left to
             // the read that needs it to report.
             this.queue.then(() =>
               gen === this.generation && this.waiting === 0 && !this.closed
-                ? this.withRecord(ref, len, f.entry.path, () => undefined).then(
+                ? this.withRecord(r, len, f.entry.path, () => undefined).then(
                     () => undefined,
                     () => undefined,
                   )
@@ -214,30 +229,29 @@ export class CheckpointReader {
     f: FileRefs,
     limit: number,
   ): Promise<
-    | { input: Buffer; out: Buffer; recs: number[]; aads: Uint8Array[]; wheres: string[]; done: () => void }
+    | { input: Buffer; out: Buffer; recs: number[]; aads: Uint8Array[]; keys: RecordKey[]; done: () => void }
     | undefined
   > {
     if (this.closed || this.aheadPath !== f.entry.path) return undefined;
     const pool = this.ctx.pool!;
     const end = Math.min(limit, f.entry.sizeBytes);
     let i = this.refAt(f, this.aheadPos);
-    const picked: { loc: ChunkLocation; id: Buffer; where: string }[] = [];
-    const seen = new Set<string>();
+    const picked: { loc: ChunkLocation; id: Buffer; key: RecordKey }[] = [];
+    const seen = new Set<RecordKey>();
     let inBytes = 0;
     let outBytes = 0;
     for (; i < f.entry.refCount && f.starts[i]! < end; i++) {
-      const ref = (f.entry.firstRef + i) * REF_BYTES;
-      if (this.body.refs[ref] === REF_HOLE) continue;
-      const id = this.body.refs.subarray(ref + 5, ref + 5 + CHUNK_ID_BYTES);
-      const loc = this.ctx.lookup(id.toString('hex'));
+      const r = f.entry.firstRef + i;
+      if (this.body.refs[r * REF_BYTES] === REF_HOLE) continue;
+      const loc = this.locAt(r);
       // A missing chunk is for the read that needs it to report.
       if (loc === undefined) continue;
-      const where = `${loc.pack}/${String(loc.offset)}`;
-      if (seen.has(where) || this.cache.has(where) || this.inflight.has(where)) continue;
+      const key = recordKey(loc);
+      if (seen.has(key) || this.cache.has(key) || this.inflight.has(key)) continue;
       const raw = recordRawBytes(loc);
       if (inBytes + loc.storedBytes > BATCH_BYTES || outBytes + raw > BATCH_BYTES) break;
-      seen.add(where);
-      picked.push({ loc, id: Buffer.from(id), where });
+      seen.add(key);
+      picked.push({ loc, id: this.idAt(r), key });
       inBytes += loc.storedBytes;
       outBytes += raw;
       if (outBytes >= BATCH_TARGET_RAW) {
@@ -249,7 +263,7 @@ export class CheckpointReader {
     if (picked.length === 0) return undefined;
     let settle!: () => void;
     const ready = new Promise<void>((r) => (settle = r));
-    for (const p of picked) this.inflight.set(p.where, ready);
+    for (const p of picked) this.inflight.set(p.key, ready);
     const input = pool.take(BATCH_BYTES);
     const out = pool.take(BATCH_BYTES);
     const recs: number[] = [];
@@ -269,7 +283,7 @@ export class CheckpointReader {
         aadAt += aad.length;
       }
     } catch (e) {
-      for (const p of picked) this.inflight.delete(p.where);
+      for (const p of picked) this.inflight.delete(p.key);
       settle();
       pool.give(input);
       pool.give(out);
@@ -280,9 +294,9 @@ export class CheckpointReader {
       out,
       recs,
       aads,
-      wheres: picked.map((p) => p.where),
+      keys: picked.map((p) => p.key),
       done: () => {
-        for (const p of picked) this.inflight.delete(p.where);
+        for (const p of picked) this.inflight.delete(p.key);
         settle();
       },
     };
@@ -293,7 +307,7 @@ export class CheckpointReader {
     out: Buffer;
     recs: number[];
     aads: Uint8Array[];
-    wheres: string[];
+    keys: RecordKey[];
     done: () => void;
   }): Promise<void> {
     const pool = this.ctx.pool!;
@@ -313,7 +327,7 @@ export class CheckpointReader {
       pool.give(r.input);
       // Records before a bad one decoded; that one and the rest are left to the reads that
       // need them (which report the damage).
-      const good = r.done.error !== undefined ? 0 : (r.done.badRecord ?? b.wheres.length);
+      const good = r.done.error !== undefined ? 0 : (r.done.badRecord ?? b.keys.length);
       if (this.closed || good === 0) {
         r.output.fill(0);
         return;
@@ -326,24 +340,25 @@ export class CheckpointReader {
         const f = k * REC_FIELDS;
         const rec = r.output.subarray(b.recs[f + 3], b.recs[f + 3]! + b.recs[f + 2]!);
         batch.live++;
-        this.cachePut(b.wheres[k]!, { rec, batch });
+        this.cachePut(b.keys[k]!, { rec, batch });
       }
     } finally {
       b.done();
     }
   }
 
-  private cachePut(where: string, c: Cached): void {
-    this.cache.set(where, c);
+  private cachePut(key: RecordKey, c: Cached): void {
+    this.cache.set(key, c);
+    this.newest = key;
     this.cachedBytes += c.rec.length;
     while (this.cachedBytes > CACHE_BYTES && this.cache.size > 1) {
-      const [oldest, old] = this.cache.entries().next().value as [string, Cached];
+      const [oldest, old] = this.cache.entries().next().value as [RecordKey, Cached];
       this.dropCached(oldest, old);
     }
   }
 
-  private dropCached(where: string, c: Cached): void {
-    this.cache.delete(where);
+  private dropCached(key: RecordKey, c: Cached): void {
+    this.cache.delete(key);
     this.cachedBytes -= c.rec.length;
     if (c.batch === undefined) c.rec.fill(0);
     else if (--c.batch.live === 0) {
@@ -397,35 +412,49 @@ export class CheckpointReader {
       const refEnd = starts[i + 1]!;
       const n = Math.min(end, refEnd) - pos;
       const dst = at + (pos - offset);
-      const ref = (entry.firstRef + i) * REF_BYTES;
-      if (this.body.refs[ref] === REF_HOLE) {
+      const r = entry.firstRef + i;
+      if (this.body.refs[r * REF_BYTES] === REF_HOLE) {
         out.fill(0, dst, dst + n);
       } else {
         const from = pos - refStart;
-        await this.withRecord(ref, refEnd - refStart, entry.path, (rec, inner) =>
-          rec.copy(out, dst, inner + from, inner + from + n),
-        );
+        const loc = this.checkedLoc(r, refEnd - refStart, entry.path);
+        const hit = this.cache.get(recordKey(loc));
+        // Cached (most reads, with read-ahead): copied in this turn, no await per reference.
+        if (hit !== undefined) {
+          this.touch(recordKey(loc), hit);
+          hit.rec.copy(out, dst, loc.inner + from, loc.inner + from + n);
+        } else
+          await this.withRecord(r, refEnd - refStart, entry.path, (rec, inner) =>
+            rec.copy(out, dst, inner + from, inner + from + n),
+          );
       }
       pos += n;
     }
     return out;
   }
 
-  /**
-   * Calls `use` with the decoded record that holds the chunk of reference `ref` and where the
-   * chunk starts in it, in the same turn as it is looked up or decoded: a cached record may be
-   * evicted (and wiped) by anything that runs later.
-   */
-  private async withRecord(
-    ref: number,
-    len: number,
-    path: string,
-    use: (rec: Buffer, inner: number) => void,
-  ): Promise<void> {
-    const id = this.body.refs.subarray(ref + 5, ref + 5 + CHUNK_ID_BYTES);
-    const key = id.toString('hex');
-    const loc = this.ctx.lookup(key);
-    if (loc === undefined)
+  /** The chunk id of reference number `r`. */
+  private idAt(r: number): Buffer {
+    const at = r * REF_BYTES + 5;
+    return this.body.refs.subarray(at, at + CHUNK_ID_BYTES);
+  }
+
+  /** Where the chunk of reference number `r` lives (looked up once), or undefined if nowhere. */
+  private locAt(r: number): ChunkLocation | undefined {
+    let loc = this.locs[r];
+    if (loc === undefined) {
+      const at = r * REF_BYTES + 5;
+      loc = this.ctx.lookup(this.body.refs.toString('hex', at, at + CHUNK_ID_BYTES));
+      this.locs[r] = loc;
+    }
+    return loc;
+  }
+
+  /** {@link locAt}, or VAULT_CORRUPT when the chunk is missing or its length is not `len`. */
+  private checkedLoc(r: number, len: number, path: string): ChunkLocation {
+    const loc = this.locAt(r);
+    if (loc === undefined) {
+      const key = this.idAt(r).toString('hex');
       throw new DormantError(
         ErrorCode.VAULT_CORRUPT,
         `${this.what}: chunk ${key.slice(0, 16)} of ${path} is missing from the vault${this.ctx.explainMissing()}`,
@@ -434,21 +463,46 @@ export class CheckpointReader {
           hint: 'run `dormant vault verify` to list every damaged object',
         },
       );
+    }
     if (loc.rawBytes !== len)
       throw new DormantError(
         ErrorCode.VAULT_CORRUPT,
-        `${this.what}: chunk ${key.slice(0, 16)} has the wrong length in its index`,
+        `${this.what}: chunk ${this.idAt(r).toString('hex').slice(0, 16)} has the wrong length in its index`,
         { details: { object: `pack ${loc.pack}` } },
       );
-    const where = `${loc.pack}/${String(loc.offset)}`;
+    return loc;
+  }
+
+  /** The record most recently put in or taken from the cache (its last entry). */
+  private newest: RecordKey | undefined;
+
+  /** Marks a cached record as the most recently used. */
+  private touch(key: RecordKey, c: Cached): void {
+    if (key === this.newest) return;
+    this.cache.delete(key);
+    this.cache.set(key, c);
+    this.newest = key;
+  }
+
+  /**
+   * Calls `use` with the decoded record that holds the chunk of reference number `r` and
+   * where the chunk starts in it, in the same turn as it is looked up or decoded: a cached
+   * record may be evicted (and wiped) by anything that runs later.
+   */
+  private async withRecord(
+    r: number,
+    len: number,
+    path: string,
+    use: (rec: Buffer, inner: number) => void,
+  ): Promise<void> {
+    const loc = this.checkedLoc(r, len, path);
+    const key = recordKey(loc);
     // A worker batch is decoding it: wait for that rather than decode it twice.
-    const coming = this.inflight.get(where);
+    const coming = this.inflight.get(key);
     if (coming !== undefined) await coming;
-    const hit = this.cache.get(where);
+    const hit = this.cache.get(key);
     if (hit !== undefined) {
-      // Most recently used last.
-      this.cache.delete(where);
-      this.cache.set(where, hit);
+      this.touch(key, hit);
       use(hit.rec, loc.inner);
       return;
     }
@@ -456,13 +510,13 @@ export class CheckpointReader {
     const rec = Buffer.allocUnsafe(recordRawBytes(loc));
     // Opened with the first chunk's id for a one-chunk record, all of them for a group.
     try {
-      this.decoder.decode(id, loc, sealed, rec, 0, this.what);
+      this.decoder.decode(this.idAt(r), loc, sealed, rec, 0, this.what);
     } catch (e) {
       rec.fill(0);
       throw e;
     }
     use(rec, loc.inner);
-    this.cachePut(where, { rec });
+    this.cachePut(key, { rec });
   }
 
   /** Wipes what it decoded, closes its packs and releases the vault. Safe to call twice. */
@@ -471,7 +525,7 @@ export class CheckpointReader {
     this.closed = true;
     await this.queue.catch(() => undefined);
     await Promise.allSettled([...this.batches]);
-    for (const [where, c] of [...this.cache]) this.dropCached(where, c);
+    for (const [key, c] of [...this.cache]) this.dropCached(key, c);
     try {
       await this.packs.close();
     } finally {
