@@ -272,16 +272,29 @@ export class CheckpointReader {
     let outAt = 0;
     let aadAt = 0;
     try {
+      // Records back to back in one pack (as a checkpoint's new chunks are) are read as one
+      // run, straight into the batch's input.
+      let run: { pack: string; offset: number; end: number; at: number } | undefined;
+      const readRun = async (): Promise<void> => {
+        if (run !== undefined)
+          await this.packs.readInto(run.pack, run.offset, run.end - run.offset, input, run.at);
+        run = undefined;
+      };
       for (const p of picked) {
-        const sealed = await this.packs.record(p.loc);
-        sealed.copy(input, at);
+        if (run !== undefined && run.pack === p.loc.pack && run.end === p.loc.offset)
+          run.end += p.loc.storedBytes;
+        else {
+          await readRun();
+          run = { pack: p.loc.pack, offset: p.loc.offset, end: p.loc.offset + p.loc.storedBytes, at };
+        }
         const aad = recordAad(p.loc, p.id);
-        recs.push(at, sealed.length, recordRawBytes(p.loc), outAt, aadAt, aad.length);
+        recs.push(at, p.loc.storedBytes, recordRawBytes(p.loc), outAt, aadAt, aad.length);
         aads.push(aad);
-        at += sealed.length;
+        at += p.loc.storedBytes;
         outAt += recordRawBytes(p.loc);
         aadAt += aad.length;
       }
+      await readRun();
     } catch (e) {
       for (const p of picked) this.inflight.delete(p.key);
       settle();

@@ -88,17 +88,17 @@ export class PackReaders {
     p.cur = w;
   }
 
-  async record(loc: ChunkLocation): Promise<Buffer> {
-    let p = this.open.get(loc.pack);
+  private async reader(pack: string): Promise<OpenPackReader> {
+    let p = this.open.get(pack);
     if (p === undefined) {
       if (this.open.size >= 16) await this.close();
-      const r = await this.store.openReader(`data/${this.tenant}/packs/${loc.pack}.pack`);
+      const r = await this.store.openReader(`data/${this.tenant}/packs/${pack}.pack`);
       // The header is not covered by any record's tag: check it here so that no byte of a
       // pack goes unchecked by restore.
       const head = r.sizeBytes >= PACK_HEADER_BYTES ? await r.read(0, PACK_HEADER_BYTES) : Buffer.alloc(0);
-      if (!head.equals(packHeader(loc.pack))) {
+      if (!head.equals(packHeader(pack))) {
         await r.close();
-        throw this.corrupt(loc.pack, 'has a damaged header');
+        throw this.corrupt(pack, 'has a damaged header');
       }
       p = {
         r,
@@ -106,8 +106,24 @@ export class PackReaders {
         spare: Buffer.allocUnsafe(HEADROOM + WINDOW_BYTES),
         prefetch: undefined,
       };
-      this.open.set(loc.pack, p);
+      this.open.set(pack, p);
     }
+    return p;
+  }
+
+  /**
+   * Reads `length` bytes of pack `pack` from `offset` straight into `dst` at `at`: a run of
+   * records back to back, for a caller that decodes them from its own buffer (no window, no
+   * copy, no buffer of its own).
+   */
+  async readInto(pack: string, offset: number, length: number, dst: Buffer, at: number): Promise<void> {
+    const p = await this.reader(pack);
+    if (offset + length > p.r.sizeBytes) throw this.corrupt(pack, 'is truncated');
+    await p.r.read(offset, length, dst.subarray(at, at + length));
+  }
+
+  async record(loc: ChunkLocation): Promise<Buffer> {
+    const p = await this.reader(loc.pack);
     const end = loc.offset + loc.storedBytes;
     const inCur = (): boolean => loc.offset >= p.cur.start && end <= p.cur.start + p.cur.len;
     if (inCur())
