@@ -74,7 +74,7 @@ function gpuMetaOf(m: Record<string, unknown>): GpuMeta | undefined {
     return undefined;
   return v as GpuMeta;
 }
-import { StepTimer, type OperationTimings } from '../domain/timings.js';
+import { StepTimer, type OperationTimings, type StepSink } from '../domain/timings.js';
 import { readCriuImages } from '../criu/images/reader.js';
 import { isPagesImage, startPageServer, writeEagerPages, type PageServer } from '../criu/page-server.js';
 import { startKeeper, type Keeper } from '../sys/keeper.js';
@@ -1380,7 +1380,7 @@ export class SandboxController {
       this.step('resume:fetched');
       unpacked = await t.time('unpack filesystem', () => this.applyFilesystem(s.id, images));
       if (fromVault) {
-        served = await t.time('page server', () => this.servePages(s, ckId, images));
+        served = await t.time('page server', () => this.servePages(s, ckId, images, t));
         this.pageServers.set(s.id, served);
       }
       // Durable before the pages start to move: a daemon that dies before they are all in
@@ -1419,15 +1419,19 @@ export class SandboxController {
    * Opens checkpoint `ckId` for reading, writes the pages images' non-lazy pages into
    * `images` and starts a page server that reads the lazy ones from the vault.
    */
-  private async servePages(s: Sandbox, ckId: string, images: string): Promise<PagesFromVault> {
-    const reader = await this.vault.openCheckpoint!({ tenant: s.tenant, checkpointId: ckId });
+  private async servePages(s: Sandbox, ckId: string, images: string, t: StepSink): Promise<PagesFromVault> {
+    const reader = await t.time('open checkpoint', () =>
+      this.vault.openCheckpoint!({ tenant: s.tenant, checkpointId: ckId }),
+    );
     try {
-      const dump = await readCriuImages(images);
-      await writeEagerPages(
-        dump.processes,
-        images,
-        reader,
-        reader.list().filter((f) => isPagesImage(f.path)),
+      const dump = await t.time('read images', () => readCriuImages(images));
+      await t.time('eager pages', () =>
+        writeEagerPages(
+          dump.processes,
+          images,
+          reader,
+          reader.list().filter((f) => isPagesImage(f.path)),
+        ),
       );
       const keepers: Keeper[] = [];
       const ended = { now: false };

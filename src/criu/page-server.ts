@@ -43,8 +43,18 @@ export function isPagesImage(name: string): boolean {
 
 /** Where a process's pages are read from: a byte range of one of its pages images. */
 export interface PageSource {
-  /** Reads into `out` at `at` when given (and returns it), else into a new buffer. */
-  read(file: string, offset: number, length: number, out?: Buffer, at?: number): Promise<Buffer>;
+  /**
+   * Reads into `out` at `at` when given (and returns it), else into a new buffer. `readAhead:
+   * false` says the next read will not follow this one (a source that reads ahead need not).
+   */
+  read(
+    file: string,
+    offset: number,
+    length: number,
+    out?: Buffer,
+    at?: number,
+    opts?: { readAhead?: boolean },
+  ): Promise<Buffer>;
 }
 
 /** A run of a process's memory in the images: where it lies in the pages file, if there. */
@@ -106,7 +116,8 @@ export async function writeEagerPages(
     const h = await open(join(dir, file), 'wx', 0o600);
     try {
       for (const [offset, length] of pieces) {
-        const b = await source.read(file, offset, length);
+        // Scattered pieces: what follows one is never asked for next.
+        const b = await source.read(file, offset, length, undefined, 0, { readAhead: false });
         let at = 0;
         while (at < b.length) at += (await h.write(b, at, b.length - at, offset + at)).bytesWritten;
         b.fill(0);

@@ -6,6 +6,7 @@
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { CHUNK_ID_BYTES } from './crypto.js';
 import {
+  RECORD_MAX_RAW_BYTES,
   REF_BYTES,
   REF_HOLE,
   recordAad,
@@ -44,7 +45,12 @@ interface Batch {
 interface Cached {
   rec: Buffer;
   batch?: Batch;
+  /** A record decoded on this thread: the spare buffer `rec` lies in, if it came from one. */
+  whole?: Buffer;
 }
+
+/** Spare record buffers kept: the cache's worth of the biggest records. */
+const SPARES = CACHE_BYTES / RECORD_MAX_RAW_BYTES;
 
 /**
  * What identifies a record in the cache: its group (shared by the location of each of its
@@ -81,6 +87,8 @@ export class CheckpointReader {
   private readonly packs: PackReaders;
   private readonly decoder: ChunkDecoder;
   private readonly cache = new Map<RecordKey, Cached>();
+  /** Wiped record buffers to decode into on this thread (RECORD_MAX_RAW_BYTES each). */
+  private readonly spares: Buffer[] = [];
   /** Where each reference's chunk lives, looked up once (by reference number). */
   private readonly locs: (ChunkLocation | undefined)[];
   private cachedBytes = 0;
@@ -136,16 +144,24 @@ export class CheckpointReader {
 
   /**
    * Reads `length` bytes of file `path` from `offset` (holes read as zeros) into `out` at
-   * `at` (a new buffer when omitted). The range must lie within the file.
+   * `at` (a new buffer when omitted). The range must lie within the file. Unless `readAhead`
+   * is false, the bytes that follow are decoded ahead for the next read.
    */
-  read(path: string, offset: number, length: number, out?: Buffer, at = 0): Promise<Buffer> {
+  read(
+    path: string,
+    offset: number,
+    length: number,
+    out?: Buffer,
+    at = 0,
+    opts: { readAhead?: boolean } = {},
+  ): Promise<Buffer> {
     this.waiting++;
     const p = this.queue.then(() => {
       this.waiting--;
       return this.readNow(path, offset, length, out ?? Buffer.alloc(length), at);
     });
     this.queue = p.then(
-      () => this.startReadAhead(path, offset + length),
+      () => (opts.readAhead === false ? undefined : this.startReadAhead(path, offset + length)),
       () => undefined,
     );
     return p;
@@ -373,8 +389,10 @@ export class CheckpointReader {
   private dropCached(key: RecordKey, c: Cached): void {
     this.cache.delete(key);
     this.cachedBytes -= c.rec.length;
-    if (c.batch === undefined) c.rec.fill(0);
-    else if (--c.batch.live === 0) {
+    if (c.batch === undefined) {
+      c.rec.fill(0);
+      if (c.whole !== undefined && this.spares.length < SPARES) this.spares.push(c.whole);
+    } else if (--c.batch.live === 0) {
       c.batch.buf.fill(0, 0, c.batch.used);
       this.ctx.pool?.give(c.batch.buf);
     }
@@ -520,16 +538,23 @@ export class CheckpointReader {
       return;
     }
     const sealed = await this.packs.record(loc);
-    const rec = Buffer.allocUnsafe(recordRawBytes(loc));
+    const raw = recordRawBytes(loc);
+    // A spare buffer when one fits: a fresh one costs the first touch of its pages.
+    const whole =
+      raw <= RECORD_MAX_RAW_BYTES
+        ? (this.spares.pop() ?? Buffer.allocUnsafe(RECORD_MAX_RAW_BYTES))
+        : undefined;
+    const rec = whole?.subarray(0, raw) ?? Buffer.allocUnsafe(raw);
     // Opened with the first chunk's id for a one-chunk record, all of them for a group.
     try {
       this.decoder.decode(this.idAt(r), loc, sealed, rec, 0, this.what);
     } catch (e) {
       rec.fill(0);
+      if (whole !== undefined) this.spares.push(whole);
       throw e;
     }
     use(rec, loc.inner);
-    this.cachePut(key, { rec });
+    this.cachePut(key, whole === undefined ? { rec } : { rec, whole });
   }
 
   /** Wipes what it decoded, closes its packs and releases the vault. Safe to call twice. */

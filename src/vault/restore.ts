@@ -31,6 +31,8 @@ const WINDOW_BYTES = 4 * 1024 * 1024;
 
 /** Room in front of a window for the tail of a record that straddles two reads. */
 const HEADROOM = 128 * 1024;
+/** What is read at a record away from the window (bigger records are read on their own). */
+const JUMP_BYTES = 2 * HEADROOM;
 
 interface Window {
   buf: Buffer;
@@ -56,6 +58,8 @@ interface OpenPackReader {
  */
 export class PackReaders {
   private readonly open = new Map<string, OpenPackReader>();
+  /** Where records bigger than HEADROOM are read. */
+  private big = Buffer.alloc(0);
   constructor(
     private readonly store: VaultStore,
     private readonly tenant: string,
@@ -130,7 +134,11 @@ export class PackReaders {
       return p.cur.buf.subarray(p.cur.base + loc.offset - p.cur.start, p.cur.base + end - p.cur.start);
     if (loc.storedBytes > HEADROOM) {
       if (end > p.r.sizeBytes) throw this.corrupt(loc.pack, 'is truncated');
-      return p.r.read(loc.offset, loc.storedBytes);
+      // Into one reused buffer (valid until the next call, as a window's bytes are): a fresh
+      // one per record would cost its first touch every time.
+      if (this.big.length < loc.storedBytes)
+        this.big = Buffer.allocUnsafe(Math.max(loc.storedBytes, 2 * HEADROOM));
+      return p.r.read(loc.offset, loc.storedBytes, this.big);
     }
     if (p.prefetch) {
       const pf = await p.prefetch.catch(() => undefined);
@@ -161,12 +169,16 @@ export class PackReaders {
         }
       }
     }
-    // Not where a sequential reader would be: read a window at the record.
-    const len = Math.min(WINDOW_BYTES, p.r.sizeBytes - loc.offset);
+    // Not in the window: read one at the record. A reader going on through the pack (the
+    // record starts in the window or right after it) gets a whole window and the next one read
+    // ahead; one that jumps (a lazy restore's first faults, scattered eager pages) only a
+    // little, and nothing ahead, so that a jump costs no 8 MiB of reading.
+    const onward = p.cur.len > 0 && loc.offset >= p.cur.start && loc.offset <= p.cur.start + p.cur.len;
+    const len = Math.min(onward ? WINDOW_BYTES : JUMP_BYTES, p.r.sizeBytes - loc.offset);
     if (len < loc.storedBytes) throw this.corrupt(loc.pack, 'is truncated');
     await p.r.read(loc.offset, len, p.cur.buf.subarray(HEADROOM));
     p.cur = { buf: p.cur.buf, base: HEADROOM, start: loc.offset, len };
-    this.startPrefetch(p);
+    if (onward) this.startPrefetch(p);
     return p.cur.buf.subarray(HEADROOM, HEADROOM + loc.storedBytes);
   }
 
