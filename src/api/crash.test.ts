@@ -380,16 +380,30 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     const child = await startCrashDaemon(data, step, true);
     children.push(child.proc);
     // Mostly resting between passes: a process that asks for few pages, so CRIU's daemon is
-    // still at its copy (it starts after a second of quiet) when the daemon dies.
+    // still at its copy when the daemon dies. Big enough that the copy outlasts the resume's
+    // last steps (network, hostname: ~0.3 s on a slow VM): 96 and 384 MiB were copied in
+    // before the crash there.
     const sb = await child.client.createSandbox({
       name: 'checker',
       rootfs,
       command: ['/usr/bin/python3', '-u', '/srv/checker.py'],
-      env: { PAUSE: '2' },
+      env: { PAUSE: '2', BLOCKS: '768' },
       ports: [8080],
-      memory: '256M',
+      memory: '1G',
     });
-    const before = await checkMemory(sb);
+    // Hibernated right after a pass ends, at the start of a rest: hibernated mid-pass (the
+    // first pass takes seconds on a slow VM), the resumed checker would fault every page in
+    // at once and CRIU's daemon would be done before the crash.
+    const first = await checkMemory(sb);
+    const before = await eventually(
+      'a pass of the checker to end',
+      async () => {
+        const m = await checkMemory(sb);
+        if (m.passes <= first.passes) throw new Error(`${String(m.passes)} passes`);
+        return m;
+      },
+      60_000,
+    );
     const ck = (await child.client.hibernate(sb.id)).checkpointId;
     const logged = kernelLog().length;
     await crashDuring(child, step, () => child.client.resume(sb.id));
