@@ -126,6 +126,10 @@ export class PackReaders {
     await p.r.read(offset, length, dst.subarray(at, at + length));
   }
 
+  /**
+   * The sealed bytes of the record at `loc`. They lie in a buffer the next call reuses (a
+   * window, or the one for big records): use them, or copy them, before calling again.
+   */
   async record(loc: ChunkLocation): Promise<Buffer> {
     const p = await this.reader(loc.pack);
     const end = loc.offset + loc.storedBytes;
