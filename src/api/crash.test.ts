@@ -26,8 +26,14 @@ import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { createWriteStream } from 'node:fs';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { eventually, leftovers, readOr, sandboxProcesses } from './testing/host.js';
-import { COUNTER_SERVER_PY, MEMORY_CHECKER_PY, checkMemory, serveCounter } from './testing/servers.js';
+import { leftovers, readOr, sandboxProcesses } from './testing/host.js';
+import {
+  COUNTER_SERVER_PY,
+  MEMORY_CHECKER_PY,
+  checkMemory,
+  checkerPasses,
+  serveCounter,
+} from './testing/servers.js';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 
 /** Resident memory of processes `pids`, in MiB (0 for one that is gone). */
@@ -358,15 +364,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     assert.equal((await client.resume(sb.id)).state, 'running');
     // A process that scans all its memory pages it in one fault at a time from the vault's
     // page server (~20 MB/s here, slower on a loaded machine): the first pass takes seconds.
-    const after = await eventually(
-      'a full pass of the checker',
-      async () => {
-        const m = await checkMemory(sb);
-        if (m.passes <= before.passes) throw new Error(`${String(m.passes)} passes`);
-        return m;
-      },
-      90_000,
-    );
+    const after = await checkerPasses(sb, before.passes + 1, 90_000);
     assert.equal(after.bad, 0, 'every block is as it was');
     assert.equal(after.token, before.token, 'same process, same memory');
     await finish(daemon, client, [sb.id]);
@@ -394,16 +392,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     // Hibernated right after a pass ends, at the start of a rest: hibernated mid-pass (the
     // first pass takes seconds on a slow VM), the resumed checker would fault every page in
     // at once and CRIU's daemon would be done before the crash.
-    const first = await checkMemory(sb);
-    const before = await eventually(
-      'a pass of the checker to end',
-      async () => {
-        const m = await checkMemory(sb);
-        if (m.passes <= first.passes) throw new Error(`${String(m.passes)} passes`);
-        return m;
-      },
-      60_000,
-    );
+    const before = await checkerPasses(sb, (await checkMemory(sb)).passes + 1);
     const ck = (await child.client.hibernate(sb.id)).checkpointId;
     const logged = kernelLog().length;
     await crashDuring(child, step, () => child.client.resume(sb.id));
@@ -411,15 +400,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
     const copying = leftovers(sb.id).some((x) => x.startsWith('process') && x.includes('lazy-pages'));
     const threads = sandboxProcesses(sb.id).flatMap((p) => threadsOf(p));
     // Two full passes of the checker with the daemon gone: every page came, and came right.
-    const seen = await eventually(
-      'two passes of the checker after the crash',
-      async () => {
-        const m = await checkMemory(sb);
-        if (m.passes < before.passes + 2) throw new Error(`${String(m.passes)} passes`);
-        return m;
-      },
-      60_000,
-    ).catch((e: unknown) => e as Error);
+    const seen = await checkerPasses(sb, before.passes + 2).catch((e: unknown) => e as Error);
     const faults = kernelLog()
       .slice(logged)
       .filter((l) => threads.some((p) => l.includes(`[${String(p)}]: segfault`)));

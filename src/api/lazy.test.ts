@@ -16,7 +16,7 @@ import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { sandboxProcesses } from './testing/host.js';
-import { MEMORY_CHECKER_PY, checkMemory } from './testing/servers.js';
+import { MEMORY_CHECKER_PY, checkMemory, checkerPasses } from './testing/servers.js';
 import { flipByte } from '../vault/testing/fixtures.js';
 
 const SERVER = `
@@ -192,11 +192,7 @@ test('memory shared with a forked worker (MAP_SHARED) comes back whole from a la
   assert.equal(sandboxProcesses(sb.id).length, 2, 'the server and its worker');
   await client.hibernate(sb.id);
   assert.equal((await client.resume(sb.id)).state, 'running');
-  const after = await eventually(async () => {
-    const m = await checkMemory(sb);
-    if (m.passes <= before.passes) throw new Error(`${String(m.passes)} passes`);
-    return m;
-  });
+  const after = await checkerPasses(sb, before.passes + 1);
   assert.equal(after.bad, 0, 'every MiB of the shared mapping is as it was');
   assert.equal(after.token, before.token, 'same process');
   // A pause waits for the pages; the resume's steps are recorded by then.

@@ -449,10 +449,11 @@ export class CheckpointReader {
       } else {
         const from = pos - refStart;
         const loc = this.checkedLoc(r, refEnd - refStart, entry.path);
-        const hit = this.cache.get(recordKey(loc));
+        const key = recordKey(loc);
+        const hit = this.cache.get(key);
         // Cached (most reads, with read-ahead): copied in this turn, no await per reference.
         if (hit !== undefined) {
-          this.touch(recordKey(loc), hit);
+          this.touch(key, hit);
           hit.rec.copy(out, dst, loc.inner + from, loc.inner + from + n);
         } else
           await this.withRecord(r, refEnd - refStart, entry.path, (rec, inner) =>

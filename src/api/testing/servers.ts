@@ -80,10 +80,29 @@ class H(http.server.BaseHTTPRequestHandler):
         body = ("%d %d %s" % (seen["passes"], seen["bad"], token)).encode()
 ${ANSWER_AND_SERVE}`;
 
+interface MemoryCheck {
+  passes: number;
+  bad: number;
+  token: string;
+}
+
 /** {passes, bad, token} from the memory checker of sandbox `sb`, waiting for it to answer. */
-export async function checkMemory(sb: SandboxInfo): Promise<{ passes: number; bad: number; token: string }> {
+export async function checkMemory(sb: SandboxInfo): Promise<MemoryCheck> {
   const body = await eventually(`checker of ${sb.id}`, () => httpGet(sb.address!, 8080));
   assert.match(body, /^\d+ \d+ [0-9a-f]{16}$/);
   const [passes, bad, token] = body.split(' ');
   return { passes: Number(passes), bad: Number(bad), token: token! };
+}
+
+/** {@link checkMemory} once the checker of `sb` has finished `passes` passes in all. */
+export function checkerPasses(sb: SandboxInfo, passes: number, timeoutMs = 60_000): Promise<MemoryCheck> {
+  return eventually(
+    `${String(passes)} passes of the checker of ${sb.id}`,
+    async () => {
+      const m = await checkMemory(sb);
+      if (m.passes < passes) throw new Error(`${String(m.passes)} passes`);
+      return m;
+    },
+    timeoutMs,
+  );
 }
