@@ -104,8 +104,18 @@ export interface CheckpointVault {
    * waiting) until closed. Lazy resume serves the sandbox's pages from it.
    */
   openCheckpoint?(o: { tenant: string; checkpointId: string; signal?: AbortSignal }): Promise<{
-    /** Reads into `out` at `at` when given (and returns it), else into a new buffer. */
-    read(path: string, offset: number, length: number, out?: Buffer, at?: number): Promise<Buffer>;
+    /**
+     * Reads into `out` at `at` when given (and returns it), else into a new buffer; `readAhead:
+     * false` for a scattered read that the next one will not follow.
+     */
+    read(
+      path: string,
+      offset: number,
+      length: number,
+      out?: Buffer,
+      at?: number,
+      opts?: { readAhead?: boolean },
+    ): Promise<Buffer>;
     /** The checkpoint's files. */
     list(): { path: string; sizeBytes: number }[];
     close(): Promise<void>;
