@@ -7,13 +7,16 @@
  * and the unpacked bytes are capped so a decompression bomb stops early.
  */
 import { closeSync, constants, createReadStream, mkdirSync, openSync, writeSync } from 'node:fs';
-import { open } from 'node:fs/promises';
+import { open, readFile, statfs } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { join, posix } from 'node:path';
+import { Duplex, pipeline, type Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
-import type { Readable } from 'node:stream';
-import { DecompressStream } from 'zstd-napi';
-import { DormantError, ErrorCode } from '../domain/errors.js';
-import { TarParser, invalidArchive, type TarHeader } from './tar.js';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
+import { TarParser, invalidArchive, type TarHeader, type TarVisitor } from './tar.js';
+
+type ZstdBinding = typeof import('zstd-napi/binding.js');
+const zstd = createRequire(import.meta.url)('zstd-napi/binding.js') as ZstdBinding;
 
 export type Compression = 'none' | 'gzip' | 'zstd';
 
@@ -25,24 +28,130 @@ export function detectCompression(head: Uint8Array): Compression {
 }
 
 export interface ArchiveLimits {
-  /** Most bytes the decompressed stream may have. Default 64 GiB. */
+  /** Most bytes the decompressed tar stream may have (headers included). Default 64 GiB. */
   maxBytes?: number;
-  /** Most entries. Default 1,000,000. */
+  /** Most bytes one member may have. Default 32 GiB (a big sandbox's pages-N.img). */
+  maxMemberBytes?: number;
+  /** Most entries. Default 1,000,000 (a rootfs diff); extractArchive's default is 100,000. */
   maxEntries?: number;
   signal?: AbortSignal;
 }
 
-const DEFAULT_MAX_BYTES = 64 * 1024 ** 3;
+export const DEFAULT_MAX_BYTES = 64 * 1024 ** 3;
+export const DEFAULT_MAX_MEMBER_BYTES = 32 * 1024 ** 3;
 const DEFAULT_MAX_ENTRIES = 1_000_000;
+/** A checkpoint archive holds a few images per process and a handful of metadata files. */
+const DEFAULT_MAX_ARCHIVE_ENTRIES = 100_000;
+/**
+ * Metadata members (config.dump, spec.dump, network.status, deleted.files, ...) are read whole
+ * into memory by import and inspect; real ones are kilobytes.
+ */
+export const MAX_METADATA_MEMBER_BYTES = 16 * 1024 * 1024;
+/** Linux's PATH_MAX and NAME_MAX: a longer member name cannot be created anyway. */
+const MAX_PATH_BYTES = 4096;
+const MAX_NAME_BYTES = 255;
+/** Data after the tar end blocks that is tolerated (GNU tar pads to 10 KiB records). */
+const MAX_TRAILING_BYTES = 1024 * 1024;
+/** Left free on the staging filesystem (memory-backed: the rest of the host needs it). */
+const STAGING_RESERVE_BYTES = 256 * 1024 * 1024;
 
-function tooLarge(what: string): DormantError {
+function gib(n: number): string {
+  return n >= 1024 ** 3 ? `${(n / 1024 ** 3).toFixed(n % 1024 ** 3 === 0 ? 0 : 1)} GiB` : `${n} bytes`;
+}
+
+/** CHECKPOINT_ARCHIVE_TOO_LARGE (413). Names the member and the cap; never a host path. */
+export function tooLarge(what: string): DormantError {
   return new DormantError(ErrorCode.CHECKPOINT_ARCHIVE_TOO_LARGE, `checkpoint archive too large: ${what}`, {
     status: 413,
     hint: 'raise the limit if the archive is trusted (a decompression bomb looks the same)',
   });
 }
 
-/** Opens `file` as a stream of decompressed tar bytes. */
+/** zstd's recommended output buffer (ZSTD_DStreamOutSize(), 128 KiB): one decoded block. */
+const ZSTD_OUT_BYTES = zstd.dStreamOutSize();
+/** Frames that need a bigger window than 128 MiB (zstd's own default limit) are refused. */
+const ZSTD_WINDOW_LOG_MAX = 27;
+
+/**
+ * zstd decompression that honours backpressure both ways, unlike zstd-napi's DecompressStream
+ * (which decodes a whole input chunk at once: 135 KB of a bomb became 4 GiB of queued
+ * buffers). Output is decoded one 128 KiB block at a time, and only while the reader wants
+ * more (`push` returned true, or `_read` was called again); an input chunk's callback is held
+ * until all of its output has been taken, so the writable side fills and the source pauses.
+ * Memory: the readable high-water mark plus one block, the input chunk, and zstd's window
+ * (at most 128 MiB, by ZSTD_WINDOW_LOG_MAX).
+ */
+export class BoundedZstdDecompress extends Duplex {
+  private readonly dctx = new zstd.DCtx();
+  private input: Buffer | undefined;
+  private inputDone: ((e?: Error | null) => void) | undefined;
+  private inFrame = false;
+  /** Whether the reader asked for output that has not been pushed yet. */
+  private wanted = false;
+
+  constructor(opts: { readableHighWaterMark?: number; writableHighWaterMark?: number } = {}) {
+    super({
+      readableHighWaterMark: opts.readableHighWaterMark ?? ZSTD_OUT_BYTES,
+      writableHighWaterMark: opts.writableHighWaterMark ?? 64 * 1024,
+    });
+    this.dctx.setParameter(zstd.DParameter.windowLogMax, ZSTD_WINDOW_LOG_MAX);
+  }
+
+  override _write(chunk: Buffer, _encoding: BufferEncoding, done: (e?: Error | null) => void): void {
+    this.input = chunk;
+    this.inputDone = done;
+    this.pump();
+  }
+
+  override _read(): void {
+    this.wanted = true;
+    this.pump();
+  }
+
+  override _final(done: (e?: Error | null) => void): void {
+    if (this.inFrame) {
+      done(new Error('the zstd stream ends inside a frame (truncated)'));
+      return;
+    }
+    this.push(null);
+    done();
+  }
+
+  private finishInput(e?: Error): void {
+    const done = this.inputDone;
+    this.input = undefined;
+    this.inputDone = undefined;
+    done?.(e);
+  }
+
+  private pump(): void {
+    while (this.input !== undefined && this.wanted) {
+      const out = Buffer.allocUnsafe(ZSTD_OUT_BYTES);
+      let ret: number, produced: number, consumed: number;
+      try {
+        [ret, produced, consumed] = this.dctx.decompressStream(out, this.input);
+      } catch (e) {
+        this.finishInput(e instanceof Error ? e : new Error(String(e)));
+        return;
+      }
+      this.input = this.input.subarray(consumed);
+      // push() says whether the reader wants more: when it does not, stop until _read.
+      if (produced > 0) this.wanted = this.push(out.subarray(0, produced));
+      // The chunk is spent once its input is consumed and zstd holds no more output for it.
+      if (this.input.length === 0 && (produced < out.length || ret === 0)) {
+        this.inFrame = ret !== 0;
+        this.finishInput();
+        return;
+      }
+    }
+  }
+}
+
+/**
+ * Opens `file` as a stream of decompressed tar bytes. Every stage honours backpressure (node's
+ * zlib streams do; zstd through BoundedZstdDecompress), so the bytes in memory stay bounded
+ * however well the archive compresses: about one read chunk plus one decoded block.
+ */
 export async function openTarStream(file: string): Promise<{ stream: Readable; compression: Compression }> {
   const fh = await open(file, 'r');
   let head: Buffer;
@@ -55,40 +164,91 @@ export async function openTarStream(file: string): Promise<{ stream: Readable; c
   const compression = detectCompression(head);
   const raw = createReadStream(file, { highWaterMark: 1024 * 1024 });
   if (compression === 'none') return { stream: raw, compression };
-  const dec = compression === 'gzip' ? createGunzip() : new DecompressStream();
-  raw.on('error', (e) => dec.destroy(e));
-  return { stream: raw.pipe(dec), compression };
+  const dec = compression === 'gzip' ? createGunzip() : new BoundedZstdDecompress();
+  // pipeline, not pipe: an error or destroy on either side ends (and closes) both.
+  return { stream: pipeline(raw, dec, () => undefined), compression };
+}
+
+/** Throws when a member name is longer than Linux could create (PATH_MAX, NAME_MAX). */
+function checkNameLength(h: TarHeader): void {
+  const shown = (s: string): string => JSON.stringify(s.length > 120 ? `${s.slice(0, 120)}...` : s);
+  for (const [what, v] of [
+    ['name', h.name],
+    ['link target', h.linkName],
+  ] as const) {
+    const bytes = Buffer.byteLength(v);
+    if (bytes > MAX_PATH_BYTES)
+      throw invalidArchive(`member ${what} ${shown(v)} is ${bytes} bytes, over the cap of ${MAX_PATH_BYTES}`);
+    if (what === 'name' && v.split('/').some((p) => Buffer.byteLength(p) > MAX_NAME_BYTES))
+      throw invalidArchive(`member name ${shown(v)} has a part over ${MAX_NAME_BYTES} bytes`);
+  }
 }
 
 /**
- * Feeds the archive's tar entries to `visit` (a TarParser visitor), enforcing the limits.
- * Resolves when the archive ends; rejects on a damaged, truncated or oversized archive.
+ * Feeds the archive's tar entries to `visit` (a TarParser visitor), enforcing the limits while
+ * it streams: a member over its cap is refused at its header (tar headers give sizes before
+ * the bytes), before any of its bytes are decompressed; the total is checked the same way and
+ * again on every chunk. Resolves when the archive ends; rejects on a damaged, truncated or
+ * oversized archive.
  */
 export async function walkArchive(
   file: string,
-  visit: ConstructorParameters<typeof TarParser>[0],
-  limits: ArchiveLimits = {},
+  visit: TarVisitor,
+  limits: ArchiveLimits & { memberCap?: (name: string) => number | undefined } = {},
 ): Promise<{ compression: Compression; bytes: number; entries: number }> {
   const maxBytes = limits.maxBytes ?? DEFAULT_MAX_BYTES;
+  const maxMemberBytes = limits.maxMemberBytes ?? DEFAULT_MAX_MEMBER_BYTES;
   const maxEntries = limits.maxEntries ?? DEFAULT_MAX_ENTRIES;
   const { stream, compression } = await openTarStream(file);
-  const parser = new TarParser(visit);
   let bytes = 0;
+  let declared = 0;
+  let entries = 0;
+  const checked: TarVisitor = {
+    entry(h) {
+      checkNameLength(h);
+      if (++entries > maxEntries) throw tooLarge(`more than ${maxEntries} entries`);
+      const cap = Math.min(maxMemberBytes, limits.memberCap?.(h.name) ?? Infinity);
+      if (h.size > cap)
+        throw tooLarge(`member ${JSON.stringify(h.name)} is ${gib(h.size)}, over the cap of ${gib(cap)}`);
+      declared += h.size;
+      if (declared > maxBytes)
+        throw tooLarge(
+          `member ${JSON.stringify(h.name)} takes the archive past its cap of ${gib(maxBytes)} unpacked`,
+        );
+      return visit.entry(h);
+    },
+    ...(visit.entryEnd ? { entryEnd: (h: TarHeader) => visit.entryEnd!(h) } : {}),
+  };
+  const parser = new TarParser(checked);
   try {
     for await (const chunk of stream as AsyncIterable<Buffer>) {
       limits.signal?.throwIfAborted();
       bytes += chunk.length;
-      if (bytes > maxBytes) throw tooLarge(`${file} unpacks to more than ${maxBytes} bytes`);
+      if (bytes > maxBytes) throw tooLarge(`it unpacks to more than ${gib(maxBytes)}`);
       parser.push(chunk);
-      if (parser.entries > maxEntries) throw tooLarge(`${file} has more than ${maxEntries} entries`);
+      // Nothing after the end blocks is read: a small tail (record padding, what a gzip
+      // member's trailer leaves) is fine, more is a bomb hiding behind a valid archive.
+      if (parser.trailingBytes > MAX_TRAILING_BYTES)
+        throw invalidArchive(`more than ${MAX_TRAILING_BYTES} bytes after the end of the tar archive`);
     }
   } catch (e) {
     stream.destroy();
     if (e instanceof DormantError) throw e;
-    throw invalidArchive(`${file}: ${e instanceof Error ? e.message : String(e)}`, e);
+    throw invalidArchive(e instanceof Error ? e.message : String(e), e);
   }
   parser.end();
   return { compression, bytes, entries: parser.entries };
+}
+
+/** Members that import and inspect read whole into memory: metadata, capped small. */
+export function isMetadataMember(rel: string): boolean {
+  return (
+    !rel.includes('/') &&
+    (rel.endsWith('.dump') ||
+      rel.endsWith('.json') ||
+      rel.endsWith('.log') ||
+      ['network.status', 'deleted.files', 'stats-dump', 'bind.mounts', 'pod.options'].includes(rel))
+  );
 }
 
 /**
@@ -127,6 +287,10 @@ export async function extractArchive(
     }
     madeDirs.add(rel);
   };
+  // What staging can take, decided up front: a member that would not fit is refused at its
+  // header, not after it has filled the (memory-backed) staging filesystem.
+  const room = await stagingRoom(destDir);
+  let stagedBytes = 0;
   let fd: number | undefined;
   const visitor = {
     entry(h: TarHeader): ((chunk: Buffer) => void) | undefined {
@@ -146,6 +310,11 @@ export async function extractArchive(
       }
       if (rel === '') throw invalidArchive('a file member with an empty name');
       if (opts.include && !opts.include(rel)) return undefined;
+      stagedBytes += Math.ceil(h.size / 4096) * 4096;
+      if (stagedBytes > room)
+        throw tooLarge(
+          `member ${JSON.stringify(rel)} (${gib(h.size)}) does not fit in staging (${gib(Math.max(0, room))} free for imports)`,
+        );
       ensureDir(posix.dirname(rel) === '.' ? '' : posix.dirname(rel));
       try {
         fd = openSync(
@@ -161,7 +330,14 @@ export async function extractArchive(
       const myFd = fd;
       return (chunk: Buffer) => {
         let off = 0;
-        while (off < chunk.length) off += writeSync(myFd, chunk, off);
+        try {
+          while (off < chunk.length) off += writeSync(myFd, chunk, off);
+        } catch (e) {
+          // Another import or a sandbox took the room counted above.
+          if (errnoCode(e) === 'ENOSPC' || errnoCode(e) === 'EDQUOT')
+            throw tooLarge(`staging ran out of space while writing member ${JSON.stringify(rel)}`);
+          throw e;
+        }
       };
     },
     entryEnd(): void {
@@ -172,9 +348,30 @@ export async function extractArchive(
     },
   };
   try {
-    const r = await walkArchive(file, visitor, opts);
+    const r = await walkArchive(file, visitor, {
+      ...opts,
+      maxEntries: opts.maxEntries ?? DEFAULT_MAX_ARCHIVE_ENTRIES,
+      memberCap: (name) => (isMetadataMember(safeMemberName(name)) ? MAX_METADATA_MEMBER_BYTES : undefined),
+    });
     return { files, compression: r.compression, bytes: r.bytes };
   } finally {
     if (fd !== undefined) closeSync(fd);
   }
+}
+
+const TMPFS_MAGIC = 0x01021994;
+
+/**
+ * Bytes an import may write under `dir`: the filesystem's free space, and on tmpfs (staging is
+ * /dev/shm) no more than the memory available either, since tmpfs pages are memory, less a
+ * reserve for the rest of the host.
+ */
+export async function stagingRoom(dir: string): Promise<number> {
+  const fs = await statfs(dir);
+  let free = fs.bavail * fs.bsize;
+  if (fs.type === TMPFS_MAGIC) {
+    const m = /^MemAvailable:\s+(\d+) kB$/m.exec(await readFile('/proc/meminfo', 'utf8'));
+    if (m) free = Math.min(free, Number(m[1]) * 1024);
+  }
+  return free - STAGING_RESERVE_BYTES;
 }

@@ -123,6 +123,8 @@ export class TarParser {
   private nextPax = new Map<string, string>();
   private zeroBlocks = 0;
   entries = 0;
+  /** Bytes pushed after the two zero blocks that end the archive (padding, or a smuggled tail). */
+  trailingBytes = 0;
 
   constructor(private readonly visitor: TarVisitor) {}
 
@@ -138,7 +140,11 @@ export class TarParser {
 
   push(chunk: Buffer): void {
     if (chunk.length === 0) return;
-    if (this.state === 'done') return; // trailing bytes after the end blocks are ignored
+    if (this.state === 'done') {
+      // Ignored (tar pads archives to whole records), but counted: the caller caps them.
+      this.trailingBytes += chunk.length;
+      return;
+    }
     this.pending.push(chunk);
     this.pendingBytes += chunk.length;
     for (;;) {
@@ -146,6 +152,12 @@ export class TarParser {
         const h = this.take(BLOCK);
         if (!h) return;
         this.onHeader(h);
+        if ((this.state as string) === 'done') {
+          this.trailingBytes += this.pendingBytes;
+          this.pending = [];
+          this.pendingBytes = 0;
+          return;
+        }
       } else if (this.state === 'body' || this.state === 'meta') {
         if (this.remaining === 0) {
           this.finishBody();
