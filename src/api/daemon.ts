@@ -16,7 +16,7 @@ import { openVault, type Vault } from '../vault/index.js';
 import { RuncRuntime } from '../runtime/runc.js';
 import { prepareStaging, releaseStaging } from '../runtime/staging.js';
 import type { ReadonlyBind } from '../runtime/runtime.js';
-import { SandboxController, systemClock, type Clock } from '../control/sandboxes.js';
+import { SandboxController, systemClock, type Clock, type ControllerOptions } from '../control/sandboxes.js';
 import { TrackingController } from '../control/activity.js';
 import { startWakeServices, type PolicyConfig, type ProxyConfig, type WakeServices } from './wake.js';
 import { ADMIN_TENANT, ensureAdminToken, hashToken } from './auth.js';
@@ -69,6 +69,8 @@ export interface DaemonOptions {
   onTimings?: (t: OperationTimings) => void;
   /** Fault injection for crash tests. */
   failAt?: (step: string) => void;
+  /** Caps on what an imported archive may unpack to (defaults in checkpoint/archive.ts). */
+  importLimits?: ControllerOptions['importLimits'];
   /** The wake proxy (default: on, API port + 1); false: none. */
   proxy?: ProxyConfig | false;
   /** The idle policy loop (default: every 5 s); false: none. */
@@ -156,6 +158,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),
+    ...(opts.importLimits ? { importLimits: opts.importLimits } : {}),
     lazyRestore: opts.lazyRestore !== false,
     ...(opts.servePagesFromVault === false ? { servePagesFromVault: false } : {}),
     ...(opts.pagesFromVaultAboveBytes !== undefined

@@ -42,7 +42,7 @@ import {
 } from '../checkpoint/import.js';
 import { applyDeletedFiles, applyRootfsDiff, rootfsDiffMembers } from '../checkpoint/rootfs-diff.js';
 import { exportCheckpoint, type ArchiveMember } from '../checkpoint/export.js';
-import type { Compression } from '../checkpoint/archive.js';
+import type { ArchiveLimits, Compression } from '../checkpoint/archive.js';
 import { restoreProblems, type PlatformFacts } from '../domain/compat.js';
 import {
   DEFAULT_GPU_POLICY,
@@ -152,6 +152,8 @@ export interface ControllerOptions {
   readonlyBinds?: RuntimeSpec['readonlyBinds'];
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
+  /** Caps on what an imported archive may unpack to (defaults: archive.ts). */
+  importLimits?: Pick<ArchiveLimits, 'maxBytes' | 'maxMemberBytes' | 'maxEntries'>;
   /**
    * Resume a hibernated sandbox with CRIU's lazy pages (userfaultfd): the sandbox runs as soon
    * as its processes are back and its memory is copied in behind it. Default true; false:
@@ -1607,7 +1609,7 @@ export class SandboxController {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     let inserted = false;
     try {
-      const ck = await openCheckpointPath(archive, { stagingDir: dir });
+      const ck = await openCheckpointPath(archive, { stagingDir: dir, ...this.opts.importLimits });
       this.step('import:unpacked');
       const facts = await readArchiveFacts(ck.rootDir);
       const base = await this.importBase(facts, input.image, input.tenant);
