@@ -25,6 +25,8 @@ import {
 } from './archive.js';
 import { TAR_END, tarHeader, tarPadding } from './tar.js';
 import { writeZeroBomb } from './testing/bomb.js';
+import { Magic } from '../criu/images/image-file.js';
+import { readCriuImages } from '../criu/images/reader.js';
 
 const MIB = 1024 * 1024;
 const GIB = 1024 * MIB;
@@ -244,4 +246,44 @@ describe('bounded decompression', () => {
     );
     assert.deepEqual(files, []);
   });
+
+  test('CRIU images: sizes and entry counts from the files are capped before anything is allocated', async () => {
+    const images = join(dir, `images-${n++}`);
+    await mkdir(images);
+    const magic = (m: number): Buffer => {
+      const b = Buffer.alloc(4);
+      b.writeUInt32LE(m);
+      return b;
+    };
+    // 2,000,000 empty entries: 8 MB of file, but an object each once split.
+    await writeFile(
+      join(images, 'pstree.img'),
+      Buffer.concat([magic(Magic.PSTREE), Buffer.alloc(8_000_000)]),
+    );
+    await assert.rejects(readCriuImages(images), (e: unknown) => {
+      refusedImage(e, /pstree\.img: more than 1000000 entries/);
+      return true;
+    });
+    // One entry that claims to be larger than the file.
+    const len = Buffer.alloc(4);
+    len.writeUInt32LE(0xfffffff0);
+    await writeFile(join(images, 'pstree.img'), Buffer.concat([magic(Magic.PSTREE), len, Buffer.alloc(16)]));
+    await assert.rejects(readCriuImages(images), (e: unknown) => {
+      refusedImage(e, /runs past the end/);
+      return true;
+    });
+    // A metadata image over the per-image cap is not read at all.
+    await writeFile(join(images, 'pstree.img'), Buffer.concat([magic(Magic.PSTREE), Buffer.alloc(65 * MIB)]));
+    await assert.rejects(readCriuImages(images), (e: unknown) => {
+      refusedImage(e, /pstree\.img is 68157444 bytes, over the 67108864 cap/);
+      return true;
+    });
+  });
 });
+
+function refusedImage(e: unknown, msg: RegExp): void {
+  assert.ok(e instanceof DormantError, String(e));
+  assert.equal(e.code, 'CRIU_IMAGE_MALFORMED');
+  assert.equal(e.status, 422);
+  assert.match(e.message, msg);
+}

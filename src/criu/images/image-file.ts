@@ -32,8 +32,16 @@ export interface ImageFile {
   entries: Uint8Array[];
 }
 
-/** Splits an image into its entries, checking the magic when `expected` is given. */
-export function parseImage(buf: Uint8Array, name: string, expected?: number): ImageFile {
+/**
+ * Splits an image into its entries, checking the magic when `expected` is given. `maxEntries`
+ * bounds what is allocated for a file of tiny entries (each is an object of its own).
+ */
+export function parseImage(
+  buf: Uint8Array,
+  name: string,
+  expected?: number,
+  maxEntries = Infinity,
+): ImageFile {
   if (buf.length < 4) throw malformed(`${name}: shorter than its magic`);
   const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
   let magic = dv.getUint32(0, true);
@@ -52,6 +60,7 @@ export function parseImage(buf: Uint8Array, name: string, expected?: number): Im
     pos += 4;
     if (len > MAX_ENTRY_BYTES || pos + len > buf.length)
       throw malformed(`${name}: entry of ${len} bytes at byte ${pos - 4} runs past the end (${buf.length})`);
+    if (entries.length >= maxEntries) throw malformed(`${name}: more than ${maxEntries} entries`);
     entries.push(buf.subarray(pos, pos + len));
     pos += len;
   }

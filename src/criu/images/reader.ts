@@ -8,7 +8,7 @@
  * are bounds-checked (CRIU_IMAGE_MALFORMED), and pagemap entries that point past the end of
  * the pages file are refused rather than read short.
  */
-import { open, readdir, readFile, stat } from 'node:fs/promises';
+import { open, readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { errnoCode } from '../../domain/errors.js';
 import { Magic, parseImage } from './image-file.js';
@@ -42,8 +42,22 @@ import {
 import { malformed } from './proto.js';
 
 export const PAGE_SIZE = 4096;
-/** No metadata image (anything but pages) of a real dump comes near this. */
-const MAX_META_IMAGE_BYTES = 256 * 1024 * 1024;
+/**
+ * Images come from imported archives too, so what reading them may cost is bounded: no
+ * metadata image (anything but pages) of a real dump comes near these. Decoded entries cost
+ * ~150 bytes each in memory, so the entry cap bounds the model at about 150 MiB.
+ */
+const MAX_META_IMAGE_BYTES = 64 * 1024 * 1024;
+const MAX_META_TOTAL_BYTES = 512 * 1024 * 1024;
+const MAX_TOTAL_ENTRIES = 1_000_000;
+/** What readMemory may return in one call (its callers read a command line or environment). */
+const MAX_READ_MEMORY_BYTES = 16 * 1024 * 1024;
+
+/** What one readCriuImages has read so far, against the caps above. */
+interface Budget {
+  bytes: number;
+  entries: number;
+}
 
 export interface ProcessImage {
   pid: number;
@@ -79,27 +93,53 @@ export interface CriuImages {
   arch?: string;
 }
 
-async function readCapped(path: string, name: string): Promise<Uint8Array | undefined> {
+async function readCapped(path: string, name: string, budget: Budget): Promise<Uint8Array | undefined> {
+  let fh;
   try {
-    const st = await stat(path);
-    if (!st.isFile()) throw malformed(`${name} is not a regular file`);
-    if (st.size > MAX_META_IMAGE_BYTES)
-      throw malformed(`${name} is ${st.size} bytes, over the ${MAX_META_IMAGE_BYTES} cap`);
-    return await readFile(path);
+    fh = await open(path, 'r');
   } catch (e) {
     if (errnoCode(e) === 'ENOENT') return undefined;
     throw e;
   }
+  try {
+    // The size that is checked is the size that is read: one open file, not a stat and a path.
+    const st = await fh.stat();
+    if (!st.isFile()) throw malformed(`${name} is not a regular file`);
+    if (st.size > MAX_META_IMAGE_BYTES)
+      throw malformed(`${name} is ${st.size} bytes, over the ${MAX_META_IMAGE_BYTES} cap`);
+    budget.bytes += st.size;
+    if (budget.bytes > MAX_META_TOTAL_BYTES)
+      throw malformed(`${name} takes the dump's metadata images past the ${MAX_META_TOTAL_BYTES}-byte cap`);
+    const buf = Buffer.allocUnsafe(st.size);
+    let got = 0;
+    while (got < st.size) {
+      const { bytesRead } = await fh.read(buf, got, st.size - got, got);
+      if (bytesRead === 0) break;
+      got += bytesRead;
+    }
+    return buf.subarray(0, got);
+  } finally {
+    await fh.close();
+  }
 }
 
-async function entriesOf(dir: string, name: string, magic: number): Promise<Uint8Array[] | undefined> {
-  const b = await readCapped(join(dir, name), name);
-  return b === undefined ? undefined : parseImage(b, name, magic).entries;
+async function entriesOf(
+  dir: string,
+  name: string,
+  magic: number,
+  budget: Budget,
+): Promise<Uint8Array[] | undefined> {
+  const b = await readCapped(join(dir, name), name, budget);
+  if (b === undefined) return undefined;
+  const { entries } = parseImage(b, name, magic, MAX_TOTAL_ENTRIES - budget.entries);
+  budget.entries += entries.length;
+  return entries;
 }
 
 /** Reads every image of the dump in `dir` except page contents. */
 export async function readCriuImages(dir: string): Promise<CriuImages> {
   const imageFiles = new Map<string, number>();
+  const budget: Budget = { bytes: 0, entries: 0 };
   let pagesBytes = 0;
   for (const d of await readdir(dir, { withFileTypes: true })) {
     if (!d.isFile()) continue;
@@ -108,9 +148,9 @@ export async function readCriuImages(dir: string): Promise<CriuImages> {
     if (/^pages-\d+\.img$/.test(d.name)) pagesBytes += st.size;
   }
 
-  const invEntries = await entriesOf(dir, 'inventory.img', Magic.INVENTORY);
+  const invEntries = await entriesOf(dir, 'inventory.img', Magic.INVENTORY, budget);
   const inventory = invEntries?.[0] ? decodeInventory(invEntries[0]) : undefined;
-  const pstree = await entriesOf(dir, 'pstree.img', Magic.PSTREE);
+  const pstree = await entriesOf(dir, 'pstree.img', Magic.PSTREE, budget);
   if (pstree === undefined) throw malformed(`no pstree.img in ${dir}: not a CRIU dump`);
 
   const processes: ProcessImage[] = [];
@@ -119,31 +159,31 @@ export async function readCriuImages(dir: string): Promise<CriuImages> {
   for (const raw of pstree) {
     const pe = decodePstree(raw);
     const p: ProcessImage = { ...pe, comm: '', taskState: 0, fds: [] };
-    const core = (await entriesOf(dir, `core-${pe.pid}.img`, Magic.CORE))?.[0];
+    const core = (await entriesOf(dir, `core-${pe.pid}.img`, Magic.CORE, budget))?.[0];
     if (core) {
       p.core = decodeCore(core);
       p.comm = p.core.comm;
       p.taskState = p.core.taskState;
       arch ??= p.core.arch;
     }
-    const ids = (await entriesOf(dir, `ids-${pe.pid}.img`, Magic.IDS))?.[0];
+    const ids = (await entriesOf(dir, `ids-${pe.pid}.img`, Magic.IDS, budget))?.[0];
     p.ids = ids ? decodeIdsEntry(ids) : p.core?.ids;
-    const mm = (await entriesOf(dir, `mm-${pe.pid}.img`, Magic.MM))?.[0];
+    const mm = (await entriesOf(dir, `mm-${pe.pid}.img`, Magic.MM, budget))?.[0];
     if (mm) p.mm = decodeMm(mm);
-    const pm = await entriesOf(dir, `pagemap-${pe.pid}.img`, Magic.PAGEMAP);
+    const pm = await entriesOf(dir, `pagemap-${pe.pid}.img`, Magic.PAGEMAP, budget);
     if (pm && pm.length > 0) {
       p.pagemap = {
         pagesId: decodePagemapHead(pm[0]!).pagesId,
         entries: pm.slice(1).map(decodePagemapEntry),
       };
     }
-    const fsImg = (await entriesOf(dir, `fs-${pe.pid}.img`, Magic.FS))?.[0];
+    const fsImg = (await entriesOf(dir, `fs-${pe.pid}.img`, Magic.FS, budget))?.[0];
     if (fsImg) p.fs = decodeFs(fsImg);
     if (p.ids) {
       const fid = p.ids.filesId;
       let fds = fdinfoCache.get(fid);
       if (fds === undefined) {
-        fds = ((await entriesOf(dir, `fdinfo-${fid}.img`, Magic.FDINFO)) ?? []).map(decodeFdinfo);
+        fds = ((await entriesOf(dir, `fdinfo-${fid}.img`, Magic.FDINFO, budget)) ?? []).map(decodeFdinfo);
         fdinfoCache.set(fid, fds);
       }
       p.fds = fds;
@@ -152,7 +192,7 @@ export async function readCriuImages(dir: string): Promise<CriuImages> {
   }
 
   const files = new Map<number, FileEntry>();
-  for (const raw of (await entriesOf(dir, 'files.img', Magic.FILES)) ?? []) {
+  for (const raw of (await entriesOf(dir, 'files.img', Magic.FILES, budget)) ?? []) {
     const f = decodeFileEntry(raw);
     files.set(f.id, f);
   }
@@ -161,11 +201,11 @@ export async function readCriuImages(dir: string): Promise<CriuImages> {
   for (const name of imageFiles.keys()) {
     const m = /^mountpoints-(\d+)\.img$/.exec(name);
     if (!m) continue;
-    mounts.set(Number(m[1]), ((await entriesOf(dir, name, Magic.MNTS)) ?? []).map(decodeMount));
+    mounts.set(Number(m[1]), ((await entriesOf(dir, name, Magic.MNTS, budget)) ?? []).map(decodeMount));
   }
 
-  const cg = (await entriesOf(dir, 'cgroup.img', Magic.CGROUP))?.[0];
-  const stats = (await entriesOf(dir, 'stats-dump', Magic.STATS))?.[0];
+  const cg = (await entriesOf(dir, 'cgroup.img', Magic.CGROUP, budget))?.[0];
+  const stats = (await entriesOf(dir, 'stats-dump', Magic.STATS, budget))?.[0];
   return {
     dir,
     inventory,
@@ -261,6 +301,8 @@ export async function readMemory(
 ): Promise<Buffer> {
   const pm = p.pagemap;
   if (!pm || len <= 0) return Buffer.alloc(0);
+  if (len > MAX_READ_MEMORY_BYTES)
+    throw new RangeError(`readMemory: ${len} bytes asked, over ${MAX_READ_MEMORY_BYTES}`);
   const parts: Buffer[] = [];
   let want = addr;
   const end = addr + BigInt(len);
