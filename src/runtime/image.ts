@@ -7,12 +7,15 @@
  * Every blob is verified against its sha256 digest before it is used, so a tampered layout is
  * refused. Layer whiteouts (`.wh.NAME`, `.wh..wh..opq`) are applied before the layer's own
  * files are extracted. GNU tar refuses member names with `..` and never follows a symlink it
- * has just created out of the target folder.
+ * has just created out of the target folder. Decompression happens in tar's own process (and
+ * zstd's, which refuses windows over 128 MiB by default); the daemon reads the listing line by
+ * line, so its memory does not grow with a layer's size or number of files.
  */
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join, normalize } from 'node:path';
+import { StringDecoder } from 'node:string_decoder';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
 
@@ -43,6 +46,10 @@ interface Descriptor {
 
 const REF_NAME = 'org.opencontainers.image.ref.name';
 const MAX_JSON_BYTES = 4 * 1024 * 1024;
+/** Whiteouts kept from a layer's listing while it streams (each is a name in memory). */
+const MAX_WHITEOUTS = 100_000;
+/** A listed name longer than this is not a file name (Linux's PATH_MAX is 4096 bytes). */
+const MAX_LISTED_NAME_CHARS = 64 * 1024;
 
 function bad(layout: string, why: string): DormantError {
   return new DormantError('IMAGE_INVALID', `OCI image layout ${layout}: ${why}`, {
@@ -105,9 +112,12 @@ export function parseImageRef(ref: string): { layout: string; tag?: string } {
 async function pickManifest(layout: string, tag: string | undefined): Promise<Descriptor> {
   let index: { manifests?: Descriptor[] };
   try {
-    const text = await readFile(join(layout, 'index.json'), 'utf8');
-    index = JSON.parse(text) as { manifests?: Descriptor[] };
+    const file = join(layout, 'index.json');
+    if ((await stat(file)).size > MAX_JSON_BYTES)
+      throw bad(layout, `index.json is over ${MAX_JSON_BYTES} bytes`);
+    index = JSON.parse(await readFile(file, 'utf8')) as { manifests?: Descriptor[] };
   } catch (e) {
+    if (e instanceof DormantError) throw e;
     if (errnoCode(e) === 'ENOENT') throw bad(layout, 'no index.json (is this an OCI image layout?)');
     throw bad(layout, `index.json is unreadable: ${String(e)}`);
   }
@@ -140,15 +150,49 @@ async function applyLayer(layout: string, rootfs: string, layer: Descriptor, pat
   const mt = layer.mediaType ?? '';
   const decompress =
     mt.endsWith('+gzip') || mt.endsWith('.gzip') ? ['--gzip'] : mt.endsWith('+zstd') ? ['--zstd'] : [];
-  const list = await run('tar', [...decompress, '-tf', path], {
-    timeoutMs: 600_000,
-    maxOutputBytes: 256 * 1024 * 1024,
-  });
-  for (const raw of list.stdout.split('\n')) {
-    if (raw === '') continue;
+  // The listing is read line by line as tar prints it, keeping only the whiteouts: a layer of
+  // a million files costs the daemon no more memory than one of ten (and none is dropped, as
+  // keeping only the tail of a capped output would).
+  const whiteouts: string[] = [];
+  let problem: string | undefined;
+  const stop = new AbortController();
+  const decoder = new StringDecoder('utf8');
+  let partial = '';
+  const onLine = (raw: string): void => {
+    if (raw === '' || problem !== undefined) return;
     const name = normalize(raw.replace(/^\/+/, ''));
     if (name.startsWith('..'))
-      throw bad(layout, `layer ${layer.digest} has a member outside the root: ${raw.slice(0, 200)}`);
+      problem = `layer ${layer.digest} has a member outside the root: ${raw.slice(0, 200)}`;
+    else if ((name.split('/').pop() ?? '').startsWith('.wh.')) {
+      whiteouts.push(name);
+      if (whiteouts.length > MAX_WHITEOUTS)
+        problem = `layer ${layer.digest} has more than ${MAX_WHITEOUTS} whiteouts`;
+    }
+    if (problem !== undefined) stop.abort();
+  };
+  const onText = (text: string): void => {
+    const lines = (partial + text).split('\n');
+    partial = lines.pop() ?? '';
+    for (const l of lines) onLine(l);
+    if (partial.length > MAX_LISTED_NAME_CHARS && problem === undefined) {
+      problem = `layer ${layer.digest} has a member name over ${MAX_LISTED_NAME_CHARS} characters`;
+      stop.abort();
+    }
+  };
+  try {
+    await run('tar', [...decompress, '-tf', path], {
+      timeoutMs: 600_000,
+      maxOutputBytes: 64 * 1024,
+      signal: stop.signal,
+      onStdout: (b) => onText(decoder.write(b)),
+    });
+  } catch (e) {
+    if (problem === undefined) throw e;
+  }
+  onText(decoder.end());
+  onLine(partial);
+  if (problem !== undefined) throw bad(layout, problem);
+  for (const name of whiteouts) {
     const base = name.split('/').pop() ?? '';
     const dir = name.includes('/') ? name.slice(0, name.lastIndexOf('/')) : '';
     if (base === '.wh..wh..opq') {
@@ -156,7 +200,7 @@ async function applyLayer(layout: string, rootfs: string, layer: Descriptor, pat
       const target = join(rootfs, dir);
       for (const entry of await readdir(target).catch(() => [] as string[]))
         await rm(join(target, entry), { recursive: true, force: true });
-    } else if (base.startsWith('.wh.')) {
+    } else {
       await rm(join(rootfs, dir, base.slice(4)), { recursive: true, force: true });
     }
   }
