@@ -164,7 +164,7 @@ export async function openTarStream(file: string): Promise<{ stream: Readable; c
   const compression = detectCompression(head);
   const raw = createReadStream(file, { highWaterMark: 1024 * 1024 });
   if (compression === 'none') return { stream: raw, compression };
-  const dec = compression === 'gzip' ? createGunzip() : new BoundedZstdDecompress();
+  const dec = compression === 'gzip' ? createGunzip({ chunkSize: 128 * 1024 }) : new BoundedZstdDecompress();
   // pipeline, not pipe: an error or destroy on either side ends (and closes) both.
   return { stream: pipeline(raw, dec, () => undefined), compression };
 }
