@@ -177,7 +177,13 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
   });
   const reconciled = await controller.reconcile();
-  const app = buildServer({ controller, store, checkpointVault: vault, logger: opts.logger ?? false });
+  const app = buildServer({
+    controller,
+    store,
+    checkpointVault: vault,
+    logger: opts.logger ?? false,
+    hostPaths: [opts.dataDir, stagingDir],
+  });
   const meter = new Meter({
     source: controller,
     store,

@@ -486,17 +486,20 @@ export class RuncRuntime implements Runtime {
     // them to ours until every holder closes them: a command that leaves a process in the
     // background holding its stdout/stderr keeps the exec open until that process exits or
     // the timeout ends it. Background processes should redirect their output.
+    const timeoutMs = opts.timeoutMs ?? DEFAULTS.execMs;
     const r = await this.runc(
       id,
       ['exec', ...flags, id, ...args],
       {
-        timeoutMs: opts.timeoutMs ?? DEFAULTS.execMs,
+        timeoutMs,
         signal: opts.signal,
         input: opts.input,
         okExitCodes: Array.from({ length: 256 }, (_, i) => i),
       },
       DEFAULTS.execMs,
-    );
+    ).catch((e: unknown) => {
+      throw execError(e, id, args, timeoutMs);
+    });
     return { stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode ?? 255, durationMs: r.durationMs };
   }
 
@@ -925,4 +928,36 @@ export class RuncRuntime implements Runtime {
   async rootfsMounted(id: string): Promise<boolean> {
     return isMountPoint(join(this.bundle(id), 'rootfs'));
   }
+}
+
+/**
+ * An exec's failure as the sandbox's user may see it: the command they ran, never runc's
+ * command line (the daemon's folders, its state root); the original stays as the cause.
+ */
+function execError(e: unknown, id: string, args: readonly string[], timeoutMs: number): unknown {
+  if (!isDormantError(e)) return e;
+  const what =
+    `exec in ${id}: ${args.map((a) => (a.length > 80 ? `${a.slice(0, 80)}...` : a)).join(' ')}`.slice(0, 400);
+  const raw = e.details?.['output'];
+  const output = typeof raw === 'string' ? raw.slice(-2000) : '';
+  if (e.code === ErrorCode.COMMAND_TIMEOUT)
+    return new DormantError(ErrorCode.COMMAND_TIMEOUT, `${what}: killed after ${timeoutMs} ms timeout`, {
+      status: 504,
+      cause: e,
+      ...(output !== '' ? { details: { output } } : {}),
+    });
+  if (e.code === ErrorCode.COMMAND_ABORTED)
+    return new DormantError(e.code, `${what}: aborted`, { status: e.status, cause: e });
+  if (e.code === ErrorCode.COMMAND_FAILED || e.code === ErrorCode.COMMAND_NOT_FOUND)
+    return new DormantError(
+      ErrorCode.RUNTIME_EXEC_FAILED,
+      `${what}: the runtime could not run it${output !== '' ? `: ${lastLine(output)}` : ''}`,
+      { status: 500, cause: e },
+    );
+  return e;
+}
+
+function lastLine(text: string): string {
+  const lines = text.split('\n').filter((l) => l.trim() !== '');
+  return (lines[lines.length - 1] ?? '').slice(0, 300);
 }

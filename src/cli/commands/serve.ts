@@ -31,7 +31,7 @@ export function registerServe(program: Command): void {
     )
     .option(
       '--allow-root <dir>',
-      'only accept root filesystems and images under this folder (repeatable)',
+      "tenants' root filesystems, images and archives may come from this folder (repeatable; without it tenant tokens name no host path, admin tokens any)",
       collect,
       [],
     )
