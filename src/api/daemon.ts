@@ -13,7 +13,7 @@ import type { GpuNode } from '../control/gpu.js';
 import { cpuFacts, diskFacts, userfaultfdFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { openVault, type Vault } from '../vault/index.js';
-import { RuncRuntime } from '../runtime/runc.js';
+import { RuncRuntime, loadSeccompProfile } from '../runtime/runc.js';
 import { prepareStaging, releaseStaging } from '../runtime/staging.js';
 import type { ReadonlyBind } from '../runtime/runtime.js';
 import { SandboxController, systemClock, type Clock } from '../control/sandboxes.js';
@@ -33,8 +33,12 @@ export interface DaemonOptions {
   masterKeyFile?: string;
   /** Read-only host folders mounted into every sandbox (tests use /usr for python3). */
   readonlyBinds?: ReadonlyBind[];
-  /** Folders sandbox root filesystems may come from; empty: any. */
+  /** Host folders a tenant's rootfs, image and archive paths may come from; empty: none (admins: any). */
   allowedSourceRoots?: string[];
+  /** A seccomp profile file (OCI `linux.seccomp` JSON) instead of config/seccomp-default.json. */
+  seccompProfile?: string;
+  /** An AppArmor profile loaded on the host, for every sandbox (ignored where the host has no AppArmor). */
+  apparmorProfile?: string;
   clock?: Clock;
   logger?: boolean;
   /** Printed warnings (master key generated, ...). Default: stderr. */
@@ -142,6 +146,8 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     criuPath: criu.path,
     criuEnv: criu.env,
     ...(opts.checkpointTimeoutMs !== undefined ? { checkpointTimeoutMs: opts.checkpointTimeoutMs } : {}),
+    ...(opts.seccompProfile !== undefined ? { seccomp: loadSeccompProfile(opts.seccompProfile) } : {}),
+    ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
   });
   const stagingDir = stagingDirFor(opts.dataDir);
   // Leftovers of a crash (images of a hibernate that never committed) are wiped.

@@ -15,7 +15,9 @@
  *   runc.log              runc's own log (JSON lines), read back for error messages
  */
 import { mkdir, open, readFile, readdir, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
+import { accessSync, readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
 import { ensureCollector, stopCollector } from './log-collector.js';
@@ -68,6 +70,43 @@ export interface RuncRuntimeOptions {
    * hung and the sandbox thawed. Default 120 s.
    */
   checkpointTimeoutMs?: number;
+  /** The seccomp profile (OCI `linux.seccomp`) of every sandbox. Default config/seccomp-default.json; `false`: none. */
+  seccomp?: Readonly<Record<string, unknown>> | false;
+  /** An AppArmor profile for sandboxes, used when the host has AppArmor (`/sys/kernel/security/apparmor`). */
+  apparmorProfile?: string;
+}
+
+/** Where the default seccomp profile lives: data the operator can read, beside the code. */
+export const DEFAULT_SECCOMP_PROFILE = join(
+  dirname(fileURLToPath(import.meta.url)),
+  '..',
+  '..',
+  'config',
+  'seccomp-default.json',
+);
+
+/** Reads a seccomp profile (OCI `linux.seccomp` JSON), refusing one that is not an object with a default action. */
+export function loadSeccompProfile(path: string): Readonly<Record<string, unknown>> {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (e) {
+    throw new DormantError(ErrorCode.INVALID_ARGUMENT, `seccomp profile ${path}: ${(e as Error).message}`, {
+      status: 400,
+      cause: e,
+    });
+  }
+  if (
+    typeof parsed !== 'object' ||
+    parsed === null ||
+    typeof (parsed as Record<string, unknown>).defaultAction !== 'string'
+  )
+    throw new DormantError(
+      ErrorCode.INVALID_ARGUMENT,
+      `seccomp profile ${path}: not an OCI linux.seccomp object (no defaultAction)`,
+      { status: 400 },
+    );
+  return Object.freeze(parsed as Record<string, unknown>);
 }
 
 interface SandboxRecord {
@@ -162,6 +201,8 @@ export class RuncRuntime implements Runtime {
   private readonly cgroupParent: string;
   private readonly netSlotDir: string;
   private readonly checkpointTimeoutMs: number;
+  private readonly seccomp: Readonly<Record<string, unknown>> | undefined;
+  private readonly apparmorProfile: string | undefined;
 
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
@@ -182,6 +223,13 @@ export class RuncRuntime implements Runtime {
     this.subnet = parseSubnet(options.subnet ?? '10.213.0.0/16');
     this.cgroupParent = options.cgroupParent ?? '/dormant';
     this.netSlotDir = options.netSlotDir ?? '/var/lib/dormant-net';
+    this.seccomp =
+      options.seccomp === false
+        ? undefined
+        : (options.seccomp ?? loadSeccompProfile(DEFAULT_SECCOMP_PROFILE));
+    // AppArmor only where the host has it (and the operator named a profile it loaded).
+    this.apparmorProfile =
+      options.apparmorProfile !== undefined && hostHasAppArmor() ? options.apparmorProfile : undefined;
   }
 
   // ---- paths -------------------------------------------------------------------------
@@ -421,6 +469,8 @@ export class RuncRuntime implements Runtime {
       netnsPath: `/var/run/netns/${rec.network.netns}`,
       cgroupsPath: this.cgroupPath(id),
       criuConfigPath: criuConf,
+      ...(this.seccomp !== undefined ? { seccomp: this.seccomp } : {}),
+      ...(this.apparmorProfile !== undefined ? { apparmorProfile: this.apparmorProfile } : {}),
     });
     await writeFileAtomic(join(this.bundle(id), 'config.json'), JSON.stringify(config, null, 2));
     await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal, opts.mountRootfs !== false));
@@ -960,4 +1010,13 @@ function execError(e: unknown, id: string, args: readonly string[], timeoutMs: n
 function lastLine(text: string): string {
   const lines = text.split('\n').filter((l) => l.trim() !== '');
   return (lines[lines.length - 1] ?? '').slice(0, 300);
+}
+
+function hostHasAppArmor(): boolean {
+  try {
+    accessSync('/sys/kernel/security/apparmor');
+    return true;
+  } catch {
+    return false;
+  }
 }
