@@ -78,6 +78,8 @@ export const ErrorCode = {
   WAKE_TIMEOUT: 'WAKE_TIMEOUT',
   /** Wake proxy: the resume failed (502). */
   WAKE_FAILED: 'WAKE_FAILED',
+  /** Wake proxy: the connection caps are reached (503, Retry-After). */
+  PROXY_BUSY: 'PROXY_BUSY',
   /** Wake proxy: the Host names no sandbox port (404). */
   PROXY_NO_ROUTE: 'PROXY_NO_ROUTE',
   /** Wake proxy: a sandbox name shared by several visible sandboxes (409). */
