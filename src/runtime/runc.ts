@@ -153,6 +153,9 @@ const KEPT_LOG_TAIL_BYTES = 1024 * 1024;
  */
 const RESTORE_LOG_LIMIT_BYTES = 64 * 1024 * 1024;
 
+/** How long runc restore may go on after the lazy-pages daemon failed before it is ended. */
+const LAZY_FAILURE_GRACE_MS = 3000;
+
 /** A line of the CRIU log or runc log worth putting in an error message. */
 async function tailOf(path: string, pattern: RegExp, lines = 12): Promise<string> {
   try {
@@ -832,6 +835,7 @@ export class RuncRuntime implements Runtime {
     const abort = new AbortController();
     let why: string | undefined;
     let stopped = false;
+    let spins = 0;
     const end = (reason: string): void => {
       if (stopped || why !== undefined) return;
       why = reason;
@@ -841,13 +845,28 @@ export class RuncRuntime implements Runtime {
     if (outer?.aborted) abort.abort(outer.reason);
     outer?.addEventListener('abort', onOuter, { once: true });
     // Only its failure: a daemon that copied every page may exit before runc restore does.
+    // And a grace: the daemon also fails when the restore does, and CRIU's own error (which
+    // runc is about to return) says more than the daemon's.
     lazyDone?.then(
       () => undefined,
-      (e: unknown) => end(`the lazy-pages daemon failed: ${(e as Error).message.split('\n')[0] ?? ''}`),
+      () => {
+        setTimeout(
+          () => end('the lazy-pages daemon failed before the processes were restored'),
+          LAZY_FAILURE_GRACE_MS,
+        ).unref();
+      },
     );
     const timer = setInterval(() => {
       stat(logPath).then(
-        (st) => {
+        async (st) => {
+          // The loop's own line, all over the log's end, twice in a row: stuck, whatever the load.
+          if (st.size > 64 * 1024) {
+            const tailText = await readEnd(logPath, 16 * 1024).catch(() => '');
+            const lines = tailText.split('\n').slice(1, -1);
+            const looping = lines.length > 100 && lines.every((l) => /Advanced iov 0 bytes/.test(l));
+            spins = looping ? spins + 1 : 0;
+            if (spins >= 2) end('criu is stuck in a loop reading a pages image (is it truncated?)');
+          }
           if (st.size > RESTORE_LOG_LIMIT_BYTES)
             end(
               `criu's log passed ${String(RESTORE_LOG_LIMIT_BYTES >> 20)} MiB (criu is stuck in a loop; a damaged image?)`,
