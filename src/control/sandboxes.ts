@@ -29,6 +29,7 @@ import {
 import type { CheckpointRecord, StateStore } from '../state/store.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.js';
+import { wipeStaged } from '../runtime/staging.js';
 import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
 import { FS_DIFF, FS_META, emptyFolder, packFilesystem, unpackFilesystem } from './filesystem.js';
@@ -564,7 +565,13 @@ export class SandboxController {
   }
 
   private async wipe(dir: string): Promise<void> {
-    await rm(dir, { recursive: true, force: true });
+    // A mount left below (CRIU's cgroup yard in a restore's work dir) would make rm fail.
+    await wipeStaged(dir);
+  }
+
+  /** A cleanup step that failed after a failed operation: said to the operator, not thrown over the first error. */
+  private warnCleanup(id: string, what: string, e: unknown): void {
+    this.opts.warn?.(`sandbox ${id}: cleanup (${what}) failed: ${asError(e).message.split('\n')[0] ?? ''}`);
   }
 
   /**
@@ -1311,13 +1318,16 @@ export class SandboxController {
           // A damaged checkpoint: say so, and name the older one that may still restore.
           throw this.damaged(id, opts.from ?? s.checkpointId, e, 'the sandbox stays hibernated');
         }
+        // The runtime keeps the CRIU log of a failed restore for the node's admin.
+        const criuLog = isDormantError(e) ? e.details?.criuLog : undefined;
         throw new DormantError(
           'RESUME_FAILED',
           `resume of sandbox ${id} failed; it is still ${from}${from === 'hibernated' ? ' and its checkpoint is intact' : ''}: ${asError(e).message}`,
           {
             status: 500,
             cause: e,
-            hint: 'dormant doctor shows what this node supports; dormant logs ID shows its output',
+            hint: `dormant doctor shows what this node supports; dormant logs ID shows its output${typeof criuLog === 'string' ? `; criu's log of the failed restore: ${criuLog}` : ''}`,
+            ...(typeof criuLog === 'string' ? { details: { criuLog } } : {}),
           },
         );
       }
@@ -1380,6 +1390,7 @@ export class SandboxController {
     let keep = false;
     let unpacked = false;
     let restored = false;
+    let preparing = false;
     let served: PagesFromVault | undefined;
     try {
       const ck = this.store.getCheckpoint(ckId);
@@ -1402,6 +1413,7 @@ export class SandboxController {
       const images = join(dir, 'images');
       // The sandbox's host side (network, log collector, rootfs mount) does not need the images:
       // it is set up while they come out of the vault.
+      preparing = true;
       const [fetched, prepared] = await Promise.allSettled([
         t.time('vault fetch', () =>
           this.vault.restoreCheckpoint({
@@ -1450,12 +1462,16 @@ export class SandboxController {
       // Wrapped: awaiting a returned promise directly would wait for the pages too.
       return { pagesLoaded: keep ? pages : undefined };
     } finally {
+      // Each step runs whatever the others do, and none replaces the restore's own error.
       if (!keep) {
-        await this.endPageServer(s.id);
-        await this.wipe(dir);
+        await this.endPageServer(s.id).catch((e: unknown) => this.warnCleanup(s.id, 'page server', e));
+        await this.wipe(dir).catch((e: unknown) => this.warnCleanup(s.id, 'staging', e));
       }
-      // A failed restore stays hibernated: its diff goes back to living only in the vault.
+      // A failed restore stays hibernated: its diff goes back to living only in the vault,
+      // and its rootfs is not mounted (prepare mounted it when there was no diff).
       if (unpacked && !restored) await this.unmountAndEmpty(s.id);
+      else if (preparing && !restored)
+        await this.runtime.stop(s.id).catch((e: unknown) => this.warnCleanup(s.id, 'unmount', e));
     }
   }
 

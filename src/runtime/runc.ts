@@ -33,7 +33,8 @@ import {
   type Subnet,
 } from './network.js';
 import { buildOciConfig, compileSandboxSpec, criuConfigText } from './oci.js';
-import { isMountPoint, mountOverlay, unmount } from './rootfs.js';
+import { isMountPoint, mountOverlay, unmount, unmountAll } from './rootfs.js';
+import { removeCgroupEverywhere } from '../sys/cgroup.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -74,6 +75,11 @@ export interface RuncRuntimeOptions {
   seccomp?: Readonly<Record<string, unknown>> | false;
   /** An AppArmor profile for sandboxes, used when the host has AppArmor (`/sys/kernel/security/apparmor`). */
   apparmorProfile?: string;
+  /**
+   * How long a restore (runc restore, so CRIU's restore) may take before it is ended as hung
+   * and everything it made is removed. Default 120 s.
+   */
+  restoreTimeoutMs?: number;
 }
 
 /** Where the default seccomp profile lives: data the operator can read, beside the code. */
@@ -146,10 +152,53 @@ const DEFAULTS = {
   destroyMs: 30_000,
 } as const;
 
+/** How much of the end of a log tailOf reads: a CRIU stuck in a loop writes gigabytes. */
+const TAIL_BYTES = 1024 * 1024;
+
+/** The last `bytes` of a file (all of it when shorter). */
+async function readEnd(path: string, bytes: number): Promise<string> {
+  const fh = await open(path, 'r');
+  try {
+    const size = (await fh.stat()).size;
+    const n = Math.min(size, bytes);
+    const buf = Buffer.alloc(n);
+    await fh.read(buf, 0, n, size - n);
+    return buf.toString('utf8');
+  } finally {
+    await fh.close();
+  }
+}
+
+/** The first `bytes` of a file. */
+async function readStart(path: string, bytes: number): Promise<string> {
+  const fh = await open(path, 'r');
+  try {
+    const buf = Buffer.alloc(bytes);
+    const { bytesRead } = await fh.read(buf, 0, bytes, 0);
+    return buf.subarray(0, bytesRead).toString('utf8');
+  } finally {
+    await fh.close();
+  }
+}
+
+/** What of a failed restore's CRIU log is kept: its start and its end. */
+const KEPT_LOG_HEAD_BYTES = 256 * 1024;
+const KEPT_LOG_TAIL_BYTES = 1024 * 1024;
+
+/**
+ * A restore whose CRIU log grows past this is taken as stuck: a truncated pages image makes
+ * CRIU 4.2 retry a read at the end of the file forever, logging each try ("Advanced iov 0
+ * bytes"), until the restore timeout. A healthy restore logs a few MiB at most.
+ */
+const RESTORE_LOG_LIMIT_BYTES = 64 * 1024 * 1024;
+
+/** How long runc restore may go on after the lazy-pages daemon failed before it is ended. */
+const LAZY_FAILURE_GRACE_MS = 3000;
+
 /** A line of the CRIU log or runc log worth putting in an error message. */
 async function tailOf(path: string, pattern: RegExp, lines = 12): Promise<string> {
   try {
-    const text = await readFile(path, 'utf8');
+    const text = await readEnd(path, TAIL_BYTES);
     const hits = text.split('\n').filter((l) => pattern.test(l));
     return hits.slice(-lines).join('\n');
   } catch (e) {
@@ -203,6 +252,7 @@ export class RuncRuntime implements Runtime {
   private readonly checkpointTimeoutMs: number;
   private readonly seccomp: Readonly<Record<string, unknown>> | undefined;
   private readonly apparmorProfile: string | undefined;
+  private readonly restoreTimeoutMs: number;
 
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
@@ -213,6 +263,7 @@ export class RuncRuntime implements Runtime {
     this.runcPath = options.runcPath ?? 'runc';
     this.criuPath = options.criuPath ?? 'criu';
     this.checkpointTimeoutMs = options.checkpointTimeoutMs ?? DEFAULTS.checkpointMs;
+    this.restoreTimeoutMs = options.restoreTimeoutMs ?? DEFAULTS.restoreMs;
     const path = process.env.PATH ?? '/usr/bin:/bin';
     this.env = {
       CRIU_FAULT: '130',
@@ -736,6 +787,9 @@ export class RuncRuntime implements Runtime {
     }
     const lazy = await starting;
     let r: RunResult;
+    // Ends runc (and its criu) early when the restore cannot succeed: CRIU stuck in a loop,
+    // or the lazy-pages daemon gone. Else only the restore timeout would.
+    const watch = this.watchRestore(logPath, lazy?.done, opts.signal);
     try {
       r = await this.runcWithLogPipe(
         id,
@@ -753,48 +807,223 @@ export class RuncRuntime implements Runtime {
           this.bundle(id),
           id,
         ],
-        opts,
+        { ...opts, signal: watch.signal, timeoutMs: opts.timeoutMs ?? this.restoreTimeoutMs },
         DEFAULTS.restoreMs,
       );
     } catch (e) {
+      watch.stop();
       lazy?.abort.abort();
       await lazy?.done.catch(() => undefined);
-      await clearCriuNetworkLock(rec.network);
-      if ((await this.runcState(id).catch(() => undefined)) !== undefined)
-        await this.runc(id, ['delete', '--force', id], {}, DEFAULTS.destroyMs).catch(() => undefined);
-      const why = (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
+      const hung = isDormantError(e, ErrorCode.COMMAND_TIMEOUT) || watch.stuck() !== undefined;
+      const why = hung
+        ? // A hang has no error line: the last lines show where criu stopped.
+          (await tailOf(logPath, /./, 8)) || (await this.runcLogSince(id, offset))
+        : (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
+      // Kept before the caller wipes the work dir with the images: the one place an admin
+      // can read why CRIU refused.
+      const kept = await this.keepRestoreLog(id, opts.workDir).catch(() => undefined);
+      const left = await this.cleanUpFailedRestore(id, rec, opts.workDir);
+      const stuck = watch.stuck();
+      const what =
+        stuck !== undefined
+          ? `restore of sandbox ${id} failed: ${stuck}; criu was ended`
+          : hung
+            ? `restore of sandbox ${id} hung: criu did not finish within ${String(Math.round((opts.timeoutMs ?? this.restoreTimeoutMs) / 1000))} s and was ended`
+            : `restore of sandbox ${id} failed`;
       throw new DormantError(
         ErrorCode.RUNTIME_RESTORE_FAILED,
-        `restore of sandbox ${id} failed${why ? `:\n${why}` : ''}`,
-        { cause: e, details: { criuLog: logPath } },
-      );
-    }
-    // The pid file saves a `runc state` (a process start) on the resume path.
-    const pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
-    if (!Number.isInteger(pid) || pid <= 0)
-      throw new DormantError(
-        ErrorCode.RUNTIME_RESTORE_FAILED,
-        `restore of sandbox ${id}: runc wrote no pid`,
+        `${what}${why ? `:\n${why}` : ''}${left.length > 0 ? `\n(left behind: ${left.join(', ')})` : ''}`,
         {
-          details: { criuLog: logPath },
+          cause: e,
+          ...(kept ? { hint: `criu's log of this restore is kept in ${kept}` } : {}),
+          details: { ...(kept ? { criuLog: kept } : {}), hung, leftBehind: left },
         },
       );
-    // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
-    // checkpoint (a fork) must still answer to its own hostname. Set from the host: the
-    // sandbox itself has no CAP_SYS_ADMIN.
-    const hostname = rec.spec.hostname ?? id;
-    await timed(opts, 'hostname', () =>
-      run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
-        timeoutMs: DEFAULTS.stateMs,
-        signal: opts.signal,
-      }),
-    );
+    }
+    watch.stop();
+    let pid: number;
+    try {
+      // The pid file saves a `runc state` (a process start) on the resume path.
+      pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+      if (!Number.isInteger(pid) || pid <= 0)
+        throw new DormantError(
+          ErrorCode.RUNTIME_RESTORE_FAILED,
+          `restore of sandbox ${id}: runc wrote no pid`,
+        );
+      // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
+      // checkpoint (a fork) must still answer to its own hostname. Set from the host: the
+      // sandbox itself has no CAP_SYS_ADMIN.
+      const hostname = rec.spec.hostname ?? id;
+      await timed(opts, 'hostname', () =>
+        run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
+          timeoutMs: DEFAULTS.stateMs,
+          signal: opts.signal,
+        }),
+      );
+    } catch (e) {
+      // The container may be up: a half-restored sandbox is ended and removed like a failed one.
+      lazy?.abort.abort();
+      await lazy?.done.catch(() => undefined);
+      await this.cleanUpFailedRestore(id, rec, opts.workDir);
+      throw e;
+    }
     return {
       durationMs: r.durationMs,
       pid,
       logPath,
       pagesLoaded: lazy ? lazy.done : Promise.resolve(),
     };
+  }
+
+  /**
+   * Watches a running restore: aborts (through the returned signal, which also follows
+   * `outer`) when CRIU's log passes RESTORE_LOG_LIMIT_BYTES or the lazy-pages daemon fails
+   * before the restore is done. `stuck()` says which.
+   */
+  private watchRestore(
+    logPath: string,
+    lazyDone: Promise<void> | undefined,
+    outer: AbortSignal | undefined,
+  ): { signal: AbortSignal; stuck(): string | undefined; stop(): void } {
+    const abort = new AbortController();
+    let why: string | undefined;
+    let stopped = false;
+    let spins = 0;
+    const end = (reason: string): void => {
+      if (stopped || why !== undefined) return;
+      why = reason;
+      abort.abort(new Error(reason));
+    };
+    const onOuter = (): void => abort.abort(outer?.reason);
+    if (outer?.aborted) abort.abort(outer.reason);
+    outer?.addEventListener('abort', onOuter, { once: true });
+    // Only its failure: a daemon that copied every page may exit before runc restore does.
+    // And a grace: the daemon also fails when the restore does, and CRIU's own error (which
+    // runc is about to return) says more than the daemon's.
+    lazyDone?.then(
+      () => undefined,
+      () => {
+        setTimeout(
+          () => end('the lazy-pages daemon failed before the processes were restored'),
+          LAZY_FAILURE_GRACE_MS,
+        ).unref();
+      },
+    );
+    const timer = setInterval(() => {
+      stat(logPath).then(
+        async (st) => {
+          // The loop's own line, all over the log's end, twice in a row: stuck, whatever the load.
+          if (st.size > 64 * 1024) {
+            const tailText = await readEnd(logPath, 16 * 1024).catch(() => '');
+            const lines = tailText.split('\n').slice(1, -1);
+            const looping = lines.length > 100 && lines.every((l) => /Advanced iov 0 bytes/.test(l));
+            spins = looping ? spins + 1 : 0;
+            if (spins >= 2) end('criu is stuck in a loop reading a pages image (is it truncated?)');
+          }
+          if (st.size > RESTORE_LOG_LIMIT_BYTES)
+            end(
+              `criu's log passed ${String(RESTORE_LOG_LIMIT_BYTES >> 20)} MiB (criu is stuck in a loop; a damaged image?)`,
+            );
+        },
+        (e: unknown) => {
+          if (errnoCode(e) !== 'ENOENT') end(`criu's log cannot be read: ${(e as Error).message}`);
+        },
+      );
+    }, 200);
+    timer.unref();
+    return {
+      signal: abort.signal,
+      stuck: () => why,
+      stop: () => {
+        stopped = true;
+        clearInterval(timer);
+        outer?.removeEventListener('abort', onOuter);
+      },
+    };
+  }
+
+  /** Where the CRIU log of the sandbox's last failed restore is kept (one per sandbox). */
+  restoreLogPath(id: string): string {
+    return join(this.dir(id), 'restore-failed.log');
+  }
+
+  /**
+   * Copies the CRIU logs of a failed restore (criu restore's, then the lazy-pages daemon's)
+   * out of the work dir, which is wiped with the images, into the sandbox's folder (0600,
+   * replacing the previous one). Returns its path.
+   */
+  private async keepRestoreLog(id: string, workDir: string): Promise<string> {
+    const parts: string[] = [];
+    for (const name of ['restore.log', 'lazy-pages.log']) {
+      try {
+        // Bounded: the head says what was restored, the end why it stopped.
+        const path = join(workDir, name);
+        const size = (await stat(path)).size;
+        const text =
+          size <= KEPT_LOG_HEAD_BYTES + KEPT_LOG_TAIL_BYTES
+            ? await readFile(path, 'utf8')
+            : `${await readStart(path, KEPT_LOG_HEAD_BYTES)}\n[... ${String(size - KEPT_LOG_HEAD_BYTES - KEPT_LOG_TAIL_BYTES)} bytes left out ...]\n${await readEnd(path, KEPT_LOG_TAIL_BYTES)}`;
+        parts.push(`==> ${name} <==\n${text}`);
+      } catch (e) {
+        if (errnoCode(e) !== 'ENOENT') throw e;
+      }
+    }
+    const path = this.restoreLogPath(id);
+    const tmp = `${path}.tmp`;
+    await rm(tmp, { force: true });
+    const fh = await open(tmp, 'wx', 0o600);
+    try {
+      await fh.writeFile(parts.length > 0 ? parts.join('\n') : 'criu wrote no log\n');
+    } finally {
+      await fh.close();
+    }
+    await rename(tmp, path);
+    return path;
+  }
+
+  /**
+   * Undoes what a failed `runc restore` made, whatever stage it died at: the half-made
+   * container (runc's state), its processes and cgroups in every hierarchy, the mounts runc
+   * makes under the rootfs while CRIU restores (and the overlay itself: a sandbox that is not
+   * running keeps its layer at rest), CRIU's cgroup yard in the work dir, a lazy-pages daemon
+   * still serving the work dir, and CRIU's network lock. Every step runs even when an earlier
+   * one fails. Returns what could not be removed (empty when all is clean).
+   */
+  private async cleanUpFailedRestore(id: string, rec: SandboxRecord, workDir: string): Promise<string[]> {
+    const left: string[] = [];
+    const step = async (what: string, fn: () => Promise<unknown>): Promise<void> => {
+      try {
+        await fn();
+      } catch (e) {
+        left.push(`${what}: ${(e as Error).message.split('\n')[0] ?? ''}`);
+      }
+    };
+    await step('lazy-pages', () => this.endLazyPages(workDir));
+    await step('runc delete', async () => {
+      const r = await this.runc(id, ['delete', '--force', id], { okExitCodes: [0, 1] }, DEFAULTS.destroyMs);
+      if (r.exitCode !== 0 && !/does not exist/.test(r.stderr + (await this.runcLogSince(id, 0))))
+        throw new Error(r.stderr.trim() || 'runc delete failed');
+    });
+    await step('cgroups', async () => {
+      const busy = await removeCgroupEverywhere(this.cgroupPath(id), { timeoutMs: DEFAULTS.killMs });
+      if (busy.length > 0) throw new Error(`still busy: ${busy.join(' ')}`);
+    });
+    // runc killed mid-restore can leave a state folder that `runc delete` cannot read; with
+    // the processes gone and the cgroups removed, it is only a record.
+    await step('runc state', async () => {
+      if ((await this.runcState(id).catch(() => 'broken' as const)) !== undefined)
+        await rm(join(this.runcRoot(), id), { recursive: true, force: true });
+    });
+    await step('rootfs mounts', async () => {
+      const still = await unmountAll(join(this.bundle(id), 'rootfs'));
+      if (still.length > 0) throw new Error(`still mounted: ${still.join(' ')}`);
+    });
+    await step('work dir mounts', async () => {
+      const still = await unmountAll(resolve(workDir));
+      if (still.length > 0) throw new Error(`still mounted: ${still.join(' ')}`);
+    });
+    await step('network lock', () => clearCriuNetworkLock(rec.network));
+    return left;
   }
 
   /**
@@ -952,9 +1181,26 @@ export class RuncRuntime implements Runtime {
     } catch (e) {
       if (!isDormantError(e, ErrorCode.RUNTIME_SANDBOX_NOT_FOUND)) throw e;
     }
-    if ((await this.runcState(id, opts)) !== undefined)
-      await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
-    await unmount(join(this.bundle(id), 'rootfs'), opts.signal);
+    // A runc state that cannot be read (runc killed mid-restore) must not stop the removal:
+    // the processes go with the cgroups below, and the state folder with them.
+    const current = await this.runcState(id, opts).catch(() => 'broken' as const);
+    if (current !== undefined)
+      await this.runc(id, ['delete', '--force', id], { ...opts, okExitCodes: [0, 1] }, DEFAULTS.destroyMs);
+    const busy = await removeCgroupEverywhere(this.cgroupPath(id), { timeoutMs: DEFAULTS.killMs });
+    if (busy.length > 0)
+      throw new DormantError(
+        ErrorCode.COMMAND_FAILED,
+        `sandbox ${id}: its cgroups could not be removed (${busy.join(', ')})`,
+      );
+    await rm(join(this.runcRoot(), id), { recursive: true, force: true });
+    // Everything under the sandbox's folder: the overlay and whatever a failed restore left
+    // in it (runc's mounts under the rootfs), lazily when still busy.
+    const still = await unmountAll(dir, opts.signal);
+    if (still.length > 0)
+      throw new DormantError(
+        ErrorCode.COMMAND_FAILED,
+        `sandbox ${id}: could not unmount ${still.join(', ')}`,
+      );
     // After the container: killing the collector first would leave the sandbox writing
     // into a pipe nobody reads.
     await stopCollector(join(dir, 'log'));

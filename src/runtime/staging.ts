@@ -9,7 +9,7 @@
 import { mkdir, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { run } from '../sys/exec.js';
-import { isMountPoint, unmount } from './rootfs.js';
+import { isMountPoint, unmount, unmountAll } from './rootfs.js';
 
 export type StagingKind = 'tmpfs-huge' | 'folder';
 
@@ -47,5 +47,16 @@ export async function prepareStaging(dir: string): Promise<StagingKind> {
 /** Unmounts (when mounted) and removes the staging folder and everything in it. */
 export async function releaseStaging(dir: string): Promise<void> {
   await unmount(dir);
+  await rm(dir, { recursive: true, force: true });
+}
+
+/**
+ * Removes `dir` (a folder inside the staging folder) and everything in it, unmounting first
+ * whatever is mounted below it: a restore whose CRIU was ended mid-way leaves CRIU's cgroup
+ * yard (a tmpfs with every hierarchy mounted in it) in its work dir, which rm cannot remove.
+ */
+export async function wipeStaged(dir: string): Promise<void> {
+  const still = await unmountAll(dir);
+  if (still.length > 0) throw new Error(`cannot wipe ${dir}: still mounted: ${still.join(' ')}`);
   await rm(dir, { recursive: true, force: true });
 }
