@@ -130,7 +130,8 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
   after(async () => {
     for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
     if (daemon === undefined) await start().catch(() => undefined);
-    for (const s of await client.listSandboxes().catch(() => [])) await client.remove(s.id).catch(() => undefined);
+    for (const s of await client.listSandboxes().catch(() => []))
+      await client.remove(s.id).catch(() => undefined);
     await stop().catch(() => undefined);
     if (crashData !== undefined) {
       const d = await startDaemon({ dataDir: crashData, listen: '127.0.0.1:0', proxy: false, policy: false });
@@ -164,7 +165,11 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
 
     assert.ok(!JSON.stringify(await client.getSandbox(sb.id)).includes(secret), 'GET shows no value');
     assert.ok(!JSON.stringify(await client.listSandboxes()).includes(secret), 'ls shows no value');
-    assert.deepEqual(plaintextOnDisk(dir, secret, since, [config(sb.id)]), [], 'nowhere on disk while it runs');
+    assert.deepEqual(
+      plaintextOnDisk(dir, secret, since, [config(sb.id)]),
+      [],
+      'nowhere on disk while it runs',
+    );
     assert.ok(plaintextAnywhere(dir, secret, since).includes(config(sb.id)), 'in its config on tmpfs');
     assert.equal(mode(config(sb.id)), '600');
   });
@@ -228,7 +233,11 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
     assert.deepEqual(plaintextOnDisk(dir, secret, since), [], 'nowhere while hibernated');
     assert.equal((await client.resume(sb.id)).state, 'running');
     assert.equal(await printenv(sb.id), secret);
-    assert.deepEqual(plaintextOnDisk(dir, secret, since, [config(sb.id)]), [], 'nowhere else after the resume');
+    assert.deepEqual(
+      plaintextOnDisk(dir, secret, since, [config(sb.id)]),
+      [],
+      'nowhere else after the resume',
+    );
   });
 
   test('fork: the fork has the value, sealed for itself', async () => {
@@ -289,7 +298,10 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
     const rec = JSON.parse(await readFile(recordPath, 'utf8')) as { spec: { env: Record<string, string> } };
     rec.spec.env = { PLANTED: legacy };
     await writeFile(recordPath, JSON.stringify(rec, null, 2), { mode: 0o600 });
-    await writeFile(join(sandboxDir(sb.id), 'bundle', 'config.json'), `{"process":{"env":["PLANTED=${legacy}"]}}`);
+    await writeFile(
+      join(sandboxDir(sb.id), 'bundle', 'config.json'),
+      `{"process":{"env":["PLANTED=${legacy}"]}}`,
+    );
     assert.ok(
       plaintextOnDisk(dir, legacy, since).some((p) => p.endsWith('state.db-wal')),
       'the planted row is in the WAL',
@@ -297,7 +309,9 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
 
     await start();
     assert.deepEqual(
-      plaintextOnDisk(dir, legacy, since).filter((p) => !p.endsWith('sandbox.json') && !p.endsWith('config.json')),
+      plaintextOnDisk(dir, legacy, since).filter(
+        (p) => !p.endsWith('sandbox.json') && !p.endsWith('config.json'),
+      ),
       [],
       'the database (file and WAL) holds the old value nowhere after the start',
     );
@@ -356,7 +370,13 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
     await mkdir(db);
     try {
       await assert.rejects(
-        startDaemon({ dataDir: crashData, listen: '127.0.0.1:0', proxy: false, policy: false, warn: () => undefined }),
+        startDaemon({
+          dataDir: crashData,
+          listen: '127.0.0.1:0',
+          proxy: false,
+          policy: false,
+          warn: () => undefined,
+        }),
       );
       assert.deepEqual(await readdir(staging), [], 'staging wiped before the database was opened');
       assert.deepEqual(

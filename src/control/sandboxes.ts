@@ -139,8 +139,16 @@ export interface Clock {
  * (and for an export the user asked for).
  */
 export interface EnvSecrets {
-  seal(tenant: string, sandboxId: string, env: Readonly<Record<string, string>>): Promise<Record<string, string>>;
-  open(tenant: string, sandboxId: string, env: Readonly<Record<string, string>>): Promise<Record<string, string>>;
+  seal(
+    tenant: string,
+    sandboxId: string,
+    env: Readonly<Record<string, string>>,
+  ): Promise<Record<string, string>>;
+  open(
+    tenant: string,
+    sandboxId: string,
+    env: Readonly<Record<string, string>>,
+  ): Promise<Record<string, string>>;
 }
 
 export const systemClock: Clock = { now: () => Date.now() };
@@ -366,7 +374,11 @@ export class SandboxController {
   }
 
   /** The environment as the database keeps it: values sealed when secrets are configured. */
-  private async sealEnv(tenant: string, id: string, env: Record<string, string>): Promise<Record<string, string>> {
+  private async sealEnv(
+    tenant: string,
+    id: string,
+    env: Record<string, string>,
+  ): Promise<Record<string, string>> {
     return this.opts.secrets ? this.opts.secrets.seal(tenant, id, env) : env;
   }
 
@@ -1086,7 +1098,10 @@ export class SandboxController {
         // The checkpoint's diff (the source's files when it was dumped) is the fork's start,
         // written before its overlay is mounted (restore mounts it).
         await t.time('unpack filesystem', () => this.applyFilesystem(forkId, images));
-        await this.runtime.prepare(await this.runtimeSpec(this.get(forkId)), { timer: t, mountRootfs: false });
+        await this.runtime.prepare(await this.runtimeSpec(this.get(forkId)), {
+          timer: t,
+          mountRootfs: false,
+        });
         const st = await t.time('restore', () =>
           this.runtime
             .restore(forkId, { imagesDir: images, workDir: join(dir, 'work'), timer: t })
@@ -1885,7 +1900,10 @@ export class SandboxController {
           createdAt: new Date(s?.createdAt ?? c.createdAt).toISOString(),
           checkpointedAt: new Date(c.createdAt).toISOString(),
           ...(s
-            ? { env: Object.entries(await this.openEnv(s)).map(([k, v]) => `${k}=${v}`), args: s.spec.command }
+            ? {
+                env: Object.entries(await this.openEnv(s)).map(([k, v]) => `${k}=${v}`),
+                args: s.spec.command,
+              }
             : {}),
           ...(s?.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
           ...(s ? { memoryBytes: s.spec.memoryBytes } : {}),

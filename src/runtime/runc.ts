@@ -477,7 +477,8 @@ export class RuncRuntime implements Runtime {
       throw e;
     }
     await assertOwnFolder(this.bundleRoot);
-    for (const n of names) if (!live.has(n)) await rm(join(this.bundleRoot, n), { recursive: true, force: true });
+    for (const n of names)
+      if (!live.has(n)) await rm(join(this.bundleRoot, n), { recursive: true, force: true });
   }
 
   /**
@@ -569,7 +570,12 @@ export class RuncRuntime implements Runtime {
     if (current !== undefined) await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
     const offset = await this.runcLogSize(id);
     try {
-      await this.runcWithLogPipe(id, ['create', '--bundle', this.configBundle(id), id], opts, DEFAULTS.createMs);
+      await this.runcWithLogPipe(
+        id,
+        ['create', '--bundle', this.configBundle(id), id],
+        opts,
+        DEFAULTS.createMs,
+      );
     } catch (e) {
       const why = await this.runcLogSince(id, offset);
       throw new DormantError(

@@ -328,7 +328,9 @@ export class TenantSecrets {
           throw new DormantError(
             ErrorCode.VAULT_CORRUPT,
             `the sealed value of environment variable ${n} of sandbox ${sandboxId} does not open`,
-            { hint: 'the database row was modified, or the vault (its tenant key) is not the one it was sealed with' },
+            {
+              hint: 'the database row was modified, or the vault (its tenant key) is not the one it was sealed with',
+            },
           );
         out[n] = plain.toString('utf8');
         plain.fill(0);
