@@ -212,6 +212,12 @@ export class RuncRuntime implements Runtime {
   private readonly netSlotDir: string;
   private readonly checkpointTimeoutMs: number;
   private readonly bundleRoot: string;
+  /**
+   * The config last written for each sandbox, kept in this process's memory (never on disk):
+   * stop() removes the file, and a restore() with no prepare() since (same process) writes it
+   * again from here.
+   */
+  private readonly configs = new Map<string, string>();
 
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
@@ -439,6 +445,17 @@ export class RuncRuntime implements Runtime {
    * the data disk is scrubbed.
    */
   private async writeConfig(id: string, config: object): Promise<void> {
+    const bundle = await this.configDir(id);
+    const c = config as { root?: { path: string; readonly?: boolean } };
+    const full = { ...c, root: { ...c.root, path: join(this.bundle(id), 'rootfs') } };
+    const text = JSON.stringify(full, null, 2);
+    this.configs.set(id, text);
+    await writeFileAtomic(join(bundle, 'config.json'), text);
+    await scrubFile(join(this.bundle(id), 'config.json'));
+  }
+
+  /** The sandbox's bundle folder on tmpfs, made (0700) if missing. */
+  private async configDir(id: string): Promise<string> {
     const bundle = this.configBundle(id);
     for (let attempt = 0; ; attempt++) {
       try {
@@ -452,15 +469,25 @@ export class RuncRuntime implements Runtime {
         if (errnoCode(e) !== 'ENOENT' || attempt > 0) throw e;
       }
     }
-    const c = config as { root?: { path: string; readonly?: boolean } };
-    const full = { ...c, root: { ...c.root, path: join(this.bundle(id), 'rootfs') } };
-    await writeFileAtomic(join(bundle, 'config.json'), JSON.stringify(full, null, 2));
-    await scrubFile(join(this.bundle(id), 'config.json'));
+    return bundle;
   }
 
   /** Removes config.json once the container is gone (runc reads it only for create, restore, exec). */
   private async dropConfig(id: string): Promise<void> {
     await rm(join(this.configBundle(id), 'config.json'), { force: true });
+  }
+
+  /** Before runc restore: the config stop() removed, from memory; without it, prepare() first. */
+  private async ensureConfig(id: string): Promise<void> {
+    if (await exists(join(this.configBundle(id), 'config.json'))) return;
+    const text = this.configs.get(id);
+    if (text === undefined)
+      throw new DormantError(
+        ErrorCode.RUNTIME_INVALID_STATE,
+        `cannot restore sandbox ${id}: it is not prepared (its config is written by prepare)`,
+        { status: 409 },
+      );
+    await writeFileAtomic(join(await this.configDir(id), 'config.json'), text);
   }
 
   /**
@@ -811,6 +838,7 @@ export class RuncRuntime implements Runtime {
         await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
       }
       await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal));
+      await this.ensureConfig(id);
       offset = await this.runcLogSize(id);
       await rm(pidFile, { force: true });
     } catch (e) {
@@ -1051,6 +1079,7 @@ export class RuncRuntime implements Runtime {
     if (slot !== undefined) await releaseSlot(this.netDir(), slot);
     await rm(dir, { recursive: true, force: true });
     await rm(this.configBundle(id), { recursive: true, force: true });
+    this.configs.delete(id);
     // The shared folder goes with its last sandbox (a daemon wipes and re-creates it at start).
     await rmdir(this.bundleRoot).catch((e: unknown) => {
       const code = errnoCode(e);
