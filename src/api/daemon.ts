@@ -14,7 +14,7 @@ import type { GpuNode } from '../control/gpu.js';
 import { cpuFacts, diskFacts, userfaultfdFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { TenantSecrets, openVault, type Vault } from '../vault/index.js';
-import { RuncRuntime } from '../runtime/runc.js';
+import { RuncRuntime, loadSeccompProfile } from '../runtime/runc.js';
 import { prepareStaging, privateFolder, releaseStaging } from '../runtime/staging.js';
 import type { ReadonlyBind } from '../runtime/runtime.js';
 import { SandboxController, systemClock, type Clock } from '../control/sandboxes.js';
@@ -34,8 +34,12 @@ export interface DaemonOptions {
   masterKeyFile?: string;
   /** Read-only host folders mounted into every sandbox (tests use /usr for python3). */
   readonlyBinds?: ReadonlyBind[];
-  /** Folders sandbox root filesystems may come from; empty: any. */
+  /** Host folders a tenant's rootfs, image and archive paths may come from; empty: none (admins: any). */
   allowedSourceRoots?: string[];
+  /** A seccomp profile file (OCI `linux.seccomp` JSON) instead of config/seccomp-default.json. */
+  seccompProfile?: string;
+  /** An AppArmor profile loaded on the host, for every sandbox (ignored where the host has no AppArmor). */
+  apparmorProfile?: string;
   clock?: Clock;
   logger?: boolean;
   /** Printed warnings (master key generated, ...). Default: stderr. */
@@ -162,6 +166,8 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     criuEnv: criu.env,
     bundleDir,
     ...(opts.checkpointTimeoutMs !== undefined ? { checkpointTimeoutMs: opts.checkpointTimeoutMs } : {}),
+    ...(opts.seccompProfile !== undefined ? { seccomp: loadSeccompProfile(opts.seccompProfile) } : {}),
+    ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
   });
   await runtime.dropStaleConfigs();
   const controller = new TrackingController({
@@ -199,7 +205,13 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
   // pages and WAL frames holding them in clear are gone from its files.
   if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) store.compact();
   const reconciled = await controller.reconcile();
-  const app = buildServer({ controller, store, checkpointVault: vault, logger: opts.logger ?? false });
+  const app = buildServer({
+    controller,
+    store,
+    checkpointVault: vault,
+    logger: opts.logger ?? false,
+    hostPaths: [opts.dataDir, stagingDir],
+  });
   const meter = new Meter({
     source: controller,
     store,

@@ -6,7 +6,10 @@
  * checkpoint in place and says why, and a restart of the daemon reconciles every sandbox.
  */
 import { randomBytes } from 'node:crypto';
+import { createWriteStream } from 'node:fs';
 import { mkdir, open, readFile, realpath, rename, rm, stat } from 'node:fs/promises';
+import { Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { arch, release } from 'node:os';
 import { basename, isAbsolute, join } from 'node:path';
 import type { Socket } from 'node:net';
@@ -159,7 +162,11 @@ export interface ControllerOptions {
   vault: CheckpointVault;
   /** Memory-backed folder for CRIU images in flight (never persistent disk). */
   stagingDir: string;
-  /** Folders a sandbox's rootfs may come from. Empty: any absolute folder. */
+  /**
+   * Host folders a tenant's rootfs, image layout or import archive may come from (the operator's
+   * `serve --allow-root`). Empty or unset: tenants name no host path at all. Admin callers may
+   * name any absolute path: they hold the node already.
+   */
   allowedSourceRoots?: readonly string[];
   /** Committed checkpoints kept per sandbox (older ones are deleted). Default 2. */
   keepCheckpoints?: number;
@@ -218,6 +225,8 @@ export interface ControllerOptions {
 
 export interface CreateSandboxInput {
   tenant: string;
+  /** The caller holds an admin token: host paths outside the allowed folders are accepted. */
+  admin?: boolean;
   name?: string;
   rootfs?: string;
   image?: string;
@@ -236,6 +245,8 @@ export interface CreateSandboxInput {
 
 export interface ImportArchiveInput {
   tenant: string;
+  /** The caller holds an admin token: host paths outside the allowed folders are accepted. */
+  admin?: boolean;
   /** A podman export or a kubelet / CRI-O checkpoint archive on this node (absolute path). */
   archive: string;
   /** The base image as an OCI image layout (DIR[:TAG]); default: an image dormant holds. */
@@ -263,6 +274,30 @@ const PAGES_FROM_VAULT_ABOVE_BYTES = 256 * 1024 * 1024;
 const NODE_ARCH: Record<string, string> = { x86_64: 'x64', amd64: 'x64', aarch64: 'arm64' };
 
 const DEFAULT_MEMORY = 512 * 1024 ** 2;
+
+/** A tenant named a host path outside the operator's allowed folders (403). */
+function hostPathForbidden(what: string, path: string, roots: readonly string[] = []): DormantError {
+  const shown = path.slice(0, 200).replace(/\0/g, '\\0');
+  return new DormantError(
+    ErrorCode.HOST_PATH_FORBIDDEN,
+    roots.length === 0
+      ? `${what} ${shown}: a tenant token cannot name host paths on this node`
+      : `${what} ${shown} is outside the allowed folders`,
+    {
+      status: 403,
+      hint:
+        roots.length === 0
+          ? 'the operator can allow folders with `dormant serve --allow-root DIR`; checkpoint archives can be uploaded (`dormant checkpoint import FILE` sends the file)'
+          : 'use a path under a folder the operator allowed (dormant serve --allow-root), or upload the archive',
+    },
+  );
+}
+
+/** Whether `path` (already resolved, or as given when missing) is inside one of `roots`. */
+async function insideRoots(path: string, roots: readonly string[]): Promise<boolean> {
+  const realRoots = await Promise.all(roots.map((r) => realpath(r).catch(() => r)));
+  return realRoots.some((r) => path === r || path.startsWith(`${r.replace(/\/$/, '')}/`));
+}
 
 function invalid(message: string, hint?: string): DormantError {
   return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { status: 400, ...(hint ? { hint } : {}) });
@@ -437,29 +472,28 @@ export class SandboxController {
    * inside one of them after symlinks are resolved (a link inside an allowed folder must not
    * lead out of it). Returns the resolved path.
    */
-  private async checkPath(path: string, what: string): Promise<string> {
+  private async checkPath(path: string, what: string, admin: boolean): Promise<string> {
     if (!isAbsolute(path) || path.split('/').includes('..') || path.includes('\0')) {
       throw invalid(
         `${what} "${path.slice(0, 200).replace(/\0/g, '\\0')}" must be an absolute path without ".."`,
       );
     }
+    const roots = this.opts.allowedSourceRoots ?? [];
+    // Refused before the path is even resolved: a tenant learns nothing of the host's folders.
+    if (!admin && roots.length === 0) throw hostPathForbidden(what, path);
     let real: string;
     try {
       real = await realpath(path);
     } catch (e) {
-      if (errnoCode(e) === 'ENOENT' || errnoCode(e) === 'ENOTDIR')
+      if (errnoCode(e) === 'ENOENT' || errnoCode(e) === 'ENOTDIR') {
+        // For a tenant, a missing path outside the allowed folders looks like any other path
+        // outside them (no probing of which host files exist).
+        if (!admin && !(await insideRoots(path, roots))) throw hostPathForbidden(what, path, roots);
         throw invalid(`${what} ${path} does not exist`);
+      }
       throw e;
     }
-    const roots = this.opts.allowedSourceRoots ?? [];
-    if (roots.length > 0) {
-      const realRoots = await Promise.all(roots.map((r) => realpath(r).catch(() => r)));
-      if (!realRoots.some((r) => real === r || real.startsWith(`${r.replace(/\/$/, '')}/`))) {
-        throw invalid(
-          `${what} ${path}${real !== path ? ` (${real})` : ''} is outside the allowed folders (${roots.join(', ')})`,
-        );
-      }
-    }
+    if (!admin && !(await insideRoots(real, roots))) throw hostPathForbidden(what, path, roots);
     return real;
   }
 
@@ -469,7 +503,7 @@ export class SandboxController {
     if (input.image !== undefined) {
       if (input.rootfs !== undefined) throw invalid('give --rootfs or --image, not both');
       const { layout } = parseImageRef(input.image);
-      await this.checkPath(layout, 'image');
+      await this.checkPath(layout, 'image', input.admin === true);
       const img = await unpackImage(
         input.image,
         this.opts.imageCacheDir ?? join(this.opts.stagingDir, 'images'),
@@ -489,7 +523,7 @@ export class SandboxController {
     const path = input.rootfs;
     if (path === undefined)
       throw invalid('a sandbox needs a root filesystem', 'pass --rootfs DIR or --image OCI_LAYOUT_DIR[:TAG]');
-    const real = await this.checkPath(path, 'rootfs');
+    const real = await this.checkPath(path, 'rootfs', input.admin === true);
     if (!(await stat(real)).isDirectory()) throw invalid(`rootfs ${path} is not a folder`);
     // The resolved path: what was checked is what gets mounted.
     return { source: { kind: 'rootfs', path: real } };
@@ -1606,6 +1640,7 @@ export class SandboxController {
     facts: ArchiveFacts,
     image: string | undefined,
     tenant: string,
+    admin: boolean,
   ): Promise<{ source: SandboxSpec['source']; image: ImageConfig }> {
     const cacheDir = this.opts.imageCacheDir ?? join(this.opts.stagingDir, 'images');
     const describe = async (ref: string) => {
@@ -1628,7 +1663,7 @@ export class SandboxController {
       return { identity, source, image: img.config };
     };
     if (image !== undefined) {
-      await this.checkPath(parseImageRef(image).layout, 'image');
+      await this.checkPath(parseImageRef(image).layout, 'image', admin);
       const d = await describe(image);
       const why = imageMismatch(facts, d.identity);
       if (why !== undefined) throw imageDiffers(why);
@@ -1664,10 +1699,53 @@ export class SandboxController {
    * failure removes everything of the new sandbox; a crash leaves it for reconcile to remove.
    */
   async importArchive(input: ImportArchiveInput): Promise<Sandbox> {
-    const archive = await this.checkPath(input.archive, 'archive');
+    const archive = await this.checkPath(input.archive, 'archive', input.admin === true);
     if (!(await stat(archive)).isFile()) throw invalid(`archive ${input.archive} is not a file`);
+    return this.importFrom(input, archive);
+  }
+
+  /**
+   * `dormant checkpoint import` of an uploaded archive: the bytes are streamed into
+   * memory-backed staging (0600, never the data disk: the archive holds plaintext memory),
+   * refused once past `maxBytes`, imported as `importArchive` does, and wiped.
+   */
+  async importUpload(
+    input: Omit<ImportArchiveInput, 'archive'> & { fileName?: string },
+    body: NodeJS.ReadableStream,
+    maxBytes: number,
+  ): Promise<Sandbox> {
+    const dir = this.staging(`${randomBytes(8).toString('hex')}-upload`);
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    try {
+      const name = (input.fileName ?? 'upload.tar').replace(/[^A-Za-z0-9._-]/g, '_').slice(0, 100);
+      const file = join(dir, name.startsWith('.') ? `_${name}` : name);
+      let seen = 0;
+      const cap = new Transform({
+        transform(chunk: Buffer, _enc, done) {
+          seen += chunk.length;
+          if (seen > maxBytes)
+            done(
+              new DormantError(
+                ErrorCode.CHECKPOINT_ARCHIVE_TOO_LARGE,
+                `the uploaded archive is larger than this node accepts (${maxBytes} bytes)`,
+                { status: 413 },
+              ),
+            );
+          else done(null, chunk);
+        },
+      });
+      await pipeline(body, cap, createWriteStream(file, { mode: 0o600, flags: 'wx' }));
+      if (seen === 0) throw invalid('the upload is empty', 'send the archive as the request body');
+      return await this.importFrom({ ...input, archive: name }, file);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  private async importFrom(input: ImportArchiveInput, archive: string): Promise<Sandbox> {
     // Checked before anything is unpacked: a bad path is the caller's mistake, said at once.
-    if (input.image !== undefined) await this.checkPath(parseImageRef(input.image).layout, 'image');
+    if (input.image !== undefined)
+      await this.checkPath(parseImageRef(input.image).layout, 'image', input.admin === true);
     if (input.name !== undefined) {
       const n = validateName(input.name);
       if (this.store.listSandboxes(input.tenant).some((s) => s.name === n))
@@ -1681,7 +1759,7 @@ export class SandboxController {
       const ck = await openCheckpointPath(archive, { stagingDir: dir });
       this.step('import:unpacked');
       const facts = await readArchiveFacts(ck.rootDir);
-      const base = await this.importBase(facts, input.image, input.tenant);
+      const base = await this.importBase(facts, input.image, input.tenant, input.admin === true);
       // Reading the images refuses malformed ones before anything is created.
       const report = await inspectCheckpoint(ck);
       const command = facts.command.length > 0 ? facts.command : base.image.command;

@@ -23,7 +23,9 @@
  */
 import { chmod, mkdir, open, readFile, readdir, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { createHash } from 'node:crypto';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
+import { accessSync, readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
 import { ensureCollector, stopCollector } from './log-collector.js';
@@ -83,6 +85,43 @@ export interface RuncRuntimeOptions {
    * its staging folder and wipes it at start.
    */
   bundleDir?: string;
+  /** The seccomp profile (OCI `linux.seccomp`) of every sandbox. Default config/seccomp-default.json; `false`: none. */
+  seccomp?: Readonly<Record<string, unknown>> | false;
+  /** An AppArmor profile for sandboxes, used when the host has AppArmor (`/sys/kernel/security/apparmor`). */
+  apparmorProfile?: string;
+}
+
+/** Where the default seccomp profile lives: data the operator can read, beside the code. */
+export const DEFAULT_SECCOMP_PROFILE = join(
+  dirname(fileURLToPath(import.meta.url)),
+  '..',
+  '..',
+  'config',
+  'seccomp-default.json',
+);
+
+/** Reads a seccomp profile (OCI `linux.seccomp` JSON), refusing one that is not an object with a default action. */
+export function loadSeccompProfile(path: string): Readonly<Record<string, unknown>> {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (e) {
+    throw new DormantError(ErrorCode.INVALID_ARGUMENT, `seccomp profile ${path}: ${(e as Error).message}`, {
+      status: 400,
+      cause: e,
+    });
+  }
+  if (
+    typeof parsed !== 'object' ||
+    parsed === null ||
+    typeof (parsed as Record<string, unknown>).defaultAction !== 'string'
+  )
+    throw new DormantError(
+      ErrorCode.INVALID_ARGUMENT,
+      `seccomp profile ${path}: not an OCI linux.seccomp object (no defaultAction)`,
+      { status: 400 },
+    );
+  return Object.freeze(parsed as Record<string, unknown>);
 }
 
 interface SandboxRecord {
@@ -218,6 +257,8 @@ export class RuncRuntime implements Runtime {
    * again from here.
    */
   private readonly configs = new Map<string, string>();
+  private readonly seccomp: Readonly<Record<string, unknown>> | undefined;
+  private readonly apparmorProfile: string | undefined;
 
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
@@ -241,6 +282,13 @@ export class RuncRuntime implements Runtime {
     this.bundleRoot =
       options.bundleDir ??
       `/dev/shm/dormant-bundles-${createHash('sha256').update(options.stateDir).digest('hex').slice(0, 12)}`;
+    this.seccomp =
+      options.seccomp === false
+        ? undefined
+        : (options.seccomp ?? loadSeccompProfile(DEFAULT_SECCOMP_PROFILE));
+    // AppArmor only where the host has it (and the operator named a profile it loaded).
+    this.apparmorProfile =
+      options.apparmorProfile !== undefined && hostHasAppArmor() ? options.apparmorProfile : undefined;
   }
 
   // ---- paths -------------------------------------------------------------------------
@@ -581,6 +629,8 @@ export class RuncRuntime implements Runtime {
       netnsPath: `/var/run/netns/${rec.network.netns}`,
       cgroupsPath: this.cgroupPath(id),
       criuConfigPath: criuConf,
+      ...(this.seccomp !== undefined ? { seccomp: this.seccomp } : {}),
+      ...(this.apparmorProfile !== undefined ? { apparmorProfile: this.apparmorProfile } : {}),
     });
     await this.writeConfig(id, config);
     await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal, opts.mountRootfs !== false));
@@ -651,17 +701,20 @@ export class RuncRuntime implements Runtime {
     // them to ours until every holder closes them: a command that leaves a process in the
     // background holding its stdout/stderr keeps the exec open until that process exits or
     // the timeout ends it. Background processes should redirect their output.
+    const timeoutMs = opts.timeoutMs ?? DEFAULTS.execMs;
     const r = await this.runc(
       id,
       ['exec', ...flags, id, ...args],
       {
-        timeoutMs: opts.timeoutMs ?? DEFAULTS.execMs,
+        timeoutMs,
         signal: opts.signal,
         input: opts.input,
         okExitCodes: Array.from({ length: 256 }, (_, i) => i),
       },
       DEFAULTS.execMs,
-    );
+    ).catch((e: unknown) => {
+      throw execError(e, id, args, timeoutMs);
+    });
     return { stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode ?? 255, durationMs: r.durationMs };
   }
 
@@ -1099,5 +1152,46 @@ export class RuncRuntime implements Runtime {
   /** True when the sandbox's root filesystem is mounted (it is not while hibernated). */
   async rootfsMounted(id: string): Promise<boolean> {
     return isMountPoint(join(this.bundle(id), 'rootfs'));
+  }
+}
+
+/**
+ * An exec's failure as the sandbox's user may see it: the command they ran, never runc's
+ * command line (the daemon's folders, its state root); the original stays as the cause.
+ */
+function execError(e: unknown, id: string, args: readonly string[], timeoutMs: number): unknown {
+  if (!isDormantError(e)) return e;
+  const what =
+    `exec in ${id}: ${args.map((a) => (a.length > 80 ? `${a.slice(0, 80)}...` : a)).join(' ')}`.slice(0, 400);
+  const raw = e.details?.['output'];
+  const output = typeof raw === 'string' ? raw.slice(-2000) : '';
+  if (e.code === ErrorCode.COMMAND_TIMEOUT)
+    return new DormantError(ErrorCode.COMMAND_TIMEOUT, `${what}: killed after ${timeoutMs} ms timeout`, {
+      status: 504,
+      cause: e,
+      ...(output !== '' ? { details: { output } } : {}),
+    });
+  if (e.code === ErrorCode.COMMAND_ABORTED)
+    return new DormantError(e.code, `${what}: aborted`, { status: e.status, cause: e });
+  if (e.code === ErrorCode.COMMAND_FAILED || e.code === ErrorCode.COMMAND_NOT_FOUND)
+    return new DormantError(
+      ErrorCode.RUNTIME_EXEC_FAILED,
+      `${what}: the runtime could not run it${output !== '' ? `: ${lastLine(output)}` : ''}`,
+      { status: 500, cause: e },
+    );
+  return e;
+}
+
+function lastLine(text: string): string {
+  const lines = text.split('\n').filter((l) => l.trim() !== '');
+  return (lines[lines.length - 1] ?? '').slice(0, 300);
+}
+
+function hostHasAppArmor(): boolean {
+  try {
+    accessSync('/sys/kernel/security/apparmor');
+    return true;
+  } catch {
+    return false;
   }
 }
