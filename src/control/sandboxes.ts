@@ -137,6 +137,24 @@ export interface Clock {
   now(): number;
 }
 
+/**
+ * Seals a sandbox's environment values at rest (the vault's TenantSecrets: the tenant's key).
+ * The database holds only what `seal` returns; `open` is called only to build the runtime spec
+ * (and for an export the user asked for).
+ */
+export interface EnvSecrets {
+  seal(
+    tenant: string,
+    sandboxId: string,
+    env: Readonly<Record<string, string>>,
+  ): Promise<Record<string, string>>;
+  open(
+    tenant: string,
+    sandboxId: string,
+    env: Readonly<Record<string, string>>,
+  ): Promise<Record<string, string>>;
+}
+
 export const systemClock: Clock = { now: () => Date.now() };
 
 export interface ControllerOptions {
@@ -160,6 +178,11 @@ export interface ControllerOptions {
   readonlyBinds?: RuntimeSpec['readonlyBinds'];
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
+  /**
+   * Seals `--env` values in the database (the daemon always gives it). Without it they are
+   * stored as given (embedding, tests of other parts).
+   */
+  secrets?: EnvSecrets;
   /**
    * Resume a hibernated sandbox with CRIU's lazy pages (userfaultfd): the sandbox runs as soon
    * as its processes are back and its memory is copied in behind it. Default true; false:
@@ -386,14 +409,57 @@ export class SandboxController {
     this.markActive(id);
   }
 
-  private runtimeSpec(s: Sandbox): RuntimeSpec {
+  /** The environment as the database keeps it: values sealed when secrets are configured. */
+  private async sealEnv(
+    tenant: string,
+    id: string,
+    env: Record<string, string>,
+  ): Promise<Record<string, string>> {
+    return this.opts.secrets ? this.opts.secrets.seal(tenant, id, env) : env;
+  }
+
+  /** The sandbox's environment in clear: only for its runtime spec (and an export). */
+  private async openEnv(s: Sandbox): Promise<Record<string, string>> {
+    return this.opts.secrets ? this.opts.secrets.open(s.tenant, s.id, s.spec.env) : s.spec.env;
+  }
+
+  /**
+   * Seals every environment value still stored in clear (rows from before sealing); returns
+   * how many sandboxes changed. The daemon runs it at start, then compacts the database so the
+   * old pages (and WAL frames) with the clear values are overwritten.
+   */
+  async sealStoredEnv(isSealed: (env: Readonly<Record<string, string>>) => boolean): Promise<number> {
+    const secrets = this.opts.secrets;
+    if (!secrets) return 0;
+    let n = 0;
+    for (const s of this.store.listSandboxes()) {
+      if (isSealed(s.spec.env)) continue;
+      await this.locks.run(s.id, async () => {
+        const cur = this.store.getSandbox(s.id);
+        if (!cur || isSealed(cur.spec.env)) return;
+        // Values sealed already (none, unless a start was cut short) are opened first.
+        const clear: Record<string, string> = {};
+        const sealed: Record<string, string> = {};
+        for (const [k, v] of Object.entries(cur.spec.env))
+          if (isSealed({ [k]: v })) sealed[k] = v;
+          else clear[k] = v;
+        const opened = await secrets.open(cur.tenant, cur.id, sealed);
+        const env = await secrets.seal(cur.tenant, cur.id, { ...opened, ...clear });
+        this.store.updateSandbox(cur.id, { spec: { ...cur.spec, env } });
+        n++;
+      });
+    }
+    return n;
+  }
+
+  private async runtimeSpec(s: Sandbox): Promise<RuntimeSpec> {
     const src = s.spec.source;
     return {
       id: s.id,
       rootfs: src.kind === 'rootfs' ? src.path : src.rootfs,
       ...(s.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
       args: s.spec.command,
-      env: s.spec.env,
+      env: await this.openEnv(s),
       hostname: s.name,
       ports: s.spec.ports.map((p) => p.port),
       limits: { memoryBytes: s.spec.memoryBytes, cpus: s.spec.cpus, pids: 512 },
@@ -492,7 +558,7 @@ export class SandboxController {
       spec: {
         source,
         command,
-        env: { ...image?.env, ...input.env },
+        env: await this.sealEnv(input.tenant, id, { ...image?.env, ...input.env }),
         ...(image?.workingDir !== undefined ? { cwd: image.workingDir } : {}),
         ...(devices.length > 0 ? { devices } : {}),
         ports,
@@ -512,7 +578,7 @@ export class SandboxController {
     return this.locks.run(id, async () => {
       try {
         this.step('create:before-runtime');
-        const st = await this.runtime.create(this.runtimeSpec(sandbox));
+        const st = await this.runtime.create(await this.runtimeSpec(sandbox));
         this.step('create:created');
         await this.runtime.start(id);
         this.store.transition(id, 'creating', 'running', 'create', this.clock.now(), {
@@ -1017,6 +1083,8 @@ export class SandboxController {
     const now = this.clock.now();
     const sandbox: Sandbox = {
       ...src,
+      // Sealed again: a sealed value names the sandbox it belongs to.
+      spec: { ...src.spec, env: await this.sealEnv(src.tenant, forkId, await this.openEnv(src)) },
       id: forkId,
       name,
       state: 'creating',
@@ -1071,7 +1139,10 @@ export class SandboxController {
         // The checkpoint's diff (the source's files when it was dumped) is the fork's start,
         // written before its overlay is mounted (restore mounts it).
         await t.time('unpack filesystem', () => this.applyFilesystem(forkId, images));
-        await this.runtime.prepare(this.runtimeSpec(this.get(forkId)), { timer: t, mountRootfs: false });
+        await this.runtime.prepare(await this.runtimeSpec(this.get(forkId)), {
+          timer: t,
+          mountRootfs: false,
+        });
         const st = await t.time('restore', () =>
           this.runtime
             .restore(forkId, { imagesDir: images, workDir: join(dir, 'work'), timer: t })
@@ -1100,7 +1171,7 @@ export class SandboxController {
   /** Prepares the fork's runtime side and copies the source's writable layer into it. */
   private async copyFilesystem(srcUpper: string, forkId: string): Promise<void> {
     const fork = this.store.getSandbox(forkId)!;
-    const st = await this.runtime.prepare(this.runtimeSpec(fork));
+    const st = await this.runtime.prepare(await this.runtimeSpec(fork));
     // cp -a keeps modes, owners, links and overlayfs whiteouts (character devices 0/0).
     await run('cp', ['-a', '--', `${srcUpper}/.`, st.upperDir], { timeoutMs: 600_000 });
   }
@@ -1423,8 +1494,8 @@ export class SandboxController {
             ...(fromVault ? { skip: isPagesImage } : {}),
           }),
         ),
-        t.time('prepare', () =>
-          this.runtime.prepare(this.runtimeSpec(s), { timer: t, mountRootfs: !hasDiff }),
+        t.time('prepare', async () =>
+          this.runtime.prepare(await this.runtimeSpec(s), { timer: t, mountRootfs: !hasDiff }),
         ),
       ]);
       if (fetched.status === 'rejected') {
@@ -1572,7 +1643,7 @@ export class SandboxController {
         await this.wipe(dir);
       }
     }
-    await this.runtime.create(this.runtimeSpec(s));
+    await this.runtime.create(await this.runtimeSpec(s));
     await this.runtime.start(s.id);
   }
 
@@ -1732,7 +1803,7 @@ export class SandboxController {
         spec: {
           source: base.source,
           command,
-          env: { ...base.image.env, ...facts.env },
+          env: await this.sealEnv(input.tenant, id, { ...base.image.env, ...facts.env }),
           ...(cwd !== undefined ? { cwd } : {}),
           ports,
           memoryBytes: input.memoryBytes ?? facts.memoryBytes ?? DEFAULT_MEMORY,
@@ -1748,7 +1819,7 @@ export class SandboxController {
       this.store.insertSandbox(sandbox, `import of ${basename(archive)}`);
       inserted = true;
       return await this.locks.run(id, async () => {
-        const st = await this.runtime.prepare(this.runtimeSpec(sandbox));
+        const st = await this.runtime.prepare(await this.runtimeSpec(sandbox));
         // The layer is written at rest (overlayfs must not see its upper dir change under it).
         await this.runtime.stop(id);
         this.step('import:prepared');
@@ -1923,7 +1994,10 @@ export class SandboxController {
           createdAt: new Date(s?.createdAt ?? c.createdAt).toISOString(),
           checkpointedAt: new Date(c.createdAt).toISOString(),
           ...(s
-            ? { env: Object.entries(s.spec.env).map(([k, v]) => `${k}=${v}`), args: s.spec.command }
+            ? {
+                env: Object.entries(await this.openEnv(s)).map(([k, v]) => `${k}=${v}`),
+                args: s.spec.command,
+              }
             : {}),
           ...(s?.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
           ...(s ? { memoryBytes: s.spec.memoryBytes } : {}),

@@ -5,16 +5,24 @@
  * Host-side layout of one sandbox (`<stateDir>/sandboxes/<id>/`, mode 0700; nothing of it
  * is visible inside the sandbox except the overlay mounted at bundle/rootfs):
  *
- *   sandbox.json          the compiled spec and its network slot (written first, atomically)
- *   bundle/config.json    the OCI config (oci.ts)
+ *   sandbox.json          the compiled spec, without its environment, and its network slot
+ *                         (written first, atomically; 0600)
  *   bundle/rootfs/        overlay mount point: lower = spec.rootfs, upper/work below
  *   fs/upper/, fs/work/   the writable layer (fs/upper is the filesystem diff)
  *   log/output.log        the sandbox's stdout+stderr, appended by the log collector
  *   log/*.pid             the collector's pids (log-collector.ts)
  *   criu.conf             CRIU options runc cannot pass (tcp-close, skip-in-flight)
  *   runc.log              runc's own log (JSON lines), read back for error messages
+ *
+ * The OCI config (config.json, oci.ts) holds the sandbox's environment in clear, where API keys
+ * live: it is written into `<bundleDir>/<id>/` on a memory-backed folder (never the data disk)
+ * by prepare(), from the spec it is given, before `runc create` or `runc restore`. It stays
+ * while the container exists (`runc exec` reads its process defaults, the environment too,
+ * from the bundle) and is removed when the container ends (stop, so also after a checkpoint;
+ * destroy): a hibernated sandbox's environment is nowhere in clear.
  */
-import { mkdir, open, readFile, readdir, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, open, readFile, readdir, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
 import { dirname, join, resolve } from 'node:path';
 import { accessSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
@@ -35,6 +43,7 @@ import {
 import { buildOciConfig, compileSandboxSpec, criuConfigText } from './oci.js';
 import { isMountPoint, mountOverlay, unmount, unmountAll } from './rootfs.js';
 import { removeCgroupEverywhere } from '../sys/cgroup.js';
+import { assertOwnFolder, privateFolder } from './staging.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -71,6 +80,12 @@ export interface RuncRuntimeOptions {
    * hung and the sandbox thawed. Default 120 s.
    */
   checkpointTimeoutMs?: number;
+  /**
+   * Memory-backed folder (tmpfs) for the sandboxes' OCI configs, which hold their environment
+   * in clear. Default `/dev/shm/dormant-bundles-<hash of stateDir>`; the daemon puts it next to
+   * its staging folder and wipes it at start.
+   */
+  bundleDir?: string;
   /** The seccomp profile (OCI `linux.seccomp`) of every sandbox. Default config/seccomp-default.json; `false`: none. */
   seccomp?: Readonly<Record<string, unknown>> | false;
   /** An AppArmor profile for sandboxes, used when the host has AppArmor (`/sys/kernel/security/apparmor`). */
@@ -207,6 +222,40 @@ async function tailOf(path: string, pattern: RegExp, lines = 12): Promise<string
   }
 }
 
+/** The spec as sandbox.json keeps it: without the environment (the caller gives it each time). */
+function recordSpec(spec: Readonly<SandboxSpec>): Readonly<SandboxSpec> {
+  return { ...spec, env: {} };
+}
+
+/**
+ * Overwrites a file's bytes with zeros in place, then removes it: a config or record written
+ * to the data disk by an older version held the environment in clear. (A filesystem that never
+ * overwrites in place, copy-on-write or an SSD's remapping, may still keep the old blocks.)
+ */
+async function scrubFile(path: string): Promise<void> {
+  let fh;
+  try {
+    fh = await open(path, 'r+');
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return;
+    throw e;
+  }
+  try {
+    const { size } = await fh.stat();
+    await fh.write(Buffer.alloc(size), 0, size, 0);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  await rm(path, { force: true });
+}
+
+/** Creates `path` empty if missing, and makes it 0600 (a log runc or a shell appends to). */
+async function privateFile(path: string): Promise<void> {
+  await (await open(path, 'a', 0o600)).close();
+  await chmod(path, 0o600);
+}
+
 async function writeFileAtomic(path: string, data: string): Promise<void> {
   try {
     // prepare() runs before every restore: an unchanged file costs a read, not an fsync.
@@ -250,6 +299,13 @@ export class RuncRuntime implements Runtime {
   private readonly cgroupParent: string;
   private readonly netSlotDir: string;
   private readonly checkpointTimeoutMs: number;
+  private readonly bundleRoot: string;
+  /**
+   * The config last written for each sandbox, kept in this process's memory (never on disk):
+   * stop() removes the file, and a restore() with no prepare() since (same process) writes it
+   * again from here.
+   */
+  private readonly configs = new Map<string, string>();
   private readonly seccomp: Readonly<Record<string, unknown>> | undefined;
   private readonly apparmorProfile: string | undefined;
   private readonly restoreTimeoutMs: number;
@@ -274,6 +330,9 @@ export class RuncRuntime implements Runtime {
     this.subnet = parseSubnet(options.subnet ?? '10.213.0.0/16');
     this.cgroupParent = options.cgroupParent ?? '/dormant';
     this.netSlotDir = options.netSlotDir ?? '/var/lib/dormant-net';
+    this.bundleRoot =
+      options.bundleDir ??
+      `/dev/shm/dormant-bundles-${createHash('sha256').update(options.stateDir).digest('hex').slice(0, 12)}`;
     this.seccomp =
       options.seccomp === false
         ? undefined
@@ -307,6 +366,10 @@ export class RuncRuntime implements Runtime {
   }
   private bundle(id: string): string {
     return join(this.dir(id), 'bundle');
+  }
+  /** The folder runc is given as the bundle: config.json only, on tmpfs (see the top). */
+  private configBundle(id: string): string {
+    return join(this.bundleRoot, id);
   }
   /** cgroup path of a sandbox, relative to each hierarchy's root. */
   cgroupPath(id: string): string {
@@ -472,6 +535,96 @@ export class RuncRuntime implements Runtime {
     );
   }
 
+  // ---- the OCI config (holds the environment: tmpfs only) ------------------------------
+
+  /**
+   * Writes config.json into the sandbox's bundle on tmpfs (a private folder of ours, checked
+   * each time: it is in /dev/shm by default) with the rootfs given as an absolute path, as
+   * the overlay stays mounted under the sandbox's folder. A config an older version left on
+   * the data disk is scrubbed.
+   */
+  private async writeConfig(id: string, config: object): Promise<void> {
+    const bundle = await this.configDir(id);
+    const c = config as { root?: { path: string; readonly?: boolean } };
+    const full = { ...c, root: { ...c.root, path: join(this.bundle(id), 'rootfs') } };
+    const text = JSON.stringify(full, null, 2);
+    this.configs.set(id, text);
+    await writeFileAtomic(join(bundle, 'config.json'), text);
+    await scrubFile(join(this.bundle(id), 'config.json'));
+  }
+
+  /** The sandbox's bundle folder on tmpfs, made (0700) if missing. */
+  private async configDir(id: string): Promise<string> {
+    const bundle = this.configBundle(id);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await privateFolder(this.bundleRoot);
+        await mkdir(bundle, { mode: 0o700 }).catch((e: unknown) => {
+          if (errnoCode(e) !== 'EEXIST') throw e;
+        });
+        break;
+      } catch (e) {
+        // The shared folder was removed with another sandbox between the two mkdirs.
+        if (errnoCode(e) !== 'ENOENT' || attempt > 0) throw e;
+      }
+    }
+    return bundle;
+  }
+
+  /** Removes config.json once the container is gone (runc reads it only for create, restore, exec). */
+  private async dropConfig(id: string): Promise<void> {
+    await rm(join(this.configBundle(id), 'config.json'), { force: true });
+  }
+
+  /** Before runc restore: the config stop() removed, from memory; without it, prepare() first. */
+  private async ensureConfig(id: string): Promise<void> {
+    if (await exists(join(this.configBundle(id), 'config.json'))) return;
+    const text = this.configs.get(id);
+    if (text === undefined)
+      throw new DormantError(
+        ErrorCode.RUNTIME_INVALID_STATE,
+        `cannot restore sandbox ${id}: it is not prepared (its config is written by prepare)`,
+        { status: 409 },
+      );
+    await writeFileAtomic(join(await this.configDir(id), 'config.json'), text);
+  }
+
+  /**
+   * Removes the bundles of sandboxes this runtime no longer has (a destroy cut short); those
+   * of sandboxes that still exist stay, as their running containers need them for exec.
+   */
+  async dropStaleConfigs(): Promise<void> {
+    const live = new Set(await this.list());
+    let names: string[];
+    try {
+      names = await readdir(this.bundleRoot);
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT') return;
+      throw e;
+    }
+    await assertOwnFolder(this.bundleRoot);
+    for (const n of names)
+      if (!live.has(n)) await rm(join(this.bundleRoot, n), { recursive: true, force: true });
+  }
+
+  /**
+   * Replaces sandbox.json and overwrites the old file's bytes (held open across the rename) so
+   * what it held does not stay in free blocks of the data disk.
+   */
+  private async rewriteRecord(path: string, data: string): Promise<void> {
+    const old = await open(path, 'r+');
+    try {
+      // The new file is renamed over the old one (a crash leaves one or the other, whole);
+      // the old one's bytes are then overwritten through the descriptor still open on it.
+      await writeFileAtomic(path, data);
+      const { size } = await old.stat();
+      await old.write(Buffer.alloc(size), 0, size, 0);
+      await old.sync();
+    } finally {
+      await old.close();
+    }
+  }
+
   // ---- the port ----------------------------------------------------------------------
 
   async prepare(raw: SandboxSpec, opts: PrepareOptions = {}): Promise<SandboxState> {
@@ -482,7 +635,12 @@ export class RuncRuntime implements Runtime {
     let rec: SandboxRecord;
     if (await exists(recordPath)) {
       rec = await this.readRecord(id);
-      if (JSON.stringify(rec.spec) !== JSON.stringify(spec))
+      if (Object.keys(rec.spec.env ?? {}).length > 0) {
+        // Written by a version that kept the environment here: rewritten without it.
+        rec = { ...rec, spec: recordSpec(rec.spec) };
+        await this.rewriteRecord(recordPath, JSON.stringify(rec, null, 2));
+      }
+      if (JSON.stringify(rec.spec) !== JSON.stringify(recordSpec(spec)))
         throw new DormantError(
           ErrorCode.RUNTIME_SANDBOX_EXISTS,
           `sandbox ${id} already exists with another spec`,
@@ -508,11 +666,13 @@ export class RuncRuntime implements Runtime {
         if (errnoCode(e) !== 'EEXIST') throw e;
       });
       const slot = await reserveSlot(this.netDir(), id, this.subnet);
-      rec = { spec, slot, network: slotNetwork(id, this.subnet, slot) };
+      rec = { spec: recordSpec(spec), slot, network: slotNetwork(id, this.subnet, slot) };
       await writeFileAtomic(recordPath, JSON.stringify(rec, null, 2));
     }
     for (const d of ['bundle/rootfs', 'fs/upper', 'fs/work', 'log'])
       await mkdir(join(dir, d), { recursive: true, mode: 0o700 });
+    await privateFile(this.logPath(id));
+    await privateFile(join(dir, 'runc.log'));
     const criuConf = join(dir, 'criu.conf');
     await writeFileAtomic(criuConf, criuConfigText());
     const config = buildOciConfig({
@@ -523,7 +683,7 @@ export class RuncRuntime implements Runtime {
       ...(this.seccomp !== undefined ? { seccomp: this.seccomp } : {}),
       ...(this.apparmorProfile !== undefined ? { apparmorProfile: this.apparmorProfile } : {}),
     });
-    await writeFileAtomic(join(this.bundle(id), 'config.json'), JSON.stringify(config, null, 2));
+    await this.writeConfig(id, config);
     await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal, opts.mountRootfs !== false));
     return this.state(id, opts);
   }
@@ -538,7 +698,12 @@ export class RuncRuntime implements Runtime {
     if (current !== undefined) await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
     const offset = await this.runcLogSize(id);
     try {
-      await this.runcWithLogPipe(id, ['create', '--bundle', this.bundle(id), id], opts, DEFAULTS.createMs);
+      await this.runcWithLogPipe(
+        id,
+        ['create', '--bundle', this.configBundle(id), id],
+        opts,
+        DEFAULTS.createMs,
+      );
     } catch (e) {
       const why = await this.runcLogSince(id, offset);
       throw new DormantError(
@@ -777,6 +942,7 @@ export class RuncRuntime implements Runtime {
         await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
       }
       await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal));
+      await this.ensureConfig(id);
       offset = await this.runcLogSize(id);
       await rm(pidFile, { force: true });
     } catch (e) {
@@ -804,7 +970,7 @@ export class RuncRuntime implements Runtime {
           '--work-path',
           opts.workDir,
           '--bundle',
-          this.bundle(id),
+          this.configBundle(id),
           id,
         ],
         { ...opts, signal: watch.signal, timeoutMs: opts.timeoutMs ?? this.restoreTimeoutMs },
@@ -1127,6 +1293,7 @@ export class RuncRuntime implements Runtime {
         `runc delete ${id} failed: ${r.stderr.trim() || (await this.runcLogSince(id, 0))}`,
       );
     await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
+    await this.dropConfig(id);
   }
 
   async endProcesses(id: string, opts: CallOptions = {}): Promise<void> {
@@ -1151,6 +1318,7 @@ export class RuncRuntime implements Runtime {
     // The empty cgroups go too (what is still charged to them, page cache and kernel memory,
     // is released with them); `runc delete` later finds them gone, which it accepts.
     await this.removeCgroups(id);
+    await this.dropConfig(id);
   }
 
   /** Removes the sandbox's (empty) cgroup in every hierarchy; one still busy is left to runc. */
@@ -1209,6 +1377,13 @@ export class RuncRuntime implements Runtime {
       await tearDownNetwork(rec.network, { markerPath: join(dir, 'network.done'), signal: opts.signal });
     if (slot !== undefined) await releaseSlot(this.netDir(), slot);
     await rm(dir, { recursive: true, force: true });
+    await rm(this.configBundle(id), { recursive: true, force: true });
+    this.configs.delete(id);
+    // The shared folder goes with its last sandbox (a daemon wipes and re-creates it at start).
+    await rmdir(this.bundleRoot).catch((e: unknown) => {
+      const code = errnoCode(e);
+      if (code !== 'ENOENT' && code !== 'ENOTEMPTY' && code !== 'EEXIST') throw e;
+    });
   }
 
   async list(): Promise<string[]> {
