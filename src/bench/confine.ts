@@ -5,7 +5,7 @@
  * drift falls on both.
  */
 import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { RuncRuntime } from '../runtime/runc.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
@@ -34,6 +34,7 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
 export const confineSuite: BenchSuite = {
   name: 'confine',
   async run({ quick }) {
+    const loadAtStart = loadavg()[0] ?? 0;
     const tmp = await mkdtemp(join(tmpdir(), 'dormant-bench-confine-'));
     const shm = await mkdtemp('/dev/shm/dormant-bench-confine-');
     const rootfs = join(tmp, 'rootfs');
@@ -98,6 +99,9 @@ export const confineSuite: BenchSuite = {
       title: 'Confinement: the cost of the default seccomp profile',
       description: `The same busybox sandbox (python3 from a read-only /usr) created and started, an exec, 200,000 getppid calls inside, a runc checkpoint and a restore, ${rounds} rounds alternating a runtime with config/seccomp-default.json and one without; medians.`,
       rows,
+      notes: [
+        `Load average at the start: ${loadAtStart.toFixed(1)} on ${String(cpus().length)} cores. On this VM under load, runs of the same code differ by up to about 25% either way; the 200k-calls row is where a per-call cost of the filter would show.`,
+      ],
     };
   },
 };
