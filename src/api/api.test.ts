@@ -50,6 +50,8 @@ describe('the HTTP API', () => {
     daemon = await startDaemon({
       dataDir: join(dir, 'data'),
       listen: '127.0.0.1:0',
+      // The tenants here make sandboxes of a rootfs in this folder (serve --allow-root).
+      allowedSourceRoots: [rootfs],
       warn: () => undefined,
       policy: false,
     });

@@ -4,17 +4,18 @@
  * HTTP API. On start it reconciles every sandbox with what really exists.
  */
 import { createHash } from 'node:crypto';
-import { mkdir } from 'node:fs/promises';
-import { join } from 'node:path';
+import { chmod, mkdir, rmdir } from 'node:fs/promises';
+import { errnoCode } from '../domain/errors.js';
+import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { criuFeature, getCriu } from '../criu/criu.js';
 import { cgroupUsage } from '../sys/cgroup.js';
 import type { GpuNode } from '../control/gpu.js';
 import { cpuFacts, diskFacts, userfaultfdFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
-import { openVault, type Vault } from '../vault/index.js';
-import { RuncRuntime } from '../runtime/runc.js';
-import { prepareStaging, releaseStaging } from '../runtime/staging.js';
+import { TenantSecrets, openVault, type Vault } from '../vault/index.js';
+import { RuncRuntime, loadSeccompProfile } from '../runtime/runc.js';
+import { prepareStaging, privateFolder, releaseStaging } from '../runtime/staging.js';
 import type { ReadonlyBind } from '../runtime/runtime.js';
 import { SandboxController, systemClock, type Clock, type ControllerOptions } from '../control/sandboxes.js';
 import { TrackingController } from '../control/activity.js';
@@ -33,8 +34,12 @@ export interface DaemonOptions {
   masterKeyFile?: string;
   /** Read-only host folders mounted into every sandbox (tests use /usr for python3). */
   readonlyBinds?: ReadonlyBind[];
-  /** Folders sandbox root filesystems may come from; empty: any. */
+  /** Host folders a tenant's rootfs, image and archive paths may come from; empty: none (admins: any). */
   allowedSourceRoots?: string[];
+  /** A seccomp profile file (OCI `linux.seccomp` JSON) instead of config/seccomp-default.json. */
+  seccompProfile?: string;
+  /** An AppArmor profile loaded on the host, for every sandbox (ignored where the host has no AppArmor). */
+  apparmorProfile?: string;
   clock?: Clock;
   logger?: boolean;
   /** Printed warnings (master key generated, ...). Default: stderr. */
@@ -112,14 +117,33 @@ async function lazyRestoreProblem(
   return undefined;
 }
 
-/** CRIU images in flight live in memory, one folder per data directory. */
+/**
+ * CRIU images in flight live in memory, one folder per data directory (however its path is
+ * spelled: `data` and `/abs/data/` are the same folder, so a restart finds what a crash left).
+ */
 export function stagingDirFor(dataDir: string): string {
-  return `/dev/shm/dormant-${createHash('sha256').update(dataDir).digest('hex').slice(0, 12)}`;
+  return `/dev/shm/dormant-${createHash('sha256').update(resolve(dataDir)).digest('hex').slice(0, 12)}`;
+}
+
+/** The sandboxes' OCI configs (their environment in clear) while runc reads them: memory too. */
+export function bundleDirFor(dataDir: string): string {
+  return `${stagingDirFor(dataDir)}-bundles`;
 }
 
 export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
   const warn = opts.warn ?? ((m: string) => process.stderr.write(`dormant: warning: ${m}\n`));
+  // First of all, before the database is even opened: what a daemon killed mid-operation left
+  // in staging (plaintext CRIU images of a hibernate that never committed, a checkpoint
+  // fetched for a resume) is wiped.
+  const stagingDir = stagingDirFor(opts.dataDir);
+  await prepareStaging(stagingDir);
+  // The OCI configs of containers that still run are kept (runc exec reads them); those of
+  // sandboxes gone are removed once the runtime is up.
+  const bundleDir = bundleDirFor(opts.dataDir);
+  await privateFolder(bundleDir);
   await mkdir(opts.dataDir, { recursive: true, mode: 0o700 });
+  // Private whatever an older version (or the operator's mkdir) made it: it holds tenant data.
+  await chmod(opts.dataDir, 0o700);
   const store = new SqliteStateStore(join(opts.dataDir, 'state.db'));
   const admin = await ensureAdminToken(join(opts.dataDir, 'admin-token'));
   if (!store.listTokens().some((t) => t.hash === hashToken(admin.token))) {
@@ -130,29 +154,30 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
       createdAt: Date.now(),
     });
   }
-  const vault = await openVault({
-    dir: join(opts.dataDir, 'vault'),
-    masterKey: {
-      file: opts.masterKeyFile ?? process.env.DORMANT_MASTER_KEY_FILE ?? join(opts.dataDir, 'master.key'),
-    },
-    onWarning: warn,
-  });
+  const masterKey = {
+    file: opts.masterKeyFile ?? process.env.DORMANT_MASTER_KEY_FILE ?? join(opts.dataDir, 'master.key'),
+  };
+  const vault = await openVault({ dir: join(opts.dataDir, 'vault'), masterKey, onWarning: warn });
+  // --env values are sealed in the database with the tenant's key from the vault.
+  const secrets = await TenantSecrets.open({ store: vault.store, masterKey });
   const criu = await getCriu();
   const cpu = await cpuFacts();
   const runtime = new RuncRuntime({
     stateDir: join(opts.dataDir, 'runtime'),
     criuPath: criu.path,
     criuEnv: criu.env,
+    bundleDir,
     ...(opts.checkpointTimeoutMs !== undefined ? { checkpointTimeoutMs: opts.checkpointTimeoutMs } : {}),
+    ...(opts.seccompProfile !== undefined ? { seccomp: loadSeccompProfile(opts.seccompProfile) } : {}),
+    ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
   });
-  const stagingDir = stagingDirFor(opts.dataDir);
-  // Leftovers of a crash (images of a hibernate that never committed) are wiped.
-  await prepareStaging(stagingDir);
+  await runtime.dropStaleConfigs();
   const controller = new TrackingController({
     store,
     runtime,
     vault,
     stagingDir,
+    secrets,
     imageCacheDir: join(opts.dataDir, 'images'),
     ...(opts.readonlyBinds ? { readonlyBinds: opts.readonlyBinds } : {}),
     ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
@@ -179,8 +204,17 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     usage: (id) => cgroupUsage(`/dormant/${id}`),
     platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
   });
+  // Rows from before sealing: their values sealed now, and the database rewritten so the old
+  // pages and WAL frames holding them in clear are gone from its files.
+  if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) store.compact();
   const reconciled = await controller.reconcile();
-  const app = buildServer({ controller, store, checkpointVault: vault, logger: opts.logger ?? false });
+  const app = buildServer({
+    controller,
+    store,
+    checkpointVault: vault,
+    logger: opts.logger ?? false,
+    hostPaths: [opts.dataDir, stagingDir],
+  });
   const meter = new Meter({
     source: controller,
     store,
@@ -228,7 +262,12 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
       await app.close();
       await vault.close();
       store.close();
+      secrets.close();
       await releaseStaging(stagingDir);
+      // Empty unless containers still run (their configs stay for runc exec after a restart).
+      await rmdir(bundleDir).catch((e: unknown) => {
+        if (errnoCode(e) !== 'ENOTEMPTY' && errnoCode(e) !== 'ENOENT') throw e;
+      });
     },
   };
 }

@@ -53,6 +53,8 @@ describe('hostile input at the API edges', () => {
   let outside: string;
   let daemon: Daemon;
   let admin: string;
+  /** A tenant's token: host paths only inside `allowed`. */
+  let tenantToken: string;
   const api = (method: string, path: string, body?: unknown, token: string | undefined = admin) =>
     call(daemon.url, token, method, path, body);
 
@@ -85,6 +87,9 @@ describe('hostile input at the API edges', () => {
       warn: () => undefined,
     });
     admin = daemon.adminToken;
+    const minted = await api('POST', '/v1/tokens', { tenant: 'paths' });
+    assert.equal(minted.status, 201, minted.text);
+    tenantToken = (minted.body as { token: string }).token;
   });
 
   after(async () => {
@@ -129,20 +134,32 @@ describe('hostile input at the API edges', () => {
     assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
   });
 
-  test('rootfs and image paths outside the allowed folders, relative, with .., missing or not folders', async () => {
+  test("a tenant's rootfs and image paths outside the allowed folders are 403, bad ones 400", async () => {
+    const forbidden: Record<string, unknown>[] = [
+      { rootfs: outside },
+      { rootfs: '/' },
+      { rootfs: '/etc' },
+      { rootfs: join(dir, 'allowed-evil') },
+      // Missing outside the allowed folders: the same answer, so a tenant cannot probe the host.
+      { rootfs: '/no/such/folder' },
+      { image: '/etc:latest' },
+    ];
+    for (const src of forbidden)
+      refused(
+        await api('POST', '/v1/sandboxes', { ...src, command: ['true'] }, tenantToken),
+        JSON.stringify(src),
+        403,
+        'HOST_PATH_FORBIDDEN',
+        /outside the allowed folders/,
+      );
     const cases: [Record<string, unknown>, RegExp][] = [
       [{ rootfs: 'relative/rootfs' }, /absolute/],
       [{ rootfs: `${allowed}/../outside` }, /\.\./],
       [{ rootfs: `${allowed}/rootfs/../../outside` }, /\.\./],
-      [{ rootfs: outside }, /outside the allowed/],
-      [{ rootfs: '/' }, /outside the allowed/],
-      [{ rootfs: '/etc' }, /outside the allowed/],
-      [{ rootfs: join(dir, 'allowed-evil') }, /outside the allowed/],
       [{ rootfs: join(allowed, 'missing') }, /does not exist/],
       [{ rootfs: join(allowed, 'a-file') }, /not a folder/],
       [{ image: 'relative/layout:latest' }, /absolute/],
       [{ image: `${allowed}/../outside:latest` }, /\.\./],
-      [{ image: '/etc:latest' }, /outside the allowed/],
       [{ image: join(allowed, 'missing') }, /does not exist|exist/],
       [{ image: join(allowed, 'a-file') }, /not a folder|folder/],
       [{ image: rootfs }, /index\.json|image layout/],
@@ -151,7 +168,7 @@ describe('hostile input at the API edges', () => {
     ];
     for (const [src, re] of cases) {
       refused(
-        await api('POST', '/v1/sandboxes', { ...src, command: ['true'] }),
+        await api('POST', '/v1/sandboxes', { ...src, command: ['true'] }, tenantToken),
         JSON.stringify(src),
         400,
         // Paths are INVALID_ARGUMENT; what is wrong inside an image layout is IMAGE_INVALID.
@@ -160,28 +177,42 @@ describe('hostile input at the API edges', () => {
       );
     }
     assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
+    // Inside the allowed folder a tenant's rootfs works; an admin may name any folder.
+    const mine = await api('POST', '/v1/sandboxes', { rootfs, command: ['sleep', '1000'] }, tenantToken);
+    assert.equal(mine.status, 201, mine.text);
+    const theirs = await api('POST', '/v1/sandboxes', { rootfs: outside, command: ['sleep', '1000'] });
+    assert.equal(theirs.status, 201, theirs.text);
+    for (const r of [mine, theirs]) await api('DELETE', `/v1/sandboxes/${(r.body as { id: string }).id}`);
   });
 
-  test('checkpoint import: archive paths outside the allowed folders, relative, with .., missing or folders', async () => {
+  test("checkpoint import: a tenant's archive paths outside the allowed folders are 403, bad ones 400", async () => {
+    for (const body of [
+      { archive: '/etc/passwd' },
+      { archive: join(allowed, 'escape', 'bin', 'busybox') },
+      { archive: join(allowed, 'a-file'), image: '/etc:latest' },
+    ])
+      refused(
+        await api('POST', '/v1/checkpoints/import', body, tenantToken),
+        JSON.stringify(body),
+        403,
+        'HOST_PATH_FORBIDDEN',
+      );
     const cases: [Record<string, unknown>, RegExp][] = [
       [{ archive: 'relative/ck.tar' }, /absolute/],
       [{ archive: `${allowed}/../outside/ck.tar` }, /\.\./],
-      [{ archive: '/etc/passwd' }, /outside the allowed/],
-      [{ archive: join(allowed, 'escape', 'bin', 'busybox') }, /outside the allowed/],
       [{ archive: join(allowed, 'missing.tar') }, /does not exist/],
       [{ archive: rootfs }, /not a file/],
-      [{ archive: join(allowed, 'a-file'), image: '/etc:latest' }, /outside the allowed|archive/],
     ];
     for (const [body, re] of cases)
       refused(
-        await api('POST', '/v1/checkpoints/import', body),
+        await api('POST', '/v1/checkpoints/import', body, tenantToken),
         JSON.stringify(body),
         400,
         'INVALID_ARGUMENT',
         re,
       );
     // Not an archive at all: the archive reader's own error, nothing created.
-    const r = await api('POST', '/v1/checkpoints/import', { archive: join(allowed, 'a-file') });
+    const r = await api('POST', '/v1/checkpoints/import', { archive: join(allowed, 'a-file') }, tenantToken);
     refused(r, 'a text file', 422, 'CHECKPOINT_ARCHIVE_INVALID');
     assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
   });
@@ -215,13 +246,18 @@ describe('hostile input at the API edges', () => {
   });
 
   test('a symlink inside an allowed folder that points outside it is refused', async (t) => {
-    const r = await api('POST', '/v1/sandboxes', { rootfs: join(allowed, 'escape'), command: ['true'] });
+    const r = await api(
+      'POST',
+      '/v1/sandboxes',
+      { rootfs: join(allowed, 'escape'), command: ['true'] },
+      tenantToken,
+    );
     if (r.status === 201) {
       const { id } = r.body as { id: string };
       await api('DELETE', `/v1/sandboxes/${id}`);
     }
-    await t.test('refused with 400', () => {
-      assert.equal(r.status, 400, r.text.slice(0, 300));
+    await t.test('refused with 403', () => {
+      refused(r, 'escape', 403, 'HOST_PATH_FORBIDDEN');
     });
   });
 

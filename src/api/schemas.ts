@@ -92,6 +92,28 @@ export const ImportBody = z.strictObject({
   memory: size.optional(),
 });
 
+/** `POST /v1/checkpoints/import` with the archive as an `application/octet-stream` body. */
+export const ImportUploadQuery = z.object({
+  /** The archive's file name (its suffix says the compression: .tar, .tar.gz, .tar.zst). */
+  fileName: z.string().min(1).max(255).optional(),
+  image: z.string().min(1).max(4096).optional(),
+  name: z.string().min(1).max(63).optional(),
+  /** Comma-separated. */
+  ports: z
+    .string()
+    .max(400)
+    .transform((v, ctx) => {
+      const out = v.split(',').map(Number);
+      if (out.length > 32 || out.some((p) => !Number.isInteger(p) || p < 1 || p > 65535)) {
+        ctx.addIssue({ code: 'custom', message: 'ports: up to 32 numbers from 1 to 65535, comma-separated' });
+        return z.NEVER;
+      }
+      return out;
+    })
+    .optional(),
+  memory: size.optional(),
+});
+
 export const ExportQuery = z.object({
   allowPlaintext: z.enum(['true', 'false', '1', '0']).optional(),
   /** The client encrypts the archive (an encrypted OCI layer) before it is written anywhere. */

@@ -7,6 +7,7 @@ import { DEFAULT_GPU_POLICY } from '../domain/gpu.js';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
+import { Readable } from 'node:stream';
 import { DormantError, ErrorCode, asError } from '../domain/errors.js';
 import type { Sandbox, Transition } from '../domain/sandbox.js';
 import type { SandboxController } from '../control/sandboxes.js';
@@ -21,6 +22,7 @@ import {
   ExecBody,
   ExportQuery,
   ImportBody,
+  ImportUploadQuery,
   ForkBody,
   IdParams,
   KeepaliveBody,
@@ -41,9 +43,31 @@ export interface ServerOptions {
   /** Log requests (pino) to stderr. Default false. */
   logger?: boolean;
   version?: string;
+  /**
+   * The daemon's own folders (data, staging): scrubbed from every error a tenant sees, a last
+   * guard behind the messages that are written without host paths in the first place.
+   */
+  hostPaths?: readonly string[];
+  /** Largest archive a client may upload to /v1/checkpoints/import. Default 16 GiB. */
+  maxUploadBytes?: number;
+}
+
+/** Uploads bigger than this are refused unless the daemon says otherwise. */
+const DEFAULT_MAX_UPLOAD_BYTES = 16 * 1024 ** 3;
+
+/** `text` with each of `paths` (and anything below it) replaced by `<host>`. */
+export function scrubHostPaths(text: string, paths: readonly string[]): string {
+  let out = text;
+  for (const p of [...paths].sort((a, b) => b.length - a.length)) {
+    if (p.length < 2) continue;
+    out = out.split(p).join('<host>');
+  }
+  return out.replace(/<host>[^\s'",;:)]*/g, '<host>');
 }
 
 const iso = (ms: number): string => new Date(ms).toISOString();
+
+const isReadable = (b: unknown): b is Readable => b instanceof Readable;
 
 /** The sandbox as the API shows it. */
 export function sandboxView(s: Sandbox) {
@@ -108,9 +132,17 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   const app = Fastify({ logger: opts.logger ?? false, bodyLimit: 32 * 1024 * 1024, maxParamLength: 16_384 });
   app.decorateRequest('principal', { getter: () => ({ tenant: '', admin: false }) });
 
-  app.setErrorHandler((err: unknown, _req, reply) => {
+  const hostPaths = opts.hostPaths ?? [];
+  app.setErrorHandler((err: unknown, req, reply) => {
+    // A tenant never sees the daemon's folders or command lines; an admin sees everything.
+    const tenant = !req.principal.admin;
     if (err instanceof DormantError) {
-      void reply.status(err.status).send({ error: err.toJSON() });
+      const body = err.toJSON();
+      if (tenant) {
+        body.message = scrubHostPaths(body.message, hostPaths);
+        if (body.hint !== undefined) body.hint = scrubHostPaths(body.hint, hostPaths);
+      }
+      void reply.status(err.status).send({ error: body });
       return;
     }
     const e = asError(err) as Error & { statusCode?: number; code?: string };
@@ -122,9 +154,14 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       return;
     }
     app.log.error(err);
-    void reply
-      .status(500)
-      .send({ error: { code: ErrorCode.INTERNAL, message: e.message, hint: 'see the daemon log' } });
+    void reply.status(500).send({
+      error: {
+        code: ErrorCode.INTERNAL,
+        // Internal errors carry whatever the system said (paths, commands): admins only.
+        message: tenant ? `internal error (request ${req.id})` : e.message,
+        hint: 'see the daemon log',
+      },
+    });
   });
   app.setNotFoundHandler((req, reply) => {
     void reply.status(404).send({
@@ -164,6 +201,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     const b = parse(CreateSandboxBody, req.body, 'request body');
     const s = await controller.create({
       tenant: req.principal.tenant,
+      admin: req.principal.admin,
       command: b.command,
       ...(b.name !== undefined ? { name: b.name } : {}),
       ...(b.rootfs !== undefined ? { rootfs: b.rootfs } : {}),
@@ -272,10 +310,32 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
 
   registerCheckpointRoutes(app, { store, vault: opts.checkpointVault });
 
+  // An archive as the request body: what a tenant, who names no host paths, imports with.
+  app.addContentTypeParser('application/octet-stream', (_req, payload, done) => {
+    done(null, payload);
+  });
   app.post('/v1/checkpoints/import', async (req, reply) => {
+    if (isReadable(req.body)) {
+      const q = parse(ImportUploadQuery, req.query, 'query');
+      const s = await controller.importUpload(
+        {
+          tenant: req.principal.tenant,
+          admin: req.principal.admin,
+          ...(q.fileName !== undefined ? { fileName: q.fileName } : {}),
+          ...(q.image !== undefined ? { image: q.image } : {}),
+          ...(q.name !== undefined ? { name: q.name } : {}),
+          ...(q.ports !== undefined ? { ports: q.ports } : {}),
+          ...(q.memory !== undefined ? { memoryBytes: q.memory } : {}),
+        },
+        req.body,
+        opts.maxUploadBytes ?? DEFAULT_MAX_UPLOAD_BYTES,
+      );
+      return reply.status(201).send(await view(s));
+    }
     const b = parse(ImportBody, req.body, 'request body');
     const s = await controller.importArchive({
       tenant: req.principal.tenant,
+      admin: req.principal.admin,
       archive: b.archive,
       ...(b.image !== undefined ? { image: b.image } : {}),
       ...(b.name !== undefined ? { name: b.name } : {}),

@@ -14,8 +14,17 @@ import { vaultSuite } from './vault.js';
 import { proxySuite } from './proxy.js';
 import { scanSuite } from './scan.js';
 import { loadSuite } from './load.js';
+import { confineSuite } from './confine.js';
 
-const SUITES: BenchSuite[] = [criuSuite, sandboxSuite, vaultSuite, proxySuite, scanSuite, loadSuite];
+const SUITES: BenchSuite[] = [
+  criuSuite,
+  sandboxSuite,
+  vaultSuite,
+  proxySuite,
+  scanSuite,
+  loadSuite,
+  confineSuite,
+];
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);

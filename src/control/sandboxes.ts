@@ -6,7 +6,10 @@
  * checkpoint in place and says why, and a restart of the daemon reconciles every sandbox.
  */
 import { randomBytes } from 'node:crypto';
+import { createWriteStream } from 'node:fs';
 import { mkdir, open, readFile, realpath, rename, rm, stat } from 'node:fs/promises';
+import { Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { arch, release } from 'node:os';
 import { basename, isAbsolute, join } from 'node:path';
 import type { Socket } from 'node:net';
@@ -26,6 +29,7 @@ import {
 import type { CheckpointRecord, StateStore } from '../state/store.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.js';
+import { wipeStaged } from '../runtime/staging.js';
 import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
 import { FS_DIFF, FS_META, emptyFolder, packFilesystem, unpackFilesystem } from './filesystem.js';
@@ -133,6 +137,24 @@ export interface Clock {
   now(): number;
 }
 
+/**
+ * Seals a sandbox's environment values at rest (the vault's TenantSecrets: the tenant's key).
+ * The database holds only what `seal` returns; `open` is called only to build the runtime spec
+ * (and for an export the user asked for).
+ */
+export interface EnvSecrets {
+  seal(
+    tenant: string,
+    sandboxId: string,
+    env: Readonly<Record<string, string>>,
+  ): Promise<Record<string, string>>;
+  open(
+    tenant: string,
+    sandboxId: string,
+    env: Readonly<Record<string, string>>,
+  ): Promise<Record<string, string>>;
+}
+
 export const systemClock: Clock = { now: () => Date.now() };
 
 export interface ControllerOptions {
@@ -141,7 +163,11 @@ export interface ControllerOptions {
   vault: CheckpointVault;
   /** Memory-backed folder for CRIU images in flight (never persistent disk). */
   stagingDir: string;
-  /** Folders a sandbox's rootfs may come from. Empty: any absolute folder. */
+  /**
+   * Host folders a tenant's rootfs, image layout or import archive may come from (the operator's
+   * `serve --allow-root`). Empty or unset: tenants name no host path at all. Admin callers may
+   * name any absolute path: they hold the node already.
+   */
   allowedSourceRoots?: readonly string[];
   /** Committed checkpoints kept per sandbox (older ones are deleted). Default 2. */
   keepCheckpoints?: number;
@@ -154,6 +180,11 @@ export interface ControllerOptions {
   failAt?: (step: string) => void;
   /** Caps on what an imported archive may unpack to (defaults: archive.ts). */
   importLimits?: Pick<ArchiveLimits, 'maxBytes' | 'maxMemberBytes' | 'maxEntries'>;
+  /**
+   * Seals `--env` values in the database (the daemon always gives it). Without it they are
+   * stored as given (embedding, tests of other parts).
+   */
+  secrets?: EnvSecrets;
   /**
    * Resume a hibernated sandbox with CRIU's lazy pages (userfaultfd): the sandbox runs as soon
    * as its processes are back and its memory is copied in behind it. Default true; false:
@@ -197,6 +228,8 @@ export interface ControllerOptions {
 
 export interface CreateSandboxInput {
   tenant: string;
+  /** The caller holds an admin token: host paths outside the allowed folders are accepted. */
+  admin?: boolean;
   name?: string;
   rootfs?: string;
   image?: string;
@@ -215,6 +248,8 @@ export interface CreateSandboxInput {
 
 export interface ImportArchiveInput {
   tenant: string;
+  /** The caller holds an admin token: host paths outside the allowed folders are accepted. */
+  admin?: boolean;
   /** A podman export or a kubelet / CRI-O checkpoint archive on this node (absolute path). */
   archive: string;
   /** The base image as an OCI image layout (DIR[:TAG]); default: an image dormant holds. */
@@ -242,6 +277,30 @@ const PAGES_FROM_VAULT_ABOVE_BYTES = 256 * 1024 * 1024;
 const NODE_ARCH: Record<string, string> = { x86_64: 'x64', amd64: 'x64', aarch64: 'arm64' };
 
 const DEFAULT_MEMORY = 512 * 1024 ** 2;
+
+/** A tenant named a host path outside the operator's allowed folders (403). */
+function hostPathForbidden(what: string, path: string, roots: readonly string[] = []): DormantError {
+  const shown = path.slice(0, 200).replace(/\0/g, '\\0');
+  return new DormantError(
+    ErrorCode.HOST_PATH_FORBIDDEN,
+    roots.length === 0
+      ? `${what} ${shown}: a tenant token cannot name host paths on this node`
+      : `${what} ${shown} is outside the allowed folders`,
+    {
+      status: 403,
+      hint:
+        roots.length === 0
+          ? 'the operator can allow folders with `dormant serve --allow-root DIR`; checkpoint archives can be uploaded (`dormant checkpoint import FILE` sends the file)'
+          : 'use a path under a folder the operator allowed (dormant serve --allow-root), or upload the archive',
+    },
+  );
+}
+
+/** Whether `path` (already resolved, or as given when missing) is inside one of `roots`. */
+async function insideRoots(path: string, roots: readonly string[]): Promise<boolean> {
+  const realRoots = await Promise.all(roots.map((r) => realpath(r).catch(() => r)));
+  return realRoots.some((r) => path === r || path.startsWith(`${r.replace(/\/$/, '')}/`));
+}
 
 function invalid(message: string, hint?: string): DormantError {
   return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { status: 400, ...(hint ? { hint } : {}) });
@@ -352,14 +411,57 @@ export class SandboxController {
     this.markActive(id);
   }
 
-  private runtimeSpec(s: Sandbox): RuntimeSpec {
+  /** The environment as the database keeps it: values sealed when secrets are configured. */
+  private async sealEnv(
+    tenant: string,
+    id: string,
+    env: Record<string, string>,
+  ): Promise<Record<string, string>> {
+    return this.opts.secrets ? this.opts.secrets.seal(tenant, id, env) : env;
+  }
+
+  /** The sandbox's environment in clear: only for its runtime spec (and an export). */
+  private async openEnv(s: Sandbox): Promise<Record<string, string>> {
+    return this.opts.secrets ? this.opts.secrets.open(s.tenant, s.id, s.spec.env) : s.spec.env;
+  }
+
+  /**
+   * Seals every environment value still stored in clear (rows from before sealing); returns
+   * how many sandboxes changed. The daemon runs it at start, then compacts the database so the
+   * old pages (and WAL frames) with the clear values are overwritten.
+   */
+  async sealStoredEnv(isSealed: (env: Readonly<Record<string, string>>) => boolean): Promise<number> {
+    const secrets = this.opts.secrets;
+    if (!secrets) return 0;
+    let n = 0;
+    for (const s of this.store.listSandboxes()) {
+      if (isSealed(s.spec.env)) continue;
+      await this.locks.run(s.id, async () => {
+        const cur = this.store.getSandbox(s.id);
+        if (!cur || isSealed(cur.spec.env)) return;
+        // Values sealed already (none, unless a start was cut short) are opened first.
+        const clear: Record<string, string> = {};
+        const sealed: Record<string, string> = {};
+        for (const [k, v] of Object.entries(cur.spec.env))
+          if (isSealed({ [k]: v })) sealed[k] = v;
+          else clear[k] = v;
+        const opened = await secrets.open(cur.tenant, cur.id, sealed);
+        const env = await secrets.seal(cur.tenant, cur.id, { ...opened, ...clear });
+        this.store.updateSandbox(cur.id, { spec: { ...cur.spec, env } });
+        n++;
+      });
+    }
+    return n;
+  }
+
+  private async runtimeSpec(s: Sandbox): Promise<RuntimeSpec> {
     const src = s.spec.source;
     return {
       id: s.id,
       rootfs: src.kind === 'rootfs' ? src.path : src.rootfs,
       ...(s.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
       args: s.spec.command,
-      env: s.spec.env,
+      env: await this.openEnv(s),
       hostname: s.name,
       ports: s.spec.ports.map((p) => p.port),
       limits: { memoryBytes: s.spec.memoryBytes, cpus: s.spec.cpus, pids: 512 },
@@ -373,29 +475,28 @@ export class SandboxController {
    * inside one of them after symlinks are resolved (a link inside an allowed folder must not
    * lead out of it). Returns the resolved path.
    */
-  private async checkPath(path: string, what: string): Promise<string> {
+  private async checkPath(path: string, what: string, admin: boolean): Promise<string> {
     if (!isAbsolute(path) || path.split('/').includes('..') || path.includes('\0')) {
       throw invalid(
         `${what} "${path.slice(0, 200).replace(/\0/g, '\\0')}" must be an absolute path without ".."`,
       );
     }
+    const roots = this.opts.allowedSourceRoots ?? [];
+    // Refused before the path is even resolved: a tenant learns nothing of the host's folders.
+    if (!admin && roots.length === 0) throw hostPathForbidden(what, path);
     let real: string;
     try {
       real = await realpath(path);
     } catch (e) {
-      if (errnoCode(e) === 'ENOENT' || errnoCode(e) === 'ENOTDIR')
+      if (errnoCode(e) === 'ENOENT' || errnoCode(e) === 'ENOTDIR') {
+        // For a tenant, a missing path outside the allowed folders looks like any other path
+        // outside them (no probing of which host files exist).
+        if (!admin && !(await insideRoots(path, roots))) throw hostPathForbidden(what, path, roots);
         throw invalid(`${what} ${path} does not exist`);
+      }
       throw e;
     }
-    const roots = this.opts.allowedSourceRoots ?? [];
-    if (roots.length > 0) {
-      const realRoots = await Promise.all(roots.map((r) => realpath(r).catch(() => r)));
-      if (!realRoots.some((r) => real === r || real.startsWith(`${r.replace(/\/$/, '')}/`))) {
-        throw invalid(
-          `${what} ${path}${real !== path ? ` (${real})` : ''} is outside the allowed folders (${roots.join(', ')})`,
-        );
-      }
-    }
+    if (!admin && !(await insideRoots(real, roots))) throw hostPathForbidden(what, path, roots);
     return real;
   }
 
@@ -405,7 +506,7 @@ export class SandboxController {
     if (input.image !== undefined) {
       if (input.rootfs !== undefined) throw invalid('give --rootfs or --image, not both');
       const { layout } = parseImageRef(input.image);
-      await this.checkPath(layout, 'image');
+      await this.checkPath(layout, 'image', input.admin === true);
       const img = await unpackImage(
         input.image,
         this.opts.imageCacheDir ?? join(this.opts.stagingDir, 'images'),
@@ -425,7 +526,7 @@ export class SandboxController {
     const path = input.rootfs;
     if (path === undefined)
       throw invalid('a sandbox needs a root filesystem', 'pass --rootfs DIR or --image OCI_LAYOUT_DIR[:TAG]');
-    const real = await this.checkPath(path, 'rootfs');
+    const real = await this.checkPath(path, 'rootfs', input.admin === true);
     if (!(await stat(real)).isDirectory()) throw invalid(`rootfs ${path} is not a folder`);
     // The resolved path: what was checked is what gets mounted.
     return { source: { kind: 'rootfs', path: real } };
@@ -459,7 +560,7 @@ export class SandboxController {
       spec: {
         source,
         command,
-        env: { ...image?.env, ...input.env },
+        env: await this.sealEnv(input.tenant, id, { ...image?.env, ...input.env }),
         ...(image?.workingDir !== undefined ? { cwd: image.workingDir } : {}),
         ...(devices.length > 0 ? { devices } : {}),
         ports,
@@ -479,7 +580,7 @@ export class SandboxController {
     return this.locks.run(id, async () => {
       try {
         this.step('create:before-runtime');
-        const st = await this.runtime.create(this.runtimeSpec(sandbox));
+        const st = await this.runtime.create(await this.runtimeSpec(sandbox));
         this.step('create:created');
         await this.runtime.start(id);
         this.store.transition(id, 'creating', 'running', 'create', this.clock.now(), {
@@ -532,7 +633,13 @@ export class SandboxController {
   }
 
   private async wipe(dir: string): Promise<void> {
-    await rm(dir, { recursive: true, force: true });
+    // A mount left below (CRIU's cgroup yard in a restore's work dir) would make rm fail.
+    await wipeStaged(dir);
+  }
+
+  /** A cleanup step that failed after a failed operation: said to the operator, not thrown over the first error. */
+  private warnCleanup(id: string, what: string, e: unknown): void {
+    this.opts.warn?.(`sandbox ${id}: cleanup (${what}) failed: ${asError(e).message.split('\n')[0] ?? ''}`);
   }
 
   /**
@@ -978,6 +1085,8 @@ export class SandboxController {
     const now = this.clock.now();
     const sandbox: Sandbox = {
       ...src,
+      // Sealed again: a sealed value names the sandbox it belongs to.
+      spec: { ...src.spec, env: await this.sealEnv(src.tenant, forkId, await this.openEnv(src)) },
       id: forkId,
       name,
       state: 'creating',
@@ -1032,7 +1141,10 @@ export class SandboxController {
         // The checkpoint's diff (the source's files when it was dumped) is the fork's start,
         // written before its overlay is mounted (restore mounts it).
         await t.time('unpack filesystem', () => this.applyFilesystem(forkId, images));
-        await this.runtime.prepare(this.runtimeSpec(this.get(forkId)), { timer: t, mountRootfs: false });
+        await this.runtime.prepare(await this.runtimeSpec(this.get(forkId)), {
+          timer: t,
+          mountRootfs: false,
+        });
         const st = await t.time('restore', () =>
           this.runtime
             .restore(forkId, { imagesDir: images, workDir: join(dir, 'work'), timer: t })
@@ -1061,7 +1173,7 @@ export class SandboxController {
   /** Prepares the fork's runtime side and copies the source's writable layer into it. */
   private async copyFilesystem(srcUpper: string, forkId: string): Promise<void> {
     const fork = this.store.getSandbox(forkId)!;
-    const st = await this.runtime.prepare(this.runtimeSpec(fork));
+    const st = await this.runtime.prepare(await this.runtimeSpec(fork));
     // cp -a keeps modes, owners, links and overlayfs whiteouts (character devices 0/0).
     await run('cp', ['-a', '--', `${srcUpper}/.`, st.upperDir], { timeoutMs: 600_000 });
   }
@@ -1279,13 +1391,16 @@ export class SandboxController {
           // A damaged checkpoint: say so, and name the older one that may still restore.
           throw this.damaged(id, opts.from ?? s.checkpointId, e, 'the sandbox stays hibernated');
         }
+        // The runtime keeps the CRIU log of a failed restore for the node's admin.
+        const criuLog = isDormantError(e) ? e.details?.criuLog : undefined;
         throw new DormantError(
           'RESUME_FAILED',
           `resume of sandbox ${id} failed; it is still ${from}${from === 'hibernated' ? ' and its checkpoint is intact' : ''}: ${asError(e).message}`,
           {
             status: 500,
             cause: e,
-            hint: 'dormant doctor shows what this node supports; dormant logs ID shows its output',
+            hint: `dormant doctor shows what this node supports; dormant logs ID shows its output${typeof criuLog === 'string' ? `; criu's log of the failed restore: ${criuLog}` : ''}`,
+            ...(typeof criuLog === 'string' ? { details: { criuLog } } : {}),
           },
         );
       }
@@ -1348,6 +1463,7 @@ export class SandboxController {
     let keep = false;
     let unpacked = false;
     let restored = false;
+    let preparing = false;
     let served: PagesFromVault | undefined;
     try {
       const ck = this.store.getCheckpoint(ckId);
@@ -1370,6 +1486,7 @@ export class SandboxController {
       const images = join(dir, 'images');
       // The sandbox's host side (network, log collector, rootfs mount) does not need the images:
       // it is set up while they come out of the vault.
+      preparing = true;
       const [fetched, prepared] = await Promise.allSettled([
         t.time('vault fetch', () =>
           this.vault.restoreCheckpoint({
@@ -1379,8 +1496,8 @@ export class SandboxController {
             ...(fromVault ? { skip: isPagesImage } : {}),
           }),
         ),
-        t.time('prepare', () =>
-          this.runtime.prepare(this.runtimeSpec(s), { timer: t, mountRootfs: !hasDiff }),
+        t.time('prepare', async () =>
+          this.runtime.prepare(await this.runtimeSpec(s), { timer: t, mountRootfs: !hasDiff }),
         ),
       ]);
       if (fetched.status === 'rejected') {
@@ -1418,12 +1535,16 @@ export class SandboxController {
       // Wrapped: awaiting a returned promise directly would wait for the pages too.
       return { pagesLoaded: keep ? pages : undefined };
     } finally {
+      // Each step runs whatever the others do, and none replaces the restore's own error.
       if (!keep) {
-        await this.endPageServer(s.id);
-        await this.wipe(dir);
+        await this.endPageServer(s.id).catch((e: unknown) => this.warnCleanup(s.id, 'page server', e));
+        await this.wipe(dir).catch((e: unknown) => this.warnCleanup(s.id, 'staging', e));
       }
-      // A failed restore stays hibernated: its diff goes back to living only in the vault.
+      // A failed restore stays hibernated: its diff goes back to living only in the vault,
+      // and its rootfs is not mounted (prepare mounted it when there was no diff).
       if (unpacked && !restored) await this.unmountAndEmpty(s.id);
+      else if (preparing && !restored)
+        await this.runtime.stop(s.id).catch((e: unknown) => this.warnCleanup(s.id, 'unmount', e));
     }
   }
 
@@ -1524,7 +1645,7 @@ export class SandboxController {
         await this.wipe(dir);
       }
     }
-    await this.runtime.create(this.runtimeSpec(s));
+    await this.runtime.create(await this.runtimeSpec(s));
     await this.runtime.start(s.id);
   }
 
@@ -1537,6 +1658,7 @@ export class SandboxController {
     facts: ArchiveFacts,
     image: string | undefined,
     tenant: string,
+    admin: boolean,
   ): Promise<{ source: SandboxSpec['source']; image: ImageConfig }> {
     const cacheDir = this.opts.imageCacheDir ?? join(this.opts.stagingDir, 'images');
     const describe = async (ref: string) => {
@@ -1559,7 +1681,7 @@ export class SandboxController {
       return { identity, source, image: img.config };
     };
     if (image !== undefined) {
-      await this.checkPath(parseImageRef(image).layout, 'image');
+      await this.checkPath(parseImageRef(image).layout, 'image', admin);
       const d = await describe(image);
       const why = imageMismatch(facts, d.identity);
       if (why !== undefined) throw imageDiffers(why);
@@ -1595,10 +1717,53 @@ export class SandboxController {
    * failure removes everything of the new sandbox; a crash leaves it for reconcile to remove.
    */
   async importArchive(input: ImportArchiveInput): Promise<Sandbox> {
-    const archive = await this.checkPath(input.archive, 'archive');
+    const archive = await this.checkPath(input.archive, 'archive', input.admin === true);
     if (!(await stat(archive)).isFile()) throw invalid(`archive ${input.archive} is not a file`);
+    return this.importFrom(input, archive);
+  }
+
+  /**
+   * `dormant checkpoint import` of an uploaded archive: the bytes are streamed into
+   * memory-backed staging (0600, never the data disk: the archive holds plaintext memory),
+   * refused once past `maxBytes`, imported as `importArchive` does, and wiped.
+   */
+  async importUpload(
+    input: Omit<ImportArchiveInput, 'archive'> & { fileName?: string },
+    body: NodeJS.ReadableStream,
+    maxBytes: number,
+  ): Promise<Sandbox> {
+    const dir = this.staging(`${randomBytes(8).toString('hex')}-upload`);
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    try {
+      const name = (input.fileName ?? 'upload.tar').replace(/[^A-Za-z0-9._-]/g, '_').slice(0, 100);
+      const file = join(dir, name.startsWith('.') ? `_${name}` : name);
+      let seen = 0;
+      const cap = new Transform({
+        transform(chunk: Buffer, _enc, done) {
+          seen += chunk.length;
+          if (seen > maxBytes)
+            done(
+              new DormantError(
+                ErrorCode.CHECKPOINT_ARCHIVE_TOO_LARGE,
+                `the uploaded archive is larger than this node accepts (${maxBytes} bytes)`,
+                { status: 413 },
+              ),
+            );
+          else done(null, chunk);
+        },
+      });
+      await pipeline(body, cap, createWriteStream(file, { mode: 0o600, flags: 'wx' }));
+      if (seen === 0) throw invalid('the upload is empty', 'send the archive as the request body');
+      return await this.importFrom({ ...input, archive: name }, file);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  private async importFrom(input: ImportArchiveInput, archive: string): Promise<Sandbox> {
     // Checked before anything is unpacked: a bad path is the caller's mistake, said at once.
-    if (input.image !== undefined) await this.checkPath(parseImageRef(input.image).layout, 'image');
+    if (input.image !== undefined)
+      await this.checkPath(parseImageRef(input.image).layout, 'image', input.admin === true);
     if (input.name !== undefined) {
       const n = validateName(input.name);
       if (this.store.listSandboxes(input.tenant).some((s) => s.name === n))
@@ -1612,7 +1777,7 @@ export class SandboxController {
       const ck = await openCheckpointPath(archive, { stagingDir: dir, ...this.opts.importLimits });
       this.step('import:unpacked');
       const facts = await readArchiveFacts(ck.rootDir);
-      const base = await this.importBase(facts, input.image, input.tenant);
+      const base = await this.importBase(facts, input.image, input.tenant, input.admin === true);
       // Reading the images refuses malformed ones before anything is created.
       const report = await inspectCheckpoint(ck);
       const command = facts.command.length > 0 ? facts.command : base.image.command;
@@ -1640,7 +1805,7 @@ export class SandboxController {
         spec: {
           source: base.source,
           command,
-          env: { ...base.image.env, ...facts.env },
+          env: await this.sealEnv(input.tenant, id, { ...base.image.env, ...facts.env }),
           ...(cwd !== undefined ? { cwd } : {}),
           ports,
           memoryBytes: input.memoryBytes ?? facts.memoryBytes ?? DEFAULT_MEMORY,
@@ -1656,7 +1821,7 @@ export class SandboxController {
       this.store.insertSandbox(sandbox, `import of ${basename(archive)}`);
       inserted = true;
       return await this.locks.run(id, async () => {
-        const st = await this.runtime.prepare(this.runtimeSpec(sandbox));
+        const st = await this.runtime.prepare(await this.runtimeSpec(sandbox));
         // The layer is written at rest (overlayfs must not see its upper dir change under it).
         await this.runtime.stop(id);
         this.step('import:prepared');
@@ -1831,7 +1996,10 @@ export class SandboxController {
           createdAt: new Date(s?.createdAt ?? c.createdAt).toISOString(),
           checkpointedAt: new Date(c.createdAt).toISOString(),
           ...(s
-            ? { env: Object.entries(s.spec.env).map(([k, v]) => `${k}=${v}`), args: s.spec.command }
+            ? {
+                env: Object.entries(await this.openEnv(s)).map(([k, v]) => `${k}=${v}`),
+                args: s.spec.command,
+              }
             : {}),
           ...(s?.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
           ...(s ? { memoryBytes: s.spec.memoryBytes } : {}),

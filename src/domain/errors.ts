@@ -72,10 +72,14 @@ export const ErrorCode = {
   CHECKPOINT_ARCHIVE_TOO_LARGE: 'CHECKPOINT_ARCHIVE_TOO_LARGE',
   CHECKPOINT_HAS_SECRETS: 'CHECKPOINT_HAS_SECRETS',
   INTERNAL: 'INTERNAL',
+  /** A tenant named a host path (rootfs, image, archive) outside the operator's allowed folders (403). */
+  HOST_PATH_FORBIDDEN: 'HOST_PATH_FORBIDDEN',
   /** Wake proxy: the sandbox did not wake within the bound (503, Retry-After). */
   WAKE_TIMEOUT: 'WAKE_TIMEOUT',
   /** Wake proxy: the resume failed (502). */
   WAKE_FAILED: 'WAKE_FAILED',
+  /** Wake proxy: the connection caps are reached (503, Retry-After). */
+  PROXY_BUSY: 'PROXY_BUSY',
   /** Wake proxy: the Host names no sandbox port (404). */
   PROXY_NO_ROUTE: 'PROXY_NO_ROUTE',
   /** Wake proxy: a sandbox name shared by several visible sandboxes (409). */

@@ -128,6 +128,8 @@ describe('wake proxy', () => {
       domain: 'sb.test',
       tcpPortsFile: join(dir, 'tcp-ports.json'),
       touchEveryMs: 0,
+      // Raw TCP for private ports too: the operator's opt-in (the default is public ports only).
+      tcp: 'all',
     });
   });
 
@@ -149,8 +151,13 @@ describe('wake proxy', () => {
     assert.equal(parseHost('8080-sb-abc.elsewhere:7421', 'dormant.localhost'), undefined);
     assert.equal(parseHost('99999-x.dormant.localhost', 'dormant.localhost'), undefined);
     assert.equal(parseHost('dormant.localhost', 'dormant.localhost'), undefined);
-    const c = extractCredentials('/a?x=1&dormant_token=dmt_q', { cookie: 'a=1; dormant_token=dmt_c; b=2' });
+    const c = extractCredentials('/a?x=1&dormant_token=dmt_q', {
+      cookie: 'a=1; __Host-dormant_token=dmt_c; b=2',
+    });
     assert.deepEqual([c.token, c.from, c.path, c.headers.cookie], ['dmt_c', 'cookie', '/a?x=1', 'a=1; b=2']);
+    // The old, domain-wide name is no credential (a page could have planted it) and goes nowhere.
+    const legacy = extractCredentials('/a', { cookie: 'a=1; dormant_token=dmt_planted' });
+    assert.deepEqual([legacy.token, legacy.headers.cookie], [undefined, 'a=1']);
     const app = extractCredentials('/', { authorization: 'Bearer app-own-token' });
     assert.equal(app.token, undefined, "an app's own bearer token is not dormant's");
     assert.deepEqual(app.rewrite, []);
@@ -166,7 +173,11 @@ describe('wake proxy', () => {
     assert.deepEqual([q.status, q.body], [200, 'hello /z?a=1']);
     assert.ok(
       q.headers['set-cookie']?.some(
-        (c) => c.startsWith(`dormant_token=${TOKEN_A};`) && c.includes('HttpOnly'),
+        (c) =>
+          c.startsWith(`__Host-dormant_token=${TOKEN_A};`) &&
+          c.includes('HttpOnly') &&
+          c.includes('Secure') &&
+          !/domain=/i.test(c),
       ),
     );
     assert.ok(q.headers['set-cookie']?.includes('app=1'));

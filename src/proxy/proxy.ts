@@ -15,7 +15,7 @@ import { formatDurationMs } from '../domain/units.js';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
 import { TOKEN_COOKIE, hostFor, parseHost, type Credentials, type Route } from './routing.js';
-import { HttpRelay, ProxyError, reusedReads, type RelayHost } from './relay.js';
+import { HttpRelay, ProxyError, errorResponse, reusedReads, type RelayHost } from './relay.js';
 
 /** A sandbox as the proxy needs it. */
 export type ProxiedSandbox = Pick<Sandbox, 'id' | 'name' | 'tenant' | 'state' | 'address'> & {
@@ -57,9 +57,16 @@ export interface ProxyOptions {
   authCacheMs?: number;
   /**
    * Raw TCP forwarding carries no token: 'all' ports get a listener, 'public' only ports
-   * declared public, 'off' none. Default: 'all' when listening on loopback, else 'public'.
+   * declared public, 'off' none. Default 'public': any local user could otherwise reach every
+   * tenant's private ports (the node's loopback is shared by all its users).
    */
   tcp?: 'all' | 'public' | 'off';
+  /** A request head must arrive whole within this. Default 10 s. */
+  headTimeoutMs?: number;
+  /** Connections open at once from one client address; more are answered 503 and closed. Default 256. */
+  maxConnectionsPerClient?: number;
+  /** Connections open at once in all. Default 4096. */
+  maxConnections?: number;
   /** Where TCP host ports are remembered across restarts (JSON). Default: not remembered. */
   tcpPortsFile?: string;
   /** An idle keep-alive HTTP connection is closed after one to two of these. Default 60 s. */
@@ -76,10 +83,6 @@ export interface SandboxUrl {
   tcp: string | null;
   /** True when the port needs no token. */
   public: boolean;
-}
-
-function isLoopback(host: string): boolean {
-  return host === 'localhost' || host === '::1' || host.startsWith('127.');
 }
 
 function parseListen(listen: string): { host: string; port: number } {
@@ -124,10 +127,14 @@ export class WakeProxy {
       touch: (id) => this.touch(id),
       track: (s) => this.track(s),
       gone: (r) => this.relays.delete(r),
+      headTimeoutMs: opts.headTimeoutMs ?? 10_000,
     };
     // HTTP is relayed on plain sockets: each request head is parsed, routed and checked, and
     // the bytes of a keep-alive connection flow through (see relay.ts).
-    this.server = createTcpServer((c) => this.relays.add(new HttpRelay(this.relayHost, c)));
+    this.server = createTcpServer((c) => {
+      if (!this.admit(c)) return;
+      this.relays.add(new HttpRelay(this.relayHost, c));
+    });
   }
 
   /** Starts listening (HTTP, then a TCP listener per declared port). */
@@ -166,7 +173,48 @@ export class WakeProxy {
   }
 
   private get tcpMode(): 'all' | 'public' | 'off' {
-    return this.opts.tcp ?? (isLoopback(this.host) ? 'all' : 'public');
+    return this.opts.tcp ?? 'public';
+  }
+
+  /** Connections open now, by client address. */
+  private readonly perClient = new Map<string, number>();
+  private connections = 0;
+
+  /**
+   * Counts a new connection against the caps, or answers it 503 and closes it: a client (or
+   * all of them) holding many half-sent heads cannot take the proxy's sockets and memory.
+   */
+  private admit(c: Socket): boolean {
+    const who = c.remoteAddress ?? '';
+    const mine = this.perClient.get(who) ?? 0;
+    const perClient = this.opts.maxConnectionsPerClient ?? 256;
+    const total = this.opts.maxConnections ?? 4096;
+    if (mine >= perClient || this.connections >= total) {
+      c.on('error', () => undefined);
+      c.end(
+        errorResponse(
+          new ProxyError(
+            503,
+            ErrorCode.PROXY_BUSY,
+            mine >= perClient
+              ? `too many connections from ${who} (${String(perClient)})`
+              : `too many connections (${String(total)})`,
+            'close idle connections and try again',
+            1,
+          ),
+        ),
+      );
+      return false;
+    }
+    this.perClient.set(who, mine + 1);
+    this.connections++;
+    c.once('close', () => {
+      this.connections--;
+      const n = (this.perClient.get(who) ?? 1) - 1;
+      if (n <= 0) this.perClient.delete(who);
+      else this.perClient.set(who, n);
+    });
+    return true;
   }
 
   /** Requests in flight and open tunnels to the sandbox. */

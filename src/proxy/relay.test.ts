@@ -301,7 +301,10 @@ describe('wake proxy HTTP relay', () => {
     const s = await client();
     s.write(`GET /q?x=1&dormant_token=${TOKEN_A} HTTP/1.1\r\nHost: ${ONE()}\r\n\r\n`);
     const got = await readUntil(s, (t) => t.includes('one GET /q?x=1'));
-    assert.match(got, /set-cookie: dormant_token=dmt_relay-a; Path=\/; HttpOnly; SameSite=Lax\r\n/);
+    assert.match(
+      got,
+      /set-cookie: __Host-dormant_token=dmt_relay-a; Path=\/; Secure; HttpOnly; SameSite=Lax\r\n/,
+    );
     assert.equal(seen[0]?.url, '/q?x=1');
     s.destroy();
   });

@@ -14,7 +14,7 @@ import { STATUS_CODES } from 'node:http';
 import { connect, type OnReadOpts, type Socket } from 'node:net';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { ProxiedSandbox } from './proxy.js';
-import { extractCredentials, TOKEN_COOKIE, type Credentials } from './routing.js';
+import { extractCredentials, setsTokenCookie, TOKEN_COOKIE, type Credentials } from './routing.js';
 import {
   BodyTracker,
   HttpParseError,
@@ -51,6 +51,8 @@ export interface RelayHost {
   track(s: Socket): void;
   /** The relay's connection is over. */
   gone(r: HttpRelay): void;
+  /** How long a request head may take to arrive. */
+  readonly headTimeoutMs: number;
 }
 
 interface Sent {
@@ -98,6 +100,45 @@ export function reusedReads(
       return true;
     },
   };
+}
+
+/** `dormant_token` in any case, as bytes: the cheap first look for a planted cookie. */
+const TOKEN_NAME_RE = /dormant_token/i;
+
+/** Whether the response head `b[from, to)` may set dormant's cookie (a Set-Cookie naming it). */
+function hasTokenSetCookie(b: Buffer, from: number, to: number): boolean {
+  const text = b.toString('latin1', from, to);
+  if (!TOKEN_NAME_RE.test(text)) return false;
+  return text.split('\r\n').some((line) => {
+    const colon = line.indexOf(':');
+    return (
+      colon > 0 &&
+      line.slice(0, colon).trim().toLowerCase() === 'set-cookie' &&
+      setsTokenCookie(line.slice(colon + 1))
+    );
+  });
+}
+
+/** The response head without the Set-Cookie lines that set dormant's cookie (and their folded continuations). */
+function withoutTokenSetCookies(head: Buffer): Buffer {
+  const lines = head.toString('latin1').split('\r\n');
+  const out: string[] = [];
+  let dropping = false;
+  for (const line of lines) {
+    if (dropping && (line.startsWith(' ') || line.startsWith('\t'))) continue;
+    dropping = false;
+    const colon = line.indexOf(':');
+    if (
+      colon > 0 &&
+      line.slice(0, colon).trim().toLowerCase() === 'set-cookie' &&
+      setsTokenCookie(line.slice(colon + 1))
+    ) {
+      dropping = true;
+      continue;
+    }
+    out.push(line);
+  }
+  return Buffer.from(out.join('\r\n'), 'latin1');
 }
 
 /** A proxy error as an HTTP/1.1 response that closes the connection. */
@@ -151,6 +192,7 @@ export class HttpRelay {
     private readonly client: Socket,
   ) {
     host.track(client);
+    this.armHeadTimer();
     client.on('data', (d: Buffer) => this.onClientData(d));
     client.on('end', () => this.onClientEnd());
     client.on('error', () => this.finish());
@@ -167,8 +209,34 @@ export class HttpRelay {
     this.ioSeen = this.io;
   }
 
+  /**
+   * A request head must be whole within `headTimeoutMs` of its first byte (or of the
+   * connection, for the first): a client that sends a head a byte at a time cannot hold a
+   * connection, nor, with many, the proxy.
+   */
+  private headTimer: NodeJS.Timeout | undefined;
+
+  private armHeadTimer(): void {
+    if (this.headTimer !== undefined || this.done) return;
+    const ms = this.host.headTimeoutMs;
+    this.headTimer = setTimeout(() => {
+      this.headTimer = undefined;
+      if (this.done || this.busy || this.tunnel || this.body) return;
+      this.refuse(
+        new HttpParseError(`the request head did not arrive within ${String(Math.round(ms / 1000))} s`, 408),
+      );
+    }, ms);
+    this.headTimer.unref();
+  }
+
+  private clearHeadTimer(): void {
+    if (this.headTimer !== undefined) clearTimeout(this.headTimer);
+    this.headTimer = undefined;
+  }
+
   private finish(): void {
     if (this.done) return;
+    this.clearHeadTimer();
     this.done = true;
     this.host.gone(this);
     this.client.destroy();
@@ -255,10 +323,17 @@ export class HttpRelay {
         }
         if (this.awaitingUpgrade || this.clientClose) break;
         const e = headEnd(b);
+        // A head is at most MAX_HEAD_BYTES, its blank line included, however it arrives.
         if (e < 0) {
-          if (b.length > MAX_HEAD_BYTES) this.refuse(new HttpParseError('request head too large', 431));
+          if (b.length >= MAX_HEAD_BYTES) this.refuse(new HttpParseError('request head too large', 431));
+          else this.armHeadTimer();
           break;
         }
+        if (e > MAX_HEAD_BYTES) {
+          this.refuse(new HttpParseError('request head too large', 431));
+          break;
+        }
+        this.clearHeadTimer();
         this.inbuf = e < b.length ? b.subarray(e) : undefined;
         this.request(parseRequestHead(b.subarray(0, e)));
       }
@@ -412,7 +487,7 @@ export class HttpRelay {
       upgrade: req.upgrade,
       cookie:
         creds.from === 'query' && creds.token !== undefined
-          ? `${TOKEN_COOKIE}=${encodeURIComponent(creds.token)}; Path=/; HttpOnly; SameSite=Lax`
+          ? `${TOKEN_COOKIE}=${encodeURIComponent(creds.token)}; Path=/; Secure; HttpOnly; SameSite=Lax`
           : undefined,
       resend: bodyless ? head : undefined,
     });
@@ -469,13 +544,20 @@ export class HttpRelay {
           this.startTunnel();
           return;
         }
-        if (res.status >= 200 && sent.cookie !== undefined) {
+        const plants = hasTokenSetCookie(b, pos, e);
+        if (plants || (res.status >= 200 && sent.cookie !== undefined)) {
+          // The head is rewritten: without any Set-Cookie of dormant's own cookie the sandbox
+          // sent (it would sign the browser in as someone else, or reach sibling hosts), and
+          // with ours when the token came in the query string.
           this.flushToClient(b, from, pos);
+          const head = plants ? withoutTokenSetCookies(b.subarray(pos, e)) : b.subarray(pos, e);
           this.toClient(
-            Buffer.concat([
-              b.subarray(pos, e - 2),
-              Buffer.from(`set-cookie: ${sent.cookie}\r\n\r\n`, 'latin1'),
-            ]),
+            res.status >= 200 && sent.cookie !== undefined
+              ? Buffer.concat([
+                  head.subarray(0, head.length - 2),
+                  Buffer.from(`set-cookie: ${sent.cookie}\r\n\r\n`, 'latin1'),
+                ])
+              : head,
           );
           from = e;
         }

@@ -30,7 +30,25 @@ export function hostFor(port: number, ref: string, domain: string): string {
   return `${port}-${ref}.${domain}`;
 }
 
-export const TOKEN_COOKIE = 'dormant_token';
+/**
+ * dormant's own cookie. `__Host-`: a browser takes it only from the host itself, without a
+ * Domain, with Path=/ and Secure, so a sandbox (by a header or by script) cannot set one that
+ * other sandboxes' hosts would receive. Browsers accept Secure cookies over plain HTTP on
+ * `localhost` and its subdomains (the default domain); elsewhere the proxy belongs behind TLS.
+ */
+export const TOKEN_COOKIE = '__Host-dormant_token';
+/** The cookie's name before `__Host-`: never taken as a token, and removed before a request goes on. */
+export const LEGACY_TOKEN_COOKIE = 'dormant_token';
+
+/**
+ * Whether a `Set-Cookie` value sets dormant's cookie under any spelling a browser might store
+ * (any case, with or without a `__Host-` or `__Secure-` prefix): a sandbox's answer never may.
+ */
+export function setsTokenCookie(value: string): boolean {
+  const eq = value.indexOf('=');
+  const name = (eq < 0 ? value : value.slice(0, eq)).trim().toLowerCase();
+  return name.replace(/^__(host|secure)-/, '') === LEGACY_TOKEN_COOKIE;
+}
 export const TOKEN_PARAM = 'dormant_token';
 export const TOKEN_HEADER = 'x-dormant-token';
 /** Bearer tokens with this prefix are dormant's; any other Authorization goes to the sandbox. */
@@ -80,11 +98,14 @@ export function extractCredentials(
     found((Array.isArray(hv) ? hv[0] : hv) ?? '', 'header');
     out.rewrite.push(TOKEN_HEADER);
   }
-  if (headers.cookie !== undefined && headers.cookie.includes(`${TOKEN_COOKIE}=`)) {
+  if (headers.cookie !== undefined && headers.cookie.includes(`${LEGACY_TOKEN_COOKIE}=`)) {
     const kept: string[] = [];
     for (const part of headers.cookie.split(';')) {
       const [k, ...v] = part.trim().split('=');
+      // Only the host-only cookie is a credential; the old name (which a page could have set
+      // for the whole domain) is dropped, never believed, and never reaches the sandbox.
       if (k === TOKEN_COOKIE) found(decodeURIComponent(v.join('=')), 'cookie');
+      else if (k === LEGACY_TOKEN_COOKIE) continue;
       else if (part.trim() !== '') kept.push(part.trim());
     }
     out.headers.cookie = kept.length > 0 ? kept.join('; ') : undefined;

@@ -119,6 +119,10 @@ export interface OciConfigInput {
   cgroupsPath: string;
   /** Per-sandbox CRIU configuration file (runc reads it through the `org.criu.config` annotation). */
   criuConfigPath: string;
+  /** The seccomp profile (OCI `linux.seccomp`), installed before the command runs. */
+  seccomp?: Readonly<Record<string, unknown>>;
+  /** An AppArmor profile the host has loaded, for the sandbox's processes. */
+  apparmorProfile?: string;
 }
 
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -151,6 +155,7 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
       cwd: spec.cwd ?? '/',
       capabilities: { bounding: caps, effective: caps, permitted: caps, inheritable: [], ambient: [] },
       noNewPrivileges: true,
+      ...(input.apparmorProfile !== undefined ? { apparmorProfile: input.apparmorProfile } : {}),
     },
     root: { path: 'rootfs', readonly: false },
     hostname: spec.hostname ?? spec.id,
@@ -218,6 +223,7 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
         { type: 'uts' },
         { type: 'mount' },
       ],
+      ...(input.seccomp !== undefined ? { seccomp: input.seccomp } : {}),
       maskedPaths: [...MASKED_PATHS],
       readonlyPaths: [...READONLY_PATHS],
     },

@@ -69,3 +69,39 @@ export async function unmount(target: string, signal?: AbortSignal): Promise<voi
   const r = await run('umount', [target], { timeoutMs: MOUNT_TIMEOUT_MS, signal, okExitCodes: [0, 32] });
   if (r.exitCode !== 0) await run('umount', ['-l', target], { timeoutMs: MOUNT_TIMEOUT_MS, signal });
 }
+
+/**
+ * Mount points at `dir` or below it, deepest (most recently mounted) first: what a failed
+ * restore may leave there (runc's mounts in the rootfs, CRIU's cgroup yard in its work dir).
+ */
+export async function mountsUnder(dir: string): Promise<string[]> {
+  const info = await readFile('/proc/self/mountinfo', 'utf8');
+  const prefix = dir.endsWith('/') ? dir : `${dir}/`;
+  const found: string[] = [];
+  for (const line of info.split('\n')) {
+    const f = line.split(' ');
+    if (f[4] === undefined) continue;
+    const p = unescapeMountPath(f[4]);
+    if (p === dir || p.startsWith(prefix)) found.push(p);
+  }
+  // mountinfo lists a mount after its parent: reversed, children come before their parents.
+  return found.reverse();
+}
+
+/**
+ * Unmounts everything at `dir` and below it, children first; a mount still busy is detached
+ * lazily (it goes once its last user does). Returns the mount points that are still there.
+ */
+export async function unmountAll(dir: string, signal?: AbortSignal): Promise<string[]> {
+  // A mount point can carry a stack of mounts: a few rounds take them all off.
+  for (let round = 0; round < 8; round++) {
+    const mounts = await mountsUnder(dir);
+    if (mounts.length === 0) return [];
+    for (const m of mounts) {
+      const r = await run('umount', [m], { timeoutMs: MOUNT_TIMEOUT_MS, signal, okExitCodes: [0, 1, 32] });
+      if (r.exitCode !== 0)
+        await run('umount', ['-l', m], { timeoutMs: MOUNT_TIMEOUT_MS, signal, okExitCodes: [0, 1, 32] });
+    }
+  }
+  return mountsUnder(dir);
+}

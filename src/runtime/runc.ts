@@ -5,17 +5,27 @@
  * Host-side layout of one sandbox (`<stateDir>/sandboxes/<id>/`, mode 0700; nothing of it
  * is visible inside the sandbox except the overlay mounted at bundle/rootfs):
  *
- *   sandbox.json          the compiled spec and its network slot (written first, atomically)
- *   bundle/config.json    the OCI config (oci.ts)
+ *   sandbox.json          the compiled spec, without its environment, and its network slot
+ *                         (written first, atomically; 0600)
  *   bundle/rootfs/        overlay mount point: lower = spec.rootfs, upper/work below
  *   fs/upper/, fs/work/   the writable layer (fs/upper is the filesystem diff)
  *   log/output.log        the sandbox's stdout+stderr, appended by the log collector
  *   log/*.pid             the collector's pids (log-collector.ts)
  *   criu.conf             CRIU options runc cannot pass (tcp-close, skip-in-flight)
  *   runc.log              runc's own log (JSON lines), read back for error messages
+ *
+ * The OCI config (config.json, oci.ts) holds the sandbox's environment in clear, where API keys
+ * live: it is written into `<bundleDir>/<id>/` on a memory-backed folder (never the data disk)
+ * by prepare(), from the spec it is given, before `runc create` or `runc restore`. It stays
+ * while the container exists (`runc exec` reads its process defaults, the environment too,
+ * from the bundle) and is removed when the container ends (stop, so also after a checkpoint;
+ * destroy): a hibernated sandbox's environment is nowhere in clear.
  */
-import { mkdir, open, readFile, readdir, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { chmod, mkdir, open, readFile, readdir, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { dirname, join, resolve } from 'node:path';
+import { accessSync, readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
 import { ensureCollector, stopCollector } from './log-collector.js';
@@ -31,7 +41,9 @@ import {
   type Subnet,
 } from './network.js';
 import { buildOciConfig, compileSandboxSpec, criuConfigText } from './oci.js';
-import { isMountPoint, mountOverlay, unmount } from './rootfs.js';
+import { isMountPoint, mountOverlay, unmount, unmountAll } from './rootfs.js';
+import { removeCgroupEverywhere } from '../sys/cgroup.js';
+import { assertOwnFolder, privateFolder } from './staging.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -68,6 +80,54 @@ export interface RuncRuntimeOptions {
    * hung and the sandbox thawed. Default 120 s.
    */
   checkpointTimeoutMs?: number;
+  /**
+   * Memory-backed folder (tmpfs) for the sandboxes' OCI configs, which hold their environment
+   * in clear. Default `/dev/shm/dormant-bundles-<hash of stateDir>`; the daemon puts it next to
+   * its staging folder and wipes it at start.
+   */
+  bundleDir?: string;
+  /** The seccomp profile (OCI `linux.seccomp`) of every sandbox. Default config/seccomp-default.json; `false`: none. */
+  seccomp?: Readonly<Record<string, unknown>> | false;
+  /** An AppArmor profile for sandboxes, used when the host has AppArmor (`/sys/kernel/security/apparmor`). */
+  apparmorProfile?: string;
+  /**
+   * How long a restore (runc restore, so CRIU's restore) may take before it is ended as hung
+   * and everything it made is removed. Default 120 s.
+   */
+  restoreTimeoutMs?: number;
+}
+
+/** Where the default seccomp profile lives: data the operator can read, beside the code. */
+export const DEFAULT_SECCOMP_PROFILE = join(
+  dirname(fileURLToPath(import.meta.url)),
+  '..',
+  '..',
+  'config',
+  'seccomp-default.json',
+);
+
+/** Reads a seccomp profile (OCI `linux.seccomp` JSON), refusing one that is not an object with a default action. */
+export function loadSeccompProfile(path: string): Readonly<Record<string, unknown>> {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (e) {
+    throw new DormantError(ErrorCode.INVALID_ARGUMENT, `seccomp profile ${path}: ${(e as Error).message}`, {
+      status: 400,
+      cause: e,
+    });
+  }
+  if (
+    typeof parsed !== 'object' ||
+    parsed === null ||
+    typeof (parsed as Record<string, unknown>).defaultAction !== 'string'
+  )
+    throw new DormantError(
+      ErrorCode.INVALID_ARGUMENT,
+      `seccomp profile ${path}: not an OCI linux.seccomp object (no defaultAction)`,
+      { status: 400 },
+    );
+  return Object.freeze(parsed as Record<string, unknown>);
 }
 
 interface SandboxRecord {
@@ -107,16 +167,93 @@ const DEFAULTS = {
   destroyMs: 30_000,
 } as const;
 
+/** How much of the end of a log tailOf reads: a CRIU stuck in a loop writes gigabytes. */
+const TAIL_BYTES = 1024 * 1024;
+
+/** The last `bytes` of a file (all of it when shorter). */
+async function readEnd(path: string, bytes: number): Promise<string> {
+  const fh = await open(path, 'r');
+  try {
+    const size = (await fh.stat()).size;
+    const n = Math.min(size, bytes);
+    const buf = Buffer.alloc(n);
+    await fh.read(buf, 0, n, size - n);
+    return buf.toString('utf8');
+  } finally {
+    await fh.close();
+  }
+}
+
+/** The first `bytes` of a file. */
+async function readStart(path: string, bytes: number): Promise<string> {
+  const fh = await open(path, 'r');
+  try {
+    const buf = Buffer.alloc(bytes);
+    const { bytesRead } = await fh.read(buf, 0, bytes, 0);
+    return buf.subarray(0, bytesRead).toString('utf8');
+  } finally {
+    await fh.close();
+  }
+}
+
+/** What of a failed restore's CRIU log is kept: its start and its end. */
+const KEPT_LOG_HEAD_BYTES = 256 * 1024;
+const KEPT_LOG_TAIL_BYTES = 1024 * 1024;
+
+/**
+ * A restore whose CRIU log grows past this is taken as stuck: a truncated pages image makes
+ * CRIU 4.2 retry a read at the end of the file forever, logging each try ("Advanced iov 0
+ * bytes"), until the restore timeout. A healthy restore logs a few MiB at most.
+ */
+const RESTORE_LOG_LIMIT_BYTES = 64 * 1024 * 1024;
+
+/** How long runc restore may go on after the lazy-pages daemon failed before it is ended. */
+const LAZY_FAILURE_GRACE_MS = 3000;
+
 /** A line of the CRIU log or runc log worth putting in an error message. */
 async function tailOf(path: string, pattern: RegExp, lines = 12): Promise<string> {
   try {
-    const text = await readFile(path, 'utf8');
+    const text = await readEnd(path, TAIL_BYTES);
     const hits = text.split('\n').filter((l) => pattern.test(l));
     return hits.slice(-lines).join('\n');
   } catch (e) {
     if (errnoCode(e) === 'ENOENT') return '';
     throw e;
   }
+}
+
+/** The spec as sandbox.json keeps it: without the environment (the caller gives it each time). */
+function recordSpec(spec: Readonly<SandboxSpec>): Readonly<SandboxSpec> {
+  return { ...spec, env: {} };
+}
+
+/**
+ * Overwrites a file's bytes with zeros in place, then removes it: a config or record written
+ * to the data disk by an older version held the environment in clear. (A filesystem that never
+ * overwrites in place, copy-on-write or an SSD's remapping, may still keep the old blocks.)
+ */
+async function scrubFile(path: string): Promise<void> {
+  let fh;
+  try {
+    fh = await open(path, 'r+');
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return;
+    throw e;
+  }
+  try {
+    const { size } = await fh.stat();
+    await fh.write(Buffer.alloc(size), 0, size, 0);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  await rm(path, { force: true });
+}
+
+/** Creates `path` empty if missing, and makes it 0600 (a log runc or a shell appends to). */
+async function privateFile(path: string): Promise<void> {
+  await (await open(path, 'a', 0o600)).close();
+  await chmod(path, 0o600);
 }
 
 async function writeFileAtomic(path: string, data: string): Promise<void> {
@@ -162,6 +299,16 @@ export class RuncRuntime implements Runtime {
   private readonly cgroupParent: string;
   private readonly netSlotDir: string;
   private readonly checkpointTimeoutMs: number;
+  private readonly bundleRoot: string;
+  /**
+   * The config last written for each sandbox, kept in this process's memory (never on disk):
+   * stop() removes the file, and a restore() with no prepare() since (same process) writes it
+   * again from here.
+   */
+  private readonly configs = new Map<string, string>();
+  private readonly seccomp: Readonly<Record<string, unknown>> | undefined;
+  private readonly apparmorProfile: string | undefined;
+  private readonly restoreTimeoutMs: number;
 
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
@@ -172,6 +319,7 @@ export class RuncRuntime implements Runtime {
     this.runcPath = options.runcPath ?? 'runc';
     this.criuPath = options.criuPath ?? 'criu';
     this.checkpointTimeoutMs = options.checkpointTimeoutMs ?? DEFAULTS.checkpointMs;
+    this.restoreTimeoutMs = options.restoreTimeoutMs ?? DEFAULTS.restoreMs;
     const path = process.env.PATH ?? '/usr/bin:/bin';
     this.env = {
       CRIU_FAULT: '130',
@@ -182,6 +330,16 @@ export class RuncRuntime implements Runtime {
     this.subnet = parseSubnet(options.subnet ?? '10.213.0.0/16');
     this.cgroupParent = options.cgroupParent ?? '/dormant';
     this.netSlotDir = options.netSlotDir ?? '/var/lib/dormant-net';
+    this.bundleRoot =
+      options.bundleDir ??
+      `/dev/shm/dormant-bundles-${createHash('sha256').update(options.stateDir).digest('hex').slice(0, 12)}`;
+    this.seccomp =
+      options.seccomp === false
+        ? undefined
+        : (options.seccomp ?? loadSeccompProfile(DEFAULT_SECCOMP_PROFILE));
+    // AppArmor only where the host has it (and the operator named a profile it loaded).
+    this.apparmorProfile =
+      options.apparmorProfile !== undefined && hostHasAppArmor() ? options.apparmorProfile : undefined;
   }
 
   // ---- paths -------------------------------------------------------------------------
@@ -208,6 +366,10 @@ export class RuncRuntime implements Runtime {
   }
   private bundle(id: string): string {
     return join(this.dir(id), 'bundle');
+  }
+  /** The folder runc is given as the bundle: config.json only, on tmpfs (see the top). */
+  private configBundle(id: string): string {
+    return join(this.bundleRoot, id);
   }
   /** cgroup path of a sandbox, relative to each hierarchy's root. */
   cgroupPath(id: string): string {
@@ -373,6 +535,96 @@ export class RuncRuntime implements Runtime {
     );
   }
 
+  // ---- the OCI config (holds the environment: tmpfs only) ------------------------------
+
+  /**
+   * Writes config.json into the sandbox's bundle on tmpfs (a private folder of ours, checked
+   * each time: it is in /dev/shm by default) with the rootfs given as an absolute path, as
+   * the overlay stays mounted under the sandbox's folder. A config an older version left on
+   * the data disk is scrubbed.
+   */
+  private async writeConfig(id: string, config: object): Promise<void> {
+    const bundle = await this.configDir(id);
+    const c = config as { root?: { path: string; readonly?: boolean } };
+    const full = { ...c, root: { ...c.root, path: join(this.bundle(id), 'rootfs') } };
+    const text = JSON.stringify(full, null, 2);
+    this.configs.set(id, text);
+    await writeFileAtomic(join(bundle, 'config.json'), text);
+    await scrubFile(join(this.bundle(id), 'config.json'));
+  }
+
+  /** The sandbox's bundle folder on tmpfs, made (0700) if missing. */
+  private async configDir(id: string): Promise<string> {
+    const bundle = this.configBundle(id);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await privateFolder(this.bundleRoot);
+        await mkdir(bundle, { mode: 0o700 }).catch((e: unknown) => {
+          if (errnoCode(e) !== 'EEXIST') throw e;
+        });
+        break;
+      } catch (e) {
+        // The shared folder was removed with another sandbox between the two mkdirs.
+        if (errnoCode(e) !== 'ENOENT' || attempt > 0) throw e;
+      }
+    }
+    return bundle;
+  }
+
+  /** Removes config.json once the container is gone (runc reads it only for create, restore, exec). */
+  private async dropConfig(id: string): Promise<void> {
+    await rm(join(this.configBundle(id), 'config.json'), { force: true });
+  }
+
+  /** Before runc restore: the config stop() removed, from memory; without it, prepare() first. */
+  private async ensureConfig(id: string): Promise<void> {
+    if (await exists(join(this.configBundle(id), 'config.json'))) return;
+    const text = this.configs.get(id);
+    if (text === undefined)
+      throw new DormantError(
+        ErrorCode.RUNTIME_INVALID_STATE,
+        `cannot restore sandbox ${id}: it is not prepared (its config is written by prepare)`,
+        { status: 409 },
+      );
+    await writeFileAtomic(join(await this.configDir(id), 'config.json'), text);
+  }
+
+  /**
+   * Removes the bundles of sandboxes this runtime no longer has (a destroy cut short); those
+   * of sandboxes that still exist stay, as their running containers need them for exec.
+   */
+  async dropStaleConfigs(): Promise<void> {
+    const live = new Set(await this.list());
+    let names: string[];
+    try {
+      names = await readdir(this.bundleRoot);
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT') return;
+      throw e;
+    }
+    await assertOwnFolder(this.bundleRoot);
+    for (const n of names)
+      if (!live.has(n)) await rm(join(this.bundleRoot, n), { recursive: true, force: true });
+  }
+
+  /**
+   * Replaces sandbox.json and overwrites the old file's bytes (held open across the rename) so
+   * what it held does not stay in free blocks of the data disk.
+   */
+  private async rewriteRecord(path: string, data: string): Promise<void> {
+    const old = await open(path, 'r+');
+    try {
+      // The new file is renamed over the old one (a crash leaves one or the other, whole);
+      // the old one's bytes are then overwritten through the descriptor still open on it.
+      await writeFileAtomic(path, data);
+      const { size } = await old.stat();
+      await old.write(Buffer.alloc(size), 0, size, 0);
+      await old.sync();
+    } finally {
+      await old.close();
+    }
+  }
+
   // ---- the port ----------------------------------------------------------------------
 
   async prepare(raw: SandboxSpec, opts: PrepareOptions = {}): Promise<SandboxState> {
@@ -383,7 +635,12 @@ export class RuncRuntime implements Runtime {
     let rec: SandboxRecord;
     if (await exists(recordPath)) {
       rec = await this.readRecord(id);
-      if (JSON.stringify(rec.spec) !== JSON.stringify(spec))
+      if (Object.keys(rec.spec.env ?? {}).length > 0) {
+        // Written by a version that kept the environment here: rewritten without it.
+        rec = { ...rec, spec: recordSpec(rec.spec) };
+        await this.rewriteRecord(recordPath, JSON.stringify(rec, null, 2));
+      }
+      if (JSON.stringify(rec.spec) !== JSON.stringify(recordSpec(spec)))
         throw new DormantError(
           ErrorCode.RUNTIME_SANDBOX_EXISTS,
           `sandbox ${id} already exists with another spec`,
@@ -409,11 +666,13 @@ export class RuncRuntime implements Runtime {
         if (errnoCode(e) !== 'EEXIST') throw e;
       });
       const slot = await reserveSlot(this.netDir(), id, this.subnet);
-      rec = { spec, slot, network: slotNetwork(id, this.subnet, slot) };
+      rec = { spec: recordSpec(spec), slot, network: slotNetwork(id, this.subnet, slot) };
       await writeFileAtomic(recordPath, JSON.stringify(rec, null, 2));
     }
     for (const d of ['bundle/rootfs', 'fs/upper', 'fs/work', 'log'])
       await mkdir(join(dir, d), { recursive: true, mode: 0o700 });
+    await privateFile(this.logPath(id));
+    await privateFile(join(dir, 'runc.log'));
     const criuConf = join(dir, 'criu.conf');
     await writeFileAtomic(criuConf, criuConfigText());
     const config = buildOciConfig({
@@ -421,8 +680,10 @@ export class RuncRuntime implements Runtime {
       netnsPath: `/var/run/netns/${rec.network.netns}`,
       cgroupsPath: this.cgroupPath(id),
       criuConfigPath: criuConf,
+      ...(this.seccomp !== undefined ? { seccomp: this.seccomp } : {}),
+      ...(this.apparmorProfile !== undefined ? { apparmorProfile: this.apparmorProfile } : {}),
     });
-    await writeFileAtomic(join(this.bundle(id), 'config.json'), JSON.stringify(config, null, 2));
+    await this.writeConfig(id, config);
     await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal, opts.mountRootfs !== false));
     return this.state(id, opts);
   }
@@ -437,7 +698,12 @@ export class RuncRuntime implements Runtime {
     if (current !== undefined) await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
     const offset = await this.runcLogSize(id);
     try {
-      await this.runcWithLogPipe(id, ['create', '--bundle', this.bundle(id), id], opts, DEFAULTS.createMs);
+      await this.runcWithLogPipe(
+        id,
+        ['create', '--bundle', this.configBundle(id), id],
+        opts,
+        DEFAULTS.createMs,
+      );
     } catch (e) {
       const why = await this.runcLogSince(id, offset);
       throw new DormantError(
@@ -486,17 +752,20 @@ export class RuncRuntime implements Runtime {
     // them to ours until every holder closes them: a command that leaves a process in the
     // background holding its stdout/stderr keeps the exec open until that process exits or
     // the timeout ends it. Background processes should redirect their output.
+    const timeoutMs = opts.timeoutMs ?? DEFAULTS.execMs;
     const r = await this.runc(
       id,
       ['exec', ...flags, id, ...args],
       {
-        timeoutMs: opts.timeoutMs ?? DEFAULTS.execMs,
+        timeoutMs,
         signal: opts.signal,
         input: opts.input,
         okExitCodes: Array.from({ length: 256 }, (_, i) => i),
       },
       DEFAULTS.execMs,
-    );
+    ).catch((e: unknown) => {
+      throw execError(e, id, args, timeoutMs);
+    });
     return { stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode ?? 255, durationMs: r.durationMs };
   }
 
@@ -673,6 +942,7 @@ export class RuncRuntime implements Runtime {
         await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
       }
       await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal));
+      await this.ensureConfig(id);
       offset = await this.runcLogSize(id);
       await rm(pidFile, { force: true });
     } catch (e) {
@@ -683,6 +953,9 @@ export class RuncRuntime implements Runtime {
     }
     const lazy = await starting;
     let r: RunResult;
+    // Ends runc (and its criu) early when the restore cannot succeed: CRIU stuck in a loop,
+    // or the lazy-pages daemon gone. Else only the restore timeout would.
+    const watch = this.watchRestore(logPath, lazy?.done, opts.signal);
     try {
       r = await this.runcWithLogPipe(
         id,
@@ -697,51 +970,226 @@ export class RuncRuntime implements Runtime {
           '--work-path',
           opts.workDir,
           '--bundle',
-          this.bundle(id),
+          this.configBundle(id),
           id,
         ],
-        opts,
+        { ...opts, signal: watch.signal, timeoutMs: opts.timeoutMs ?? this.restoreTimeoutMs },
         DEFAULTS.restoreMs,
       );
     } catch (e) {
+      watch.stop();
       lazy?.abort.abort();
       await lazy?.done.catch(() => undefined);
-      await clearCriuNetworkLock(rec.network);
-      if ((await this.runcState(id).catch(() => undefined)) !== undefined)
-        await this.runc(id, ['delete', '--force', id], {}, DEFAULTS.destroyMs).catch(() => undefined);
-      const why = (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
+      const hung = isDormantError(e, ErrorCode.COMMAND_TIMEOUT) || watch.stuck() !== undefined;
+      const why = hung
+        ? // A hang has no error line: the last lines show where criu stopped.
+          (await tailOf(logPath, /./, 8)) || (await this.runcLogSince(id, offset))
+        : (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
+      // Kept before the caller wipes the work dir with the images: the one place an admin
+      // can read why CRIU refused.
+      const kept = await this.keepRestoreLog(id, opts.workDir).catch(() => undefined);
+      const left = await this.cleanUpFailedRestore(id, rec, opts.workDir);
+      const stuck = watch.stuck();
+      const what =
+        stuck !== undefined
+          ? `restore of sandbox ${id} failed: ${stuck}; criu was ended`
+          : hung
+            ? `restore of sandbox ${id} hung: criu did not finish within ${String(Math.round((opts.timeoutMs ?? this.restoreTimeoutMs) / 1000))} s and was ended`
+            : `restore of sandbox ${id} failed`;
       throw new DormantError(
         ErrorCode.RUNTIME_RESTORE_FAILED,
-        `restore of sandbox ${id} failed${why ? `:\n${why}` : ''}`,
-        { cause: e, details: { criuLog: logPath } },
-      );
-    }
-    // The pid file saves a `runc state` (a process start) on the resume path.
-    const pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
-    if (!Number.isInteger(pid) || pid <= 0)
-      throw new DormantError(
-        ErrorCode.RUNTIME_RESTORE_FAILED,
-        `restore of sandbox ${id}: runc wrote no pid`,
+        `${what}${why ? `:\n${why}` : ''}${left.length > 0 ? `\n(left behind: ${left.join(', ')})` : ''}`,
         {
-          details: { criuLog: logPath },
+          cause: e,
+          ...(kept ? { hint: `criu's log of this restore is kept in ${kept}` } : {}),
+          details: { ...(kept ? { criuLog: kept } : {}), hung, leftBehind: left },
         },
       );
-    // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
-    // checkpoint (a fork) must still answer to its own hostname. Set from the host: the
-    // sandbox itself has no CAP_SYS_ADMIN.
-    const hostname = rec.spec.hostname ?? id;
-    await timed(opts, 'hostname', () =>
-      run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
-        timeoutMs: DEFAULTS.stateMs,
-        signal: opts.signal,
-      }),
-    );
+    }
+    watch.stop();
+    let pid: number;
+    try {
+      // The pid file saves a `runc state` (a process start) on the resume path.
+      pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+      if (!Number.isInteger(pid) || pid <= 0)
+        throw new DormantError(
+          ErrorCode.RUNTIME_RESTORE_FAILED,
+          `restore of sandbox ${id}: runc wrote no pid`,
+        );
+      // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
+      // checkpoint (a fork) must still answer to its own hostname. Set from the host: the
+      // sandbox itself has no CAP_SYS_ADMIN.
+      const hostname = rec.spec.hostname ?? id;
+      await timed(opts, 'hostname', () =>
+        run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
+          timeoutMs: DEFAULTS.stateMs,
+          signal: opts.signal,
+        }),
+      );
+    } catch (e) {
+      // The container may be up: a half-restored sandbox is ended and removed like a failed one.
+      lazy?.abort.abort();
+      await lazy?.done.catch(() => undefined);
+      await this.cleanUpFailedRestore(id, rec, opts.workDir);
+      throw e;
+    }
     return {
       durationMs: r.durationMs,
       pid,
       logPath,
       pagesLoaded: lazy ? lazy.done : Promise.resolve(),
     };
+  }
+
+  /**
+   * Watches a running restore: aborts (through the returned signal, which also follows
+   * `outer`) when CRIU's log passes RESTORE_LOG_LIMIT_BYTES or the lazy-pages daemon fails
+   * before the restore is done. `stuck()` says which.
+   */
+  private watchRestore(
+    logPath: string,
+    lazyDone: Promise<void> | undefined,
+    outer: AbortSignal | undefined,
+  ): { signal: AbortSignal; stuck(): string | undefined; stop(): void } {
+    const abort = new AbortController();
+    let why: string | undefined;
+    let stopped = false;
+    let spins = 0;
+    const end = (reason: string): void => {
+      if (stopped || why !== undefined) return;
+      why = reason;
+      abort.abort(new Error(reason));
+    };
+    const onOuter = (): void => abort.abort(outer?.reason);
+    if (outer?.aborted) abort.abort(outer.reason);
+    outer?.addEventListener('abort', onOuter, { once: true });
+    // Only its failure: a daemon that copied every page may exit before runc restore does.
+    // And a grace: the daemon also fails when the restore does, and CRIU's own error (which
+    // runc is about to return) says more than the daemon's.
+    lazyDone?.then(
+      () => undefined,
+      () => {
+        setTimeout(
+          () => end('the lazy-pages daemon failed before the processes were restored'),
+          LAZY_FAILURE_GRACE_MS,
+        ).unref();
+      },
+    );
+    const timer = setInterval(() => {
+      stat(logPath).then(
+        async (st) => {
+          // The loop's own line, all over the log's end, twice in a row: stuck, whatever the load.
+          if (st.size > 64 * 1024) {
+            const tailText = await readEnd(logPath, 16 * 1024).catch(() => '');
+            const lines = tailText.split('\n').slice(1, -1);
+            const looping = lines.length > 100 && lines.every((l) => /Advanced iov 0 bytes/.test(l));
+            spins = looping ? spins + 1 : 0;
+            if (spins >= 2) end('criu is stuck in a loop reading a pages image (is it truncated?)');
+          }
+          if (st.size > RESTORE_LOG_LIMIT_BYTES)
+            end(
+              `criu's log passed ${String(RESTORE_LOG_LIMIT_BYTES >> 20)} MiB (criu is stuck in a loop; a damaged image?)`,
+            );
+        },
+        (e: unknown) => {
+          if (errnoCode(e) !== 'ENOENT') end(`criu's log cannot be read: ${(e as Error).message}`);
+        },
+      );
+    }, 200);
+    timer.unref();
+    return {
+      signal: abort.signal,
+      stuck: () => why,
+      stop: () => {
+        stopped = true;
+        clearInterval(timer);
+        outer?.removeEventListener('abort', onOuter);
+      },
+    };
+  }
+
+  /** Where the CRIU log of the sandbox's last failed restore is kept (one per sandbox). */
+  restoreLogPath(id: string): string {
+    return join(this.dir(id), 'restore-failed.log');
+  }
+
+  /**
+   * Copies the CRIU logs of a failed restore (criu restore's, then the lazy-pages daemon's)
+   * out of the work dir, which is wiped with the images, into the sandbox's folder (0600,
+   * replacing the previous one). Returns its path.
+   */
+  private async keepRestoreLog(id: string, workDir: string): Promise<string> {
+    const parts: string[] = [];
+    for (const name of ['restore.log', 'lazy-pages.log']) {
+      try {
+        // Bounded: the head says what was restored, the end why it stopped.
+        const path = join(workDir, name);
+        const size = (await stat(path)).size;
+        const text =
+          size <= KEPT_LOG_HEAD_BYTES + KEPT_LOG_TAIL_BYTES
+            ? await readFile(path, 'utf8')
+            : `${await readStart(path, KEPT_LOG_HEAD_BYTES)}\n[... ${String(size - KEPT_LOG_HEAD_BYTES - KEPT_LOG_TAIL_BYTES)} bytes left out ...]\n${await readEnd(path, KEPT_LOG_TAIL_BYTES)}`;
+        parts.push(`==> ${name} <==\n${text}`);
+      } catch (e) {
+        if (errnoCode(e) !== 'ENOENT') throw e;
+      }
+    }
+    const path = this.restoreLogPath(id);
+    const tmp = `${path}.tmp`;
+    await rm(tmp, { force: true });
+    const fh = await open(tmp, 'wx', 0o600);
+    try {
+      await fh.writeFile(parts.length > 0 ? parts.join('\n') : 'criu wrote no log\n');
+    } finally {
+      await fh.close();
+    }
+    await rename(tmp, path);
+    return path;
+  }
+
+  /**
+   * Undoes what a failed `runc restore` made, whatever stage it died at: the half-made
+   * container (runc's state), its processes and cgroups in every hierarchy, the mounts runc
+   * makes under the rootfs while CRIU restores (and the overlay itself: a sandbox that is not
+   * running keeps its layer at rest), CRIU's cgroup yard in the work dir, a lazy-pages daemon
+   * still serving the work dir, and CRIU's network lock. Every step runs even when an earlier
+   * one fails. Returns what could not be removed (empty when all is clean).
+   */
+  private async cleanUpFailedRestore(id: string, rec: SandboxRecord, workDir: string): Promise<string[]> {
+    const left: string[] = [];
+    const step = async (what: string, fn: () => Promise<unknown>): Promise<void> => {
+      try {
+        await fn();
+      } catch (e) {
+        left.push(`${what}: ${(e as Error).message.split('\n')[0] ?? ''}`);
+      }
+    };
+    await step('lazy-pages', () => this.endLazyPages(workDir));
+    await step('runc delete', async () => {
+      const r = await this.runc(id, ['delete', '--force', id], { okExitCodes: [0, 1] }, DEFAULTS.destroyMs);
+      if (r.exitCode !== 0 && !/does not exist/.test(r.stderr + (await this.runcLogSince(id, 0))))
+        throw new Error(r.stderr.trim() || 'runc delete failed');
+    });
+    await step('cgroups', async () => {
+      const busy = await removeCgroupEverywhere(this.cgroupPath(id), { timeoutMs: DEFAULTS.killMs });
+      if (busy.length > 0) throw new Error(`still busy: ${busy.join(' ')}`);
+    });
+    // runc killed mid-restore can leave a state folder that `runc delete` cannot read; with
+    // the processes gone and the cgroups removed, it is only a record.
+    await step('runc state', async () => {
+      if ((await this.runcState(id).catch(() => 'broken' as const)) !== undefined)
+        await rm(join(this.runcRoot(), id), { recursive: true, force: true });
+    });
+    await step('rootfs mounts', async () => {
+      const still = await unmountAll(join(this.bundle(id), 'rootfs'));
+      if (still.length > 0) throw new Error(`still mounted: ${still.join(' ')}`);
+    });
+    await step('work dir mounts', async () => {
+      const still = await unmountAll(resolve(workDir));
+      if (still.length > 0) throw new Error(`still mounted: ${still.join(' ')}`);
+    });
+    await step('network lock', () => clearCriuNetworkLock(rec.network));
+    return left;
   }
 
   /**
@@ -845,6 +1293,7 @@ export class RuncRuntime implements Runtime {
         `runc delete ${id} failed: ${r.stderr.trim() || (await this.runcLogSince(id, 0))}`,
       );
     await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
+    await this.dropConfig(id);
   }
 
   async endProcesses(id: string, opts: CallOptions = {}): Promise<void> {
@@ -869,6 +1318,7 @@ export class RuncRuntime implements Runtime {
     // The empty cgroups go too (what is still charged to them, page cache and kernel memory,
     // is released with them); `runc delete` later finds them gone, which it accepts.
     await this.removeCgroups(id);
+    await this.dropConfig(id);
   }
 
   /** Removes the sandbox's (empty) cgroup in every hierarchy; one still busy is left to runc. */
@@ -899,9 +1349,26 @@ export class RuncRuntime implements Runtime {
     } catch (e) {
       if (!isDormantError(e, ErrorCode.RUNTIME_SANDBOX_NOT_FOUND)) throw e;
     }
-    if ((await this.runcState(id, opts)) !== undefined)
-      await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
-    await unmount(join(this.bundle(id), 'rootfs'), opts.signal);
+    // A runc state that cannot be read (runc killed mid-restore) must not stop the removal:
+    // the processes go with the cgroups below, and the state folder with them.
+    const current = await this.runcState(id, opts).catch(() => 'broken' as const);
+    if (current !== undefined)
+      await this.runc(id, ['delete', '--force', id], { ...opts, okExitCodes: [0, 1] }, DEFAULTS.destroyMs);
+    const busy = await removeCgroupEverywhere(this.cgroupPath(id), { timeoutMs: DEFAULTS.killMs });
+    if (busy.length > 0)
+      throw new DormantError(
+        ErrorCode.COMMAND_FAILED,
+        `sandbox ${id}: its cgroups could not be removed (${busy.join(', ')})`,
+      );
+    await rm(join(this.runcRoot(), id), { recursive: true, force: true });
+    // Everything under the sandbox's folder: the overlay and whatever a failed restore left
+    // in it (runc's mounts under the rootfs), lazily when still busy.
+    const still = await unmountAll(dir, opts.signal);
+    if (still.length > 0)
+      throw new DormantError(
+        ErrorCode.COMMAND_FAILED,
+        `sandbox ${id}: could not unmount ${still.join(', ')}`,
+      );
     // After the container: killing the collector first would leave the sandbox writing
     // into a pipe nobody reads.
     await stopCollector(join(dir, 'log'));
@@ -910,6 +1377,13 @@ export class RuncRuntime implements Runtime {
       await tearDownNetwork(rec.network, { markerPath: join(dir, 'network.done'), signal: opts.signal });
     if (slot !== undefined) await releaseSlot(this.netDir(), slot);
     await rm(dir, { recursive: true, force: true });
+    await rm(this.configBundle(id), { recursive: true, force: true });
+    this.configs.delete(id);
+    // The shared folder goes with its last sandbox (a daemon wipes and re-creates it at start).
+    await rmdir(this.bundleRoot).catch((e: unknown) => {
+      const code = errnoCode(e);
+      if (code !== 'ENOENT' && code !== 'ENOTEMPTY' && code !== 'EEXIST') throw e;
+    });
   }
 
   async list(): Promise<string[]> {
@@ -924,5 +1398,46 @@ export class RuncRuntime implements Runtime {
   /** True when the sandbox's root filesystem is mounted (it is not while hibernated). */
   async rootfsMounted(id: string): Promise<boolean> {
     return isMountPoint(join(this.bundle(id), 'rootfs'));
+  }
+}
+
+/**
+ * An exec's failure as the sandbox's user may see it: the command they ran, never runc's
+ * command line (the daemon's folders, its state root); the original stays as the cause.
+ */
+function execError(e: unknown, id: string, args: readonly string[], timeoutMs: number): unknown {
+  if (!isDormantError(e)) return e;
+  const what =
+    `exec in ${id}: ${args.map((a) => (a.length > 80 ? `${a.slice(0, 80)}...` : a)).join(' ')}`.slice(0, 400);
+  const raw = e.details?.['output'];
+  const output = typeof raw === 'string' ? raw.slice(-2000) : '';
+  if (e.code === ErrorCode.COMMAND_TIMEOUT)
+    return new DormantError(ErrorCode.COMMAND_TIMEOUT, `${what}: killed after ${timeoutMs} ms timeout`, {
+      status: 504,
+      cause: e,
+      ...(output !== '' ? { details: { output } } : {}),
+    });
+  if (e.code === ErrorCode.COMMAND_ABORTED)
+    return new DormantError(e.code, `${what}: aborted`, { status: e.status, cause: e });
+  if (e.code === ErrorCode.COMMAND_FAILED || e.code === ErrorCode.COMMAND_NOT_FOUND)
+    return new DormantError(
+      ErrorCode.RUNTIME_EXEC_FAILED,
+      `${what}: the runtime could not run it${output !== '' ? `: ${lastLine(output)}` : ''}`,
+      { status: 500, cause: e },
+    );
+  return e;
+}
+
+function lastLine(text: string): string {
+  const lines = text.split('\n').filter((l) => l.trim() !== '');
+  return (lines[lines.length - 1] ?? '').slice(0, 300);
+}
+
+function hostHasAppArmor(): boolean {
+  try {
+    accessSync('/sys/kernel/security/apparmor');
+    return true;
+  } catch {
+    return false;
   }
 }

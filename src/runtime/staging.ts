@@ -6,10 +6,11 @@
  * against 0.05-0.06 s with huge pages (small images still get small pages). Where that mount is
  * not possible (no root, a kernel without shmem THP) it is a plain folder on /dev/shm.
  */
-import { mkdir, readdir, rm } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
-import { isMountPoint, unmount } from './rootfs.js';
+import { isMountPoint, unmount, unmountAll } from './rootfs.js';
 
 export type StagingKind = 'tmpfs-huge' | 'folder';
 
@@ -19,11 +20,10 @@ export type StagingKind = 'tmpfs-huge' | 'folder';
  */
 export async function prepareStaging(dir: string): Promise<StagingKind> {
   if (await isMountPoint(dir)) {
-    await Promise.all((await readdir(dir)).map((n) => rm(join(dir, n), { recursive: true, force: true })));
+    await emptyPrivateFolder(dir);
     return 'tmpfs-huge';
   }
-  await rm(dir, { recursive: true, force: true });
-  await mkdir(dir, { recursive: true, mode: 0o700 });
+  await preparePrivateFolder(dir);
   try {
     await run(
       'mount',
@@ -44,8 +44,67 @@ export async function prepareStaging(dir: string): Promise<StagingKind> {
   }
 }
 
+/**
+ * Checks that `dir` is a real folder (no link) of this process's user that nobody else may
+ * write to: /dev/shm is writable by every local user, so a folder there with a name known in
+ * advance could have been made by someone else, to read or swap what dormant writes into it.
+ */
+export async function assertOwnFolder(dir: string): Promise<void> {
+  const st = await lstat(dir);
+  const uid = process.getuid?.() ?? 0;
+  if (!st.isDirectory() || st.uid !== uid || (st.mode & 0o022) !== 0)
+    throw new DormantError(
+      ErrorCode.INTERNAL,
+      `${dir} is not a private folder of this user (${st.isSymbolicLink() ? 'a symbolic link' : `owner ${String(st.uid)}, mode ${(st.mode & 0o777).toString(8)}`}): refusing to keep secrets in it`,
+      { hint: `someone made it before dormant did; remove it (rm -rf ${dir}) and start again` },
+    );
+}
+
+/** Empties a folder of ours, keeping the folder (and a mount on it), and makes it 0700. */
+async function emptyPrivateFolder(dir: string): Promise<void> {
+  await assertOwnFolder(dir);
+  await chmod(dir, 0o700);
+  await Promise.all((await readdir(dir)).map((n) => rm(join(dir, n), { recursive: true, force: true })));
+}
+
+/**
+ * Makes `dir` (in a memory-backed folder such as /dev/shm) an empty folder only this user
+ * reads: what an earlier process left there (a daemon killed mid-hibernate leaves plaintext
+ * images) is removed. Created without `recursive`, so a folder someone else made in the
+ * meantime is an error rather than silently reused.
+ */
+export async function preparePrivateFolder(dir: string): Promise<void> {
+  try {
+    await mkdir(dir, { mode: 0o700 });
+  } catch (e) {
+    if (errnoCode(e) !== 'EEXIST') throw e;
+    await emptyPrivateFolder(dir);
+  }
+  await assertOwnFolder(dir);
+}
+
+/** Makes `dir` a private folder of ours (0700), keeping what is in it; someone else's is an error. */
+export async function privateFolder(dir: string): Promise<void> {
+  await mkdir(dir, { mode: 0o700 }).catch((e: unknown) => {
+    if (errnoCode(e) !== 'EEXIST') throw e;
+  });
+  await assertOwnFolder(dir);
+  await chmod(dir, 0o700);
+}
+
 /** Unmounts (when mounted) and removes the staging folder and everything in it. */
 export async function releaseStaging(dir: string): Promise<void> {
   await unmount(dir);
+  await rm(dir, { recursive: true, force: true });
+}
+
+/**
+ * Removes `dir` (a folder inside the staging folder) and everything in it, unmounting first
+ * whatever is mounted below it: a restore whose CRIU was ended mid-way leaves CRIU's cgroup
+ * yard (a tmpfs with every hierarchy mounted in it) in its work dir, which rm cannot remove.
+ */
+export async function wipeStaged(dir: string): Promise<void> {
+  const still = await unmountAll(dir);
+  if (still.length > 0) throw new Error(`cannot wipe ${dir}: still mounted: ${still.join(' ')}`);
   await rm(dir, { recursive: true, force: true });
 }

@@ -139,19 +139,34 @@ export class DormantClient {
    * Sends one request; resolves with the parsed JSON (or text), rejects with a DormantApiError
    * of the class for its code (errors.ts). An aborted `signal` rejects with the signal's reason.
    */
-  async request<T>(method: string, path: string, body?: unknown, opts: CallOptions = {}): Promise<T> {
+  async request<T>(
+    method: string,
+    path: string,
+    body?: unknown,
+    opts: CallOptions & { rawBody?: Uint8Array | Blob | ReadableStream<Uint8Array> } = {},
+  ): Promise<T> {
     opts.signal?.throwIfAborted();
     const timeout = AbortSignal.timeout(this.timeoutMs);
     const signals = [timeout, ...(opts.signal ? [opts.signal] : [])];
     let res: Response;
+    const raw = opts.rawBody;
     try {
       res = await fetch(`${this.url}${path}`, {
         method,
         headers: {
           ...(this.token ? { authorization: `Bearer ${this.token}` } : {}),
-          ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+          ...(raw !== undefined
+            ? { 'content-type': 'application/octet-stream' }
+            : body !== undefined
+              ? { 'content-type': 'application/json' }
+              : {}),
         },
-        ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+        ...(raw !== undefined
+          ? // A stream goes out as it is read (Node's fetch needs `duplex` for that).
+            { body: raw, ...(raw instanceof ReadableStream ? { duplex: 'half' } : {}) }
+          : body !== undefined
+            ? { body: JSON.stringify(body) }
+            : {}),
         signal: AbortSignal.any(signals),
       });
     } catch (e) {
@@ -378,6 +393,26 @@ export class DormantClient {
     opts?: CallOptions,
   ): Promise<SandboxInfo> {
     return this.request<SandboxInfo>('POST', '/v1/checkpoints/import', input, opts);
+  }
+  /**
+   * Imports an archive sent as the request's body: what a tenant token, which names no paths on
+   * the daemon's machine, uses. `fileName` tells the compression by its suffix (`.tar`,
+   * `.tar.gz`, `.tar.zst`); `image` is an image the daemon may read, as for `importCheckpoint`.
+   */
+  uploadCheckpoint(
+    archive: Uint8Array | Blob | ReadableStream<Uint8Array>,
+    input: { fileName: string; image?: string; name?: string; ports?: number[]; memory?: number | string },
+    opts: CallOptions = {},
+  ): Promise<SandboxInfo> {
+    const q = new URLSearchParams({ fileName: input.fileName });
+    if (input.image !== undefined) q.set('image', input.image);
+    if (input.name !== undefined) q.set('name', input.name);
+    if (input.ports !== undefined) q.set('ports', input.ports.join(','));
+    if (input.memory !== undefined) q.set('memory', String(input.memory));
+    return this.request<SandboxInfo>('POST', `/v1/checkpoints/import?${q.toString()}`, undefined, {
+      ...opts,
+      rawBody: archive,
+    });
   }
   /**
    * The checkpoint as a podman / CRI-O archive (zstd by default), streamed. Refused with

@@ -3,11 +3,12 @@
  * committed transition survives a crash of the daemon or the machine).
  */
 import Database from 'better-sqlite3';
-import { mkdirSync } from 'node:fs';
+import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
 import type { MeterSample } from '../domain/cost.js';
 import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
+import { errnoCode } from '../domain/errors.js';
 import type { CheckpointRecord, StateStore, TokenRow } from './store.js';
 
 const MIGRATIONS: string[] = [
@@ -170,14 +171,38 @@ function patchColumns(patch: Partial<Sandbox>): { sql: string; values: unknown[]
   return { sql: sets.join(', '), values };
 }
 
+/**
+ * The database and its WAL and shared-memory files are private (0600): they hold tenant names,
+ * commands and sealed environments. SQLite gives the -wal and -shm files the database file's
+ * mode when it creates them, so the database file is made 0600 before SQLite opens it; files
+ * left by an older version with another mode are changed too.
+ */
+function makePrivate(file: string): void {
+  closeSync(openSync(file, 'a', 0o600));
+  for (const f of [file, `${file}-wal`, `${file}-shm`]) {
+    try {
+      chmodSync(f, 0o600);
+    } catch (e) {
+      if (errnoCode(e) !== 'ENOENT') throw e;
+    }
+  }
+}
+
 export class SqliteStateStore implements StateStore {
   private readonly db: Database.Database;
   sandboxVersion = 0;
 
   constructor(file: string) {
-    if (file !== ':memory:') mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
+    if (file !== ':memory:') {
+      mkdirSync(dirname(file), { recursive: true, mode: 0o700 });
+      makePrivate(file);
+    }
     this.db = new Database(file);
     this.db.pragma('journal_mode = WAL');
+    // Deleted and overwritten content is zeroed, not left in free pages; VACUUM's scratch copy
+    // (compact) stays in memory, never in a temp file on disk.
+    this.db.pragma('secure_delete = ON');
+    this.db.pragma('temp_store = MEMORY');
     this.db.pragma('synchronous = FULL');
     this.db.pragma('foreign_keys = ON');
     this.db.pragma('busy_timeout = 5000');
@@ -439,6 +464,18 @@ export class SqliteStateStore implements StateStore {
       this.db.prepare('UPDATE tokens SET revoked_at = ? WHERE hash = ? AND revoked_at IS NULL').run(at, hash)
         .changes > 0
     );
+  }
+
+  /**
+   * Rewrites the database file from its live rows (VACUUM) and empties the WAL, so no free
+   * page, old page version or WAL frame keeps what was overwritten (the clear environment
+   * values of rows from before sealing). What the filesystem did with blocks it freed is out of
+   * reach from here.
+   */
+  compact(): void {
+    this.db.pragma('wal_checkpoint(TRUNCATE)');
+    this.db.exec('VACUUM');
+    this.db.pragma('wal_checkpoint(TRUNCATE)');
   }
 
   close(): void {

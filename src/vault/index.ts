@@ -28,6 +28,7 @@ export type {
 export type { Vault } from './vault.js';
 export type { CheckpointReader, CheckpointFile } from './reader.js';
 export type { MasterKeySource } from './keys.js';
+export { TenantSecrets, SEALED_VALUE_PREFIX } from './keys.js';
 export type { VaultStore, StoreEntry, StoreReader, StoreWriter } from './store.js';
 export { LocalDirStore } from './store.js';
 export type { IngestCounters } from './ingest.js';

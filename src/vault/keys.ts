@@ -222,3 +222,132 @@ export async function loadWrappedKey(
 export async function isDestroyed(store: VaultStore, tombstone: string): Promise<boolean> {
   return exists(store, tombstone);
 }
+
+/**
+ * The key Vault.open derives from the master key to wrap tenant keys (keep the two in step:
+ * vault.ts derives it inline with the same label).
+ */
+export function tenantWrapKeyOf(master: Uint8Array): Buffer {
+  return deriveKey(master, 'tenant-key-wrap');
+}
+
+/** What a sealed secret value starts with; anything else is a value from before sealing. */
+export const SEALED_VALUE_PREFIX = 'dormant-sealed-v1:';
+
+const TENANT_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+/**
+ * Seals a sandbox's small secrets (its `--env` values) for the database of record, under a key
+ * derived (HKDF, label `sandbox-env`) from the tenant's key in the vault: destroying the tenant
+ * key (crypto-shredding) makes them unreadable too. Each value is AES-256-GCM with associated
+ * data naming the tenant, the sandbox and the variable, so a value cannot be moved to another
+ * variable, sandbox or tenant. Names stay in clear (they show which variables a sandbox has).
+ * Keys are loaded for each call, not cached: a destroyed tenant key stops working at once.
+ */
+export class TenantSecrets {
+  private constructor(
+    private readonly store: VaultStore,
+    private readonly wrap: Buffer,
+  ) {}
+
+  /** Loads the master key from `masterKey` (the vault's, already checked) and proves it again. */
+  static async open(o: { store: VaultStore; masterKey: MasterKeySource }): Promise<TenantSecrets> {
+    const src = 'file' in o.masterKey ? { file: o.masterKey.file, create: false } : o.masterKey;
+    // The vault was opened first (it generated the key file if it was new): never create here.
+    const master = await loadMasterKey(src, { vaultIsNew: false, warn: () => undefined });
+    const wrap = tenantWrapKeyOf(master);
+    master.fill(0);
+    await checkMasterKey(o.store, wrap, false);
+    return new TenantSecrets(o.store, wrap);
+  }
+
+  private async key(tenant: string): Promise<Buffer> {
+    if (!TENANT_RE.test(tenant))
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `invalid tenant "${tenant.slice(0, 80)}"`, {
+        status: 400,
+      });
+    const tk = await loadWrappedKey(this.store, {
+      name: tenantKeyName(tenant),
+      tombstone: tenantTombstoneName(tenant),
+      wrapKey: this.wrap,
+      label: `tenant ${tenant}`,
+      create: true,
+      destroyedCode: ErrorCode.TENANT_KEY_DESTROYED,
+    });
+    const k = deriveKey(tk!, 'sandbox-env');
+    tk!.fill(0);
+    return k;
+  }
+
+  private static aad(tenant: string, sandboxId: string, name: string): Buffer {
+    return Buffer.from(`dormant sandbox env v1\n${tenant}\n${sandboxId}\n${name}`);
+  }
+
+  /** `env` with every value sealed (names unchanged). */
+  async seal(
+    tenant: string,
+    sandboxId: string,
+    env: Readonly<Record<string, string>>,
+  ): Promise<Record<string, string>> {
+    const names = Object.keys(env);
+    if (names.length === 0) return {};
+    const k = await this.key(tenant);
+    try {
+      const out: Record<string, string> = {};
+      for (const n of names) {
+        const blob = seal(k, TenantSecrets.aad(tenant, sandboxId, n), Buffer.from(env[n]!, 'utf8'));
+        out[n] = SEALED_VALUE_PREFIX + blob.toString('base64');
+      }
+      return out;
+    } finally {
+      k.fill(0);
+    }
+  }
+
+  /** `env` with every value opened; a value that is not sealed, or fails authentication, throws. */
+  async open(
+    tenant: string,
+    sandboxId: string,
+    env: Readonly<Record<string, string>>,
+  ): Promise<Record<string, string>> {
+    const names = Object.keys(env);
+    if (names.length === 0) return {};
+    const k = await this.key(tenant);
+    try {
+      const out: Record<string, string> = {};
+      for (const n of names) {
+        const v = env[n]!;
+        const plain = v.startsWith(SEALED_VALUE_PREFIX)
+          ? openSealed(
+              k,
+              TenantSecrets.aad(tenant, sandboxId, n),
+              Buffer.from(v.slice(SEALED_VALUE_PREFIX.length), 'base64'),
+            )
+          : undefined;
+        if (plain === undefined)
+          throw new DormantError(
+            ErrorCode.VAULT_CORRUPT,
+            `the sealed value of environment variable ${n} of sandbox ${sandboxId} does not open`,
+            {
+              hint: 'the database row was modified, or the vault (its tenant key) is not the one it was sealed with',
+            },
+          );
+        out[n] = plain.toString('utf8');
+        plain.fill(0);
+      }
+      return out;
+    } finally {
+      k.fill(0);
+    }
+  }
+
+  /** True when every value of `env` is sealed. */
+  static isSealed(env: Readonly<Record<string, string>>): boolean {
+    return Object.values(env).every((v) => v.startsWith(SEALED_VALUE_PREFIX));
+  }
+
+  /** Overwrites the wrapping key in memory. */
+  close(): void {
+    this.wrap.fill(0);
+  }
+}

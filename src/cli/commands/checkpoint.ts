@@ -6,7 +6,7 @@ import { formatBytes } from '../../domain/units.js';
 import { clientFromEnv } from '../client.js';
 import { printJson } from '../output.js';
 import { rename, rm, stat } from 'node:fs/promises';
-import { createWriteStream } from 'node:fs';
+import { createReadStream, createWriteStream } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -274,7 +274,11 @@ export function registerCheckpoint(program: Command): void {
     });
   ck.command('import')
     .description('a podman export or kubelet / CRI-O checkpoint archive becomes a hibernated sandbox')
-    .argument('<archive>', 'the archive (.tar, .tar.gz, .tar.zst) on the daemon host')
+    .argument('<archive>', 'the archive (.tar, .tar.gz, .tar.zst): sent to the daemon as the request body')
+    .option(
+      '--on-daemon',
+      "the archive is a path on the daemon's machine, read there instead of sent (admin tokens, or folders the operator allowed)",
+    )
     .option('--image <dir>', 'the base image as an OCI image layout folder (DIR[:TAG])')
     .option('--name <name>', 'the new sandbox name')
     .option(
@@ -293,12 +297,26 @@ export function registerCheckpoint(program: Command): void {
           });
         return n;
       });
-      const s = await clientFromEnv().importCheckpoint({
-        archive: resolve(archive),
+      const rest = {
         ...(o.image !== undefined ? { image: resolve(o.image) } : {}),
         ...(o.name !== undefined ? { name: o.name } : {}),
         ...(ports.length > 0 ? { ports } : {}),
-      });
+      };
+      const client = clientFromEnv();
+      const s =
+        o.onDaemon === true
+          ? await client.importCheckpoint({ archive: resolve(archive), ...rest })
+          : await (async () => {
+              const st = await stat(archive).catch(() => undefined);
+              if (!st?.isFile())
+                throw new DormantError(ErrorCode.INVALID_ARGUMENT, `archive ${archive}: no such file`, {
+                  status: 400,
+                });
+              return client.uploadCheckpoint(
+                Readable.toWeb(createReadStream(archive)) as ReadableStream<Uint8Array>,
+                { fileName: basename(archive), ...rest },
+              );
+            })();
       if (o.json) printJson(s);
       else process.stdout.write(`${s.id} ${pc.dim(`(${s.name}, ${s.state}; dormant resume ${s.id})`)}\n`);
     });

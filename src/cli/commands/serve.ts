@@ -31,10 +31,15 @@ export function registerServe(program: Command): void {
     )
     .option(
       '--allow-root <dir>',
-      'only accept root filesystems and images under this folder (repeatable)',
+      "tenants' root filesystems, images and archives may come from this folder (repeatable; without it tenant tokens name no host path, admin tokens any)",
       collect,
       [],
     )
+    .option(
+      '--seccomp-profile <file>',
+      "every sandbox's seccomp profile (OCI linux.seccomp JSON; default: config/seccomp-default.json)",
+    )
+    .option('--apparmor-profile <name>', 'an AppArmor profile loaded on this host, for every sandbox')
     .option('--log', 'log every request to stderr')
     .addHelpText(
       'after',
@@ -66,6 +71,8 @@ export function registerServe(program: Command): void {
         ...(o.lazyRestore === false ? { lazyRestore: false } : {}),
         ...(o.stageLazyPages === true ? { servePagesFromVault: false } : {}),
         ...(o.allowRoot.length > 0 ? { allowedSourceRoots: o.allowRoot.map((r) => resolve(r)) } : {}),
+        ...(o.seccompProfile !== undefined ? { seccompProfile: resolve(o.seccompProfile) } : {}),
+        ...(o.apparmorProfile !== undefined ? { apparmorProfile: o.apparmorProfile } : {}),
       });
       for (const r of d.reconciled)
         process.stderr.write(`dormant: reconciled ${r.id}: ${r.from} -> ${r.to}\n`);
