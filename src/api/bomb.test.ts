@@ -76,13 +76,14 @@ function statusKiB(pid: number, field: 'VmHWM' | 'VmRSS'): number {
 }
 
 /**
- * Imports `archive` as the admin (admin tokens may name host paths) and returns the error with
+ * Imports `archive` as the admin (admin tokens may name host paths), or as `send` does, and returns the error with
  * the daemon's peak RSS during the request: VmHWM, reset to the current RSS first (clear_refs
  * 5), and VmRSS sampled every 20 ms as a check on it.
  */
 async function importMeasured(
   c: Child,
   archive: string,
+  send: (archive: string) => Promise<unknown> = (a) => c.client.importCheckpoint({ archive: a }),
 ): Promise<{ err: DormantApiError; peakBytes: number; sampledPeakBytes: number; ms: number }> {
   writeFileSync(`/proc/${c.pid}/clear_refs`, '5');
   const startKiB = statusKiB(c.pid, 'VmHWM');
@@ -90,7 +91,7 @@ async function importMeasured(
   let sampled = 0;
   const timer = setInterval(() => (sampled = Math.max(sampled, statusKiB(c.pid, 'VmRSS'))), 20);
   const t0 = Date.now();
-  const err = await c.client.importCheckpoint({ archive }).then(
+  const err = await send(archive).then(
     () => undefined,
     (e: unknown) => e,
   );
@@ -155,4 +156,20 @@ describe('decompression bombs sent to import', () => {
       await nothingLeft(capped);
     });
   }
+
+  test('a tenant uploads the zstd bomb: the same, through the upload route', async (t) => {
+    const minted = await open.client.createToken({ tenant: 'bomber' });
+    const tenant = new DormantClient({ url: open.client.url, token: minted.token });
+    const r = await importMeasured(open, zstdBomb, (a) =>
+      tenant.uploadCheckpoint(readFileSync(a), { fileName: 'bomb.tar.zst' }),
+    );
+    t.diagnostic(
+      `zstd bomb uploaded by a tenant: peak RSS ${(r.peakBytes / MIB).toFixed(0)} MiB, ${r.ms} ms`,
+    );
+    assert.ok(r.peakBytes < MAX_PEAK_RSS, `peak RSS ${r.peakBytes} B is under 600 MiB`);
+    assert.equal(r.err.code, 'CHECKPOINT_ARCHIVE_INVALID', r.err.message);
+    assert.match(r.err.message, /spec\.dump is missing/);
+    assert.doesNotMatch(r.err.message, /\/dev\/shm|\/tmp\//, 'no host path in what the tenant sees');
+    await nothingLeft(open);
+  });
 });
