@@ -8,7 +8,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, readdir, rm, truncate, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, readdir, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -22,7 +22,9 @@ import { writeArchive, type ArchiveMember } from '../checkpoint/export.js';
 import { TAR_END, tarHeader, tarPadding } from '../checkpoint/tar.js';
 import { run } from '../sys/exec.js';
 import { DormantApiError } from '../sdk/errors.js';
+import { isDormantError } from '../domain/errors.js';
 import { COUNTER_SERVER_PY, serveCounter } from './testing/servers.js';
+import { allCapsNoNewPrivs } from '../criu/images/testing/tamper.js';
 
 async function rejection(p: Promise<unknown>): Promise<DormantApiError> {
   const e = await p.then(
@@ -331,6 +333,105 @@ describe('checkpoint import and export', () => {
       await nothingLeft(before);
     }
   });
+  /** Every file under `root` as archive members (their paths relative to it), and its folders. */
+  async function membersOf(root: string): Promise<{ members: ArchiveMember[]; dirs: string[] }> {
+    const members: ArchiveMember[] = [];
+    const dirs: string[] = [];
+    const walk = async (rel: string): Promise<void> => {
+      for (const n of (await readdir(join(root, rel))).sort()) {
+        const r = rel === '' ? n : `${rel}/${n}`;
+        if ((await stat(join(root, r))).isDirectory()) {
+          dirs.push(r);
+          await walk(r);
+        } else members.push({ name: r, file: join(root, r) });
+      }
+    };
+    await walk('');
+    return { members, dirs };
+  }
+
+  test('a podman export edited to hold every capability and no no_new_privs is refused for a tenant; the untouched one imports and resumes', async () => {
+    const minted = await client.createToken({ tenant: 'default' });
+    const tenant = new DormantClient({ url: daemon.url, token: minted.token });
+    const s = await create('tamper-source');
+    const [n, token] = await serveCounter(s);
+    const h = await client.hibernate(s.id);
+    assert.ok(h.checkpointId);
+    const plain = join(dir, 'plain.tar');
+    const r = await client.exportCheckpoint(h.checkpointId, { allowPlaintext: true, compression: 'none' });
+    await pipeline(
+      Readable.fromWeb(r.body as Parameters<typeof Readable.fromWeb>[0]),
+      createWriteStream(plain, { flags: 'wx' }),
+    );
+    // Unpacked, core-1.img edited as the issue's attacker did, packed again.
+    const tree = join(dir, 'tamper-tree');
+    await mkdir(tree);
+    await run('tar', ['-xf', plain, '-C', tree], { timeoutMs: 60_000 });
+    const core = join(tree, 'checkpoint', 'core-1.img');
+    await writeFile(core, allCapsNoNewPrivs(await readFile(core)));
+    const tampered = join(dir, 'tampered.tar');
+    const { members, dirs } = await membersOf(tree);
+    await writeArchive(tampered, members, { compression: 'none', dirs });
+    await rm(tree, { recursive: true, force: true });
+
+    const before = await snapshot();
+    const e = await rejection(
+      tenant.uploadCheckpoint(await readFile(tampered), { fileName: 'tampered.tar' }),
+    );
+    assert.equal(e.code, 'CHECKPOINT_OUTSIDE_PROFILE', e.message);
+    assert.equal(e.status, 422);
+    assert.match(e.message, /pid 1 thread 1: capabilities [A-Z_, ]*CAP_SYS_ADMIN[A-Z_, ]* in the effective/);
+    assert.match(e.message, /no_new_privs is 0/);
+    assert.doesNotMatch(e.message, /\/tmp\//, 'no host path in what a tenant sees');
+    await nothingLeft(before);
+
+    // The same export, untouched, imports for the tenant.
+    const ok = await tenant.uploadCheckpoint(await readFile(plain), { fileName: 'plain.tar' });
+    assert.equal(ok.state, 'hibernated');
+
+    // An imported checkpoint is checked again before it is restored (one imported before the
+    // check existed): the same edit made to a copy of it in the vault is refused at resume,
+    // the sandbox stays hibernated, nothing of the attempt is left running.
+    const good = daemon.store.getCheckpoint(daemon.controller.get(ok.id).checkpointId!)!;
+    const copy = join(dir, 'vault-copy');
+    await daemon.vault.restoreCheckpoint({ tenant: good.tenant, checkpointId: good.id, destDir: copy });
+    await writeFile(join(copy, 'core-1.img'), allCapsNoNewPrivs(await readFile(join(copy, 'core-1.img'))));
+    const badId = `${good.id}-edited`;
+    const put = await daemon.vault.putCheckpoint({
+      tenant: good.tenant,
+      sandboxId: ok.id,
+      checkpointId: badId,
+      srcDir: copy,
+      meta: Object.fromEntries(Object.entries(good.meta).map(([k, v]) => [k, String(v)])),
+    });
+    await rm(copy, { recursive: true, force: true });
+    daemon.store.insertCheckpoint({ ...good, id: badId, ...put });
+    // What a hibernated sandbox keeps on the host (its network, its log collector).
+    const kept = leftovers(ok.id)
+      .map((l) => l.replace(/^process \d+: /, 'process: '))
+      .sort();
+    const atResume = await daemon.controller.resume(ok.id, 'default', 'test', { from: badId }).then(
+      () => undefined,
+      (x: unknown) => x,
+    );
+    assert.ok(isDormantError(atResume, 'CHECKPOINT_OUTSIDE_PROFILE'), String(atResume));
+    assert.match(atResume.message, /CAP_SYS_ADMIN/);
+    assert.equal(daemon.controller.get(ok.id).state, 'hibernated');
+    assert.deepEqual(
+      leftovers(ok.id)
+        .map((l) => l.replace(/^process \d+: /, 'process: '))
+        .sort(),
+      kept,
+      'nothing more of it runs or is mounted than before',
+    );
+
+    // And it resumes from its own checkpoint, with its memory.
+    const resumed = await tenant.resume(ok.id);
+    assert.equal((await serveCounter(resumed)).join(' '), `${n + 1} ${token}`, 'the checkpointed memory');
+    await client.remove(ok.id);
+    await client.remove(s.id);
+  });
+
   test('the export of a checkpoint holding a secret is refused, and allowed with encrypted (the client encrypts it)', async () => {
     const s = await client.createSandbox({
       name: 'secretive',

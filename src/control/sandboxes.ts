@@ -80,6 +80,9 @@ function gpuMetaOf(m: Record<string, unknown>): GpuMeta | undefined {
 }
 import { StepTimer, type OperationTimings, type StepSink } from '../domain/timings.js';
 import { readCriuImages } from '../criu/images/reader.js';
+import { sandboxProfile, type SandboxProfile } from '../checkpoint/profile-check.js';
+import { assertWithinProfile } from '../checkpoint/profile-check-io.js';
+import { SANDBOX_CAPABILITIES } from '../runtime/oci.js';
 import { isPagesImage, startPageServer, writeEagerPages, type PageServer } from '../criu/page-server.js';
 import { startKeeper, type Keeper } from '../sys/keeper.js';
 
@@ -176,6 +179,13 @@ export interface ControllerOptions {
   imageCacheDir?: string;
   /** Read-only host folders mounted into every sandbox (e.g. /usr for python3 in tests). */
   readonlyBinds?: RuntimeSpec['readonlyBinds'];
+  /**
+   * What an imported checkpoint's images may hold (checkpoint/profile-check.ts), over the
+   * defaults: the capabilities sandboxes get, no_new_privs, a seccomp filter, a sandbox's
+   * namespaces and mounts. Set `userNamespace` to the sandboxes' uid/gid mapping when they run
+   * in one. Admin imports are also allowed images in the host's user namespace.
+   */
+  checkpointProfile?: Partial<SandboxProfile>;
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
   /** Caps on what an imported archive may unpack to (defaults: archive.ts). */
@@ -1138,6 +1148,7 @@ export class SandboxController {
         await t.time('vault fetch', () =>
           this.vault.restoreCheckpoint({ tenant: src.tenant, checkpointId: ckId, destDir: images }),
         );
+        await this.checkImported(images, this.store.getCheckpoint(ckId));
         // The checkpoint's diff (the source's files when it was dumped) is the fork's start,
         // written before its overlay is mounted (restore mounts it).
         await t.time('unpack filesystem', () => this.applyFilesystem(forkId, images));
@@ -1386,7 +1397,11 @@ export class SandboxController {
           lastError: asError(e).message,
           lazyRestoreOf: undefined,
         });
-        if (isDormantError(e, 'RESTORE_INCOMPATIBLE')) throw e;
+        if (
+          isDormantError(e, 'RESTORE_INCOMPATIBLE') ||
+          isDormantError(e, ErrorCode.CHECKPOINT_OUTSIDE_PROFILE)
+        )
+          throw e;
         if (isDormantError(e) && e.code.startsWith('VAULT_') && from === 'hibernated') {
           // A damaged checkpoint: say so, and name the older one that may still restore.
           throw this.damaged(id, opts.from ?? s.checkpointId, e, 'the sandbox stays hibernated');
@@ -1506,6 +1521,10 @@ export class SandboxController {
         throw fetched.reason;
       }
       if (prepared.status === 'rejected') throw prepared.reason;
+      await this.checkImported(images, ck).catch(async (e: unknown) => {
+        await this.runtime.stop(s.id).catch(() => undefined);
+        throw e;
+      });
       this.step('resume:fetched');
       unpacked = await t.time('unpack filesystem', () => this.applyFilesystem(s.id, images));
       if (fromVault) {
@@ -1649,6 +1668,29 @@ export class SandboxController {
     await this.runtime.start(s.id);
   }
 
+  /** The profile an imported checkpoint is held to: what this node gives its sandboxes. */
+  private checkpointProfile(admin: boolean): SandboxProfile {
+    return sandboxProfile({
+      capabilities: SANDBOX_CAPABILITIES,
+      readonlyBinds: (this.opts.readonlyBinds ?? []).map((b) => b.destination),
+      ...(admin ? { allowHostUserNamespace: true } : {}),
+      ...this.opts.checkpointProfile,
+    });
+  }
+
+  /**
+   * Before an imported checkpoint is restored: its images are held to the profile again (checked
+   * at import; imports from before the check existed are caught here).
+   */
+  private async checkImported(images: string, ck: CheckpointRecord | undefined): Promise<void> {
+    if (ck?.meta.importedFrom === undefined) return;
+    await assertWithinProfile(
+      images,
+      this.checkpointProfile(ck.meta.importedBy === 'admin'),
+      `checkpoint ${ck.id}`,
+    );
+  }
+
   /**
    * The base image of an archive being imported: `--image` when given (it must be the one the
    * archive names), else an image one of the tenant's sandboxes was made from that matches
@@ -1780,6 +1822,8 @@ export class SandboxController {
       const base = await this.importBase(facts, input.image, input.tenant, input.admin === true);
       // Reading the images refuses malformed ones before anything is created.
       const report = await inspectCheckpoint(ck);
+      // And what they would restore is held to a sandbox's profile, also before anything is made.
+      await assertWithinProfile(ck.imagesDir, this.checkpointProfile(input.admin === true), 'the archive');
       const command = facts.command.length > 0 ? facts.command : base.image.command;
       if (command.length === 0) throw invalid(`archive ${input.archive} records no command`);
       const derived = (() => {
@@ -1855,6 +1899,8 @@ export class SandboxController {
           kernel: m.kernel ?? release(),
           kind: 'memory',
           importedFrom: basename(archive),
+          // Which profile it was checked against (admins' may be in the host's user namespace).
+          importedBy: input.admin === true ? 'admin' : 'tenant',
           engine: facts.engine,
           [FS_META]: 'tar',
           ...(m.criuVersion !== undefined ? { criuVersion: m.criuVersion } : {}),

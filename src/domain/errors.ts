@@ -71,6 +71,8 @@ export const ErrorCode = {
   CHECKPOINT_ARCHIVE_INVALID: 'CHECKPOINT_ARCHIVE_INVALID',
   CHECKPOINT_ARCHIVE_TOO_LARGE: 'CHECKPOINT_ARCHIVE_TOO_LARGE',
   CHECKPOINT_HAS_SECRETS: 'CHECKPOINT_HAS_SECRETS',
+  /** A checkpoint's images give its processes more than a sandbox has (capabilities, seccomp, namespaces, mounts) (422). */
+  CHECKPOINT_OUTSIDE_PROFILE: 'CHECKPOINT_OUTSIDE_PROFILE',
   INTERNAL: 'INTERNAL',
   /** A tenant named a host path (rootfs, image, archive) outside the operator's allowed folders (403). */
   HOST_PATH_FORBIDDEN: 'HOST_PATH_FORBIDDEN',

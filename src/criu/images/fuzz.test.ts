@@ -20,10 +20,15 @@ import {
   decodeIdsEntry,
   decodeInventory,
   decodeMm,
+  decodeMount,
   decodePagemapEntry,
   decodePstree,
+  decodeSeccomp,
+  decodeUserns,
 } from './messages.js';
 import { readCriuImages } from './reader.js';
+import { readProfileImages } from '../../checkpoint/profile-check-io.js';
+import { encodeFields, sub, uint } from './testing/tamper.js';
 
 // dist/criu/images -> src/criu/images/testdata
 const CORPUS = join(
@@ -47,6 +52,10 @@ const DECODERS: Record<string, [number, (b: Uint8Array) => unknown]> = {
   'fdinfo-2.img': [Magic.FDINFO, decodeFdinfo],
   'ids-1.img': [Magic.IDS, decodeIdsEntry],
   'fs-1.img': [Magic.FS, decodeFs],
+  // From a dump of a dormant sandbox (runc 1.1, CRIU 4.2); userns-20.img written by tamper.ts.
+  'mountpoints-13.img': [Magic.MNTS, decodeMount],
+  'seccomp.img': [Magic.SECCOMP, decodeSeccomp],
+  'userns-20.img': [Magic.USERNS, decodeUserns],
 };
 
 /** xorshift32: small, seeded, reproducible. */
@@ -127,15 +136,34 @@ describe('CRIU image reader fuzz', () => {
         await cp(CORPUS, dir, { recursive: true });
         const victim = names[Math.floor(r() * names.length)]!;
         await writeFile(join(dir, victim), mutate(await readFile(join(CORPUS, victim)), r));
-        try {
-          await readCriuImages(dir);
-        } catch (e) {
-          assert.ok(e instanceof DormantError, `${victim}: ${String(e)}`);
-          assert.equal(e.code, 'CRIU_IMAGE_MALFORMED');
+        for (const read of [readCriuImages, readProfileImages]) {
+          try {
+            await read(dir);
+          } catch (e) {
+            assert.ok(e instanceof DormantError, `${victim}: ${String(e)}`);
+            assert.equal(e.code, 'CRIU_IMAGE_MALFORMED');
+          }
         }
       }
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
+  });
+
+  test('credentials are read as CRIU reads them: uint32s truncated, a repeated embedded message refused', () => {
+    const creds = [
+      ...[1, 2, 3, 4, 5, 6, 7, 8].map((no) => uint(no, 0)),
+      uint(13, 0),
+      uint(11, 2n ** 32n + 1n),
+    ];
+    const thread = (c: ReturnType<typeof sub>[]) =>
+      encodeFields([uint(1, 1), sub(5, [uint(1, 0), uint(2, 0), ...c])]);
+    // protobuf-c keeps the low 32 bits of a uint32's varint.
+    assert.deepEqual(decodeCore(thread([sub(10, creds)])).threadCore?.creds?.capEff, [1]);
+    // protobuf-c would merge two creds (their capability lists concatenated): refused instead.
+    assert.throws(
+      () => decodeCore(thread([sub(10, creds), sub(10, creds)])),
+      (e: unknown) => e instanceof DormantError && e.code === 'CRIU_IMAGE_MALFORMED',
+    );
   });
 });

@@ -22,6 +22,9 @@ export const Magic = {
   FILES: 0x56303138,
   FS: 0x51403912,
   STATS: 0x57093306,
+  USERNS: 0x55474906,
+  SECCOMP: 0x64413049,
+  CREDS: 0x54023547,
 } as const;
 
 /** No single CRIU entry comes close to this; a larger length means a damaged file. */

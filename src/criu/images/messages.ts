@@ -3,7 +3,7 @@
  * taken from CRIU's images/*.proto (CRIU 4.2); only the fields dormant uses are decoded,
  * everything else is skipped. Unknown enum values are kept as numbers.
  */
-import { Msg } from './proto.js';
+import { Msg, malformed } from './proto.js';
 
 export interface TaskKobjIds {
   vmId: number;
@@ -52,6 +52,41 @@ export const Arch = [
   'riscv64',
 ];
 
+/**
+ * creds_entry (creds.proto): a thread's credentials as CRIU restores them. Capability sets are
+ * 32-bit words, low word first (CRIU writes two).
+ */
+export interface CredsEntry {
+  uid: number;
+  gid: number;
+  euid: number;
+  egid: number;
+  suid: number;
+  sgid: number;
+  fsuid: number;
+  fsgid: number;
+  capInh: number[];
+  capPrm: number[];
+  capEff: number[];
+  capBnd: number[];
+  capAmb: number[];
+  secbits: number;
+  groups: number[];
+  /** Absent when the thread had it clear: CRIU writes the field only when it is set. */
+  noNewPrivs?: number;
+  lsmProfile?: string;
+}
+
+/** thread_core_entry (core.proto): what is per thread, credentials and seccomp included. */
+export interface ThreadCoreEntry {
+  creds?: CredsEntry;
+  /** SECCOMP_MODE_*: 0 disabled, 1 strict, 2 filter. Absent: disabled. */
+  seccompMode?: number;
+  /** Index of the thread's newest filter in seccomp.img. */
+  seccompFilter?: number;
+  comm?: string;
+}
+
 export interface CoreEntry {
   arch: string;
   comm: string;
@@ -60,6 +95,35 @@ export interface CoreEntry {
   exitCode: number;
   cgSet?: number;
   ids?: TaskKobjIds;
+  /** Present in every image CRIU 2+ writes; without it CRIU restores no credentials at all. */
+  threadCore?: ThreadCoreEntry;
+  /** task_core_entry's deprecated per-task seccomp fields: CRIU moves them onto the leader's thread. */
+  oldSeccompMode?: number;
+  oldSeccompFilter?: number;
+}
+
+/** One line of a uid_map or gid_map (userns.proto uid_gid_extent). */
+export interface IdExtent {
+  /** First id inside the namespace. */
+  first: number;
+  /** First id outside (in the parent namespace). */
+  lowerFirst: number;
+  count: number;
+}
+
+/** userns-N.img: the mappings CRIU writes into the user namespace it creates. */
+export interface UsernsEntry {
+  uidMap: IdExtent[];
+  gidMap: IdExtent[];
+}
+
+/** seccomp.img: the filters of every thread, each naming the one installed before it. */
+export interface SeccompFilter {
+  /** The classic BPF program (struct sock_filter[]). */
+  filter: Uint8Array;
+  /** Index of the previous filter in the chain, if any. */
+  prev?: number;
+  flags?: number;
 }
 
 export interface Vma {
@@ -156,7 +220,12 @@ export interface FileEntry {
 export interface MountEntry {
   fstype: number;
   mntId: number;
+  rootDev: number;
   parentMntId: number;
+  /** The mount's MS_* flags (MS_RDONLY 1, MS_NOSUID 2, MS_NODEV 4, MS_NOEXEC 8). */
+  flags: number;
+  /** The superblock's flags (MS_RDONLY when the filesystem itself is read-only). */
+  sbFlags?: number;
   root: string;
   mountpoint: string;
   source: string;
@@ -164,6 +233,9 @@ export interface MountEntry {
   fsname?: string;
   extMount: boolean;
   extKey?: string;
+  withPlugin: boolean;
+  sharedId?: number;
+  masterId?: number;
 }
 
 export interface CgroupSet {
@@ -240,19 +312,21 @@ export const FS_TYPE_NAMES: Record<number, string> = {
   23: 'cgroup2',
 };
 
+// uint32 fields read as protobuf-c reads them (low 32 bits): the namespace checks compare
+// these ids, and must see the ids CRIU will.
 function decodeIds(m: Msg): TaskKobjIds {
   return {
-    vmId: m.num(1) ?? 0,
-    filesId: m.num(2) ?? 0,
-    fsId: m.num(3) ?? 0,
-    pidNs: m.num(5),
-    netNs: m.num(6),
-    ipcNs: m.num(7),
-    utsNs: m.num(8),
-    mntNs: m.num(9),
-    userNs: m.num(10),
-    cgroupNs: m.num(11),
-    timeNs: m.num(12),
+    vmId: m.u32(1) ?? 0,
+    filesId: m.u32(2) ?? 0,
+    fsId: m.u32(3) ?? 0,
+    pidNs: m.u32(5),
+    netNs: m.u32(6),
+    ipcNs: m.u32(7),
+    utsNs: m.u32(8),
+    mntNs: m.u32(9),
+    userNs: m.u32(10),
+    cgroupNs: m.u32(11),
+    timeNs: m.u32(12),
   };
 }
 
@@ -276,11 +350,11 @@ export function decodeInventory(b: Uint8Array): Inventory {
 export function decodePstree(b: Uint8Array): PstreeEntry {
   const m = new Msg(b);
   return {
-    pid: m.req(1, m.num(1), 'pstree.pid'),
+    pid: m.req(1, m.u32(1), 'pstree.pid'),
     ppid: m.num(2) ?? 0,
     pgid: m.num(3) ?? 0,
     sid: m.num(4) ?? 0,
-    threads: m.nums(5),
+    threads: m.u32s(5),
   };
 }
 
@@ -288,19 +362,94 @@ export function decodeIdsEntry(b: Uint8Array): TaskKobjIds {
   return decodeIds(new Msg(b));
 }
 
+/** At most this many supplementary groups (the kernel's NGROUPS_MAX). */
+const MAX_GROUPS = 65536;
+/** Capability words: the kernel has two (64 bits); more is a damaged or hostile image. */
+const MAX_CAP_WORDS = 8;
+
+function capWords(m: Msg, no: number, what: string): number[] {
+  const w = m.u32s(no);
+  if (w.length > MAX_CAP_WORDS) throw malformed(`creds.${what}: ${w.length} capability words`);
+  return w;
+}
+
+export function decodeCreds(m: Msg): CredsEntry {
+  const id = (no: number, what: string): number => m.req(no, m.u32(no), `creds.${what}`);
+  const groups = m.u32s(14);
+  if (groups.length > MAX_GROUPS) throw malformed(`creds.groups: ${groups.length} groups`);
+  return {
+    uid: id(1, 'uid'),
+    gid: id(2, 'gid'),
+    euid: id(3, 'euid'),
+    egid: id(4, 'egid'),
+    suid: id(5, 'suid'),
+    sgid: id(6, 'sgid'),
+    fsuid: id(7, 'fsuid'),
+    fsgid: id(8, 'fsgid'),
+    capInh: capWords(m, 9, 'cap_inh'),
+    capPrm: capWords(m, 10, 'cap_prm'),
+    capEff: capWords(m, 11, 'cap_eff'),
+    capBnd: capWords(m, 12, 'cap_bnd'),
+    capAmb: capWords(m, 19, 'cap_amb'),
+    secbits: id(13, 'secbits'),
+    groups,
+    noNewPrivs: m.u32(18),
+    lsmProfile: m.str(15),
+  };
+}
+
+function decodeThreadCore(m: Msg): ThreadCoreEntry {
+  const creds = m.msg(10);
+  return {
+    creds: creds ? decodeCreds(creds) : undefined,
+    // An enum: protobuf-c keeps the int32 value (an unknown one fails CRIU's restore).
+    seccompMode: m.u32(11),
+    seccompFilter: m.u32(12),
+    comm: m.str(13),
+  };
+}
+
 export function decodeCore(b: Uint8Array): CoreEntry {
   const m = new Msg(b);
   const mtype = m.num(1) ?? 0;
   const tc = m.msg(3);
   const ids = m.msg(4);
+  const thread = m.msg(5);
   return {
     arch: Arch[mtype] ?? `arch-${mtype}`,
-    comm: tc?.str(6) ?? m.msg(5)?.str(13) ?? '',
+    comm: tc?.str(6) ?? thread?.str(13) ?? '',
     taskState: tc?.num(1) ?? 0,
     exitCode: tc?.num(2) ?? 0,
-    cgSet: tc?.num(9) ?? m.msg(5)?.num(16),
+    cgSet: tc?.num(9) ?? thread?.num(16),
     ids: ids ? decodeIds(ids) : undefined,
+    threadCore: thread ? decodeThreadCore(thread) : undefined,
+    oldSeccompMode: tc?.u32(11),
+    oldSeccompFilter: tc?.u32(12),
   };
+}
+
+function decodeExtents(m: Msg, no: number, what: string): IdExtent[] {
+  const list = m.msgs(no);
+  // The kernel takes at most 340 lines per map.
+  if (list.length > 340) throw malformed(`userns.${what}: ${list.length} extents`);
+  return list.map((e) => ({
+    first: e.req(1, e.u32(1), `${what}.first`),
+    lowerFirst: e.req(2, e.u32(2), `${what}.lower_first`),
+    count: e.req(3, e.u32(3), `${what}.count`),
+  }));
+}
+
+export function decodeUserns(b: Uint8Array): UsernsEntry {
+  const m = new Msg(b);
+  return { uidMap: decodeExtents(m, 1, 'uid_map'), gidMap: decodeExtents(m, 2, 'gid_map') };
+}
+
+export function decodeSeccomp(b: Uint8Array): SeccompFilter[] {
+  return new Msg(b).msgs(1).map((f) => ({
+    filter: f.req(1, f.bytes(1), 'seccomp_filter.filter'),
+    prev: f.u32(2),
+    flags: f.u32(3),
+  }));
 }
 
 export function decodeMm(b: Uint8Array): MmEntry {
@@ -423,7 +572,10 @@ export function decodeMount(b: Uint8Array): MountEntry {
   return {
     fstype: m.num(1) ?? 0,
     mntId: m.num(2) ?? 0,
+    rootDev: m.num(3) ?? 0,
     parentMntId: m.num(4) ?? 0,
+    flags: m.u32(5) ?? 0,
+    sbFlags: m.u32(17),
     root: m.str(6) ?? '',
     mountpoint: m.str(7) ?? '',
     source: m.str(8) ?? '',
@@ -431,6 +583,9 @@ export function decodeMount(b: Uint8Array): MountEntry {
     extMount: m.bool(13) ?? false,
     fsname: m.str(14),
     extKey: m.str(18),
+    withPlugin: m.bool(12) ?? false,
+    sharedId: m.num(10),
+    masterId: m.num(11),
   };
 }
 

@@ -145,9 +145,24 @@ export class Msg {
     const b = this.bytes(no);
     return b === undefined ? undefined : utf8.decode(b);
   }
+  /**
+   * A singular embedded message. One written twice is refused: protobuf-c (CRIU) would merge
+   * the two (repeated fields concatenated), so reading only the last could judge other values
+   * than CRIU restores.
+   */
   msg(no: number): Msg | undefined {
+    if ((this.byNo.get(no)?.length ?? 0) > 1) throw malformed(`field ${no}: embedded message given twice`);
     const b = this.bytes(no);
     return b === undefined ? undefined : new Msg(b);
+  }
+  /** A uint32 as protobuf-c reads it: the low 32 bits of the varint. */
+  u32(no: number): number | undefined {
+    const v = this.big(no);
+    return v === undefined ? undefined : Number(BigInt.asUintN(32, v));
+  }
+  /** Repeated uint32 (packed or not), each the low 32 bits of its varint, as protobuf-c reads them. */
+  u32s(no: number): number[] {
+    return this.bigs(no).map((v) => Number(BigInt.asUintN(32, v)));
   }
   /** Repeated embedded messages. */
   msgs(no: number): Msg[] {

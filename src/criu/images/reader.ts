@@ -136,6 +136,18 @@ async function entriesOf(
   return entries;
 }
 
+/**
+ * The entries of image `name` in `dir` (size-capped, framing checked against `magic`), or
+ * undefined when there is no such file.
+ */
+export function readImageEntries(
+  dir: string,
+  name: string,
+  magic: number,
+): Promise<Uint8Array[] | undefined> {
+  return entriesOf(dir, name, magic);
+}
+
 /** Reads every image of the dump in `dir` except page contents. */
 export async function readCriuImages(dir: string): Promise<CriuImages> {
   const imageFiles = new Map<string, number>();
