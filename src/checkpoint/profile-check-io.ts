@@ -17,7 +17,7 @@ import {
   type MountEntry,
 } from '../criu/images/messages.js';
 import { malformed } from '../criu/images/proto.js';
-import { readImageEntries } from '../criu/images/reader.js';
+import { imageBudget, readImageEntries } from '../criu/images/reader.js';
 import {
   checkAgainstProfile,
   outsideProfile,
@@ -31,12 +31,14 @@ const MAX_THREADS = 100_000;
 const MAX_NS_IMAGES = 1024;
 
 export async function readProfileImages(dir: string): Promise<ProfileImages> {
+  // One budget for the whole dump: bytes read and entries split are capped across its images.
+  const budget = imageBudget();
   const one = async <T>(name: string, magic: number, dec: (b: Uint8Array) => T): Promise<T | undefined> => {
-    const e = (await readImageEntries(dir, name, magic))?.[0];
+    const e = (await readImageEntries(dir, name, magic, budget))?.[0];
     return e === undefined ? undefined : dec(e);
   };
   const inventory = await one('inventory.img', Magic.INVENTORY, decodeInventory);
-  const pstree = await readImageEntries(dir, 'pstree.img', Magic.PSTREE);
+  const pstree = await readImageEntries(dir, 'pstree.img', Magic.PSTREE, budget);
   if (pstree === undefined) throw malformed('no pstree.img: not a CRIU dump');
   const tasks: ProfileImages['tasks'] = [];
   let threads = 0;
@@ -66,7 +68,10 @@ export async function readProfileImages(dir: string): Promise<ProfileImages> {
       const e = await one(name, Magic.USERNS, decodeUserns);
       if (e) userns.set(Number(u[1]), e);
     } else if (m) {
-      mounts.set(Number(m[1]), ((await readImageEntries(dir, name, Magic.MNTS)) ?? []).map(decodeMount));
+      mounts.set(
+        Number(m[1]),
+        ((await readImageEntries(dir, name, Magic.MNTS, budget)) ?? []).map(decodeMount),
+      );
     }
   }
   const seccomp = await one('seccomp.img', Magic.SECCOMP, decodeSeccomp);

@@ -53,10 +53,16 @@ const MAX_TOTAL_ENTRIES = 1_000_000;
 /** What readMemory may return in one call (its callers read a command line or environment). */
 const MAX_READ_MEMORY_BYTES = 16 * 1024 * 1024;
 
-/** What one readCriuImages has read so far, against the caps above. */
-interface Budget {
+/** What one reading of a dump has read so far, against the caps above. */
+export interface ImageBudget {
   bytes: number;
   entries: number;
+}
+type Budget = ImageBudget;
+
+/** A fresh budget: one per reading of a dump, shared by every image it reads. */
+export function imageBudget(): ImageBudget {
+  return { bytes: 0, entries: 0 };
 }
 
 export interface ProcessImage {
@@ -144,14 +150,15 @@ export function readImageEntries(
   dir: string,
   name: string,
   magic: number,
+  budget: ImageBudget = imageBudget(),
 ): Promise<Uint8Array[] | undefined> {
-  return entriesOf(dir, name, magic);
+  return entriesOf(dir, name, magic, budget);
 }
 
 /** Reads every image of the dump in `dir` except page contents. */
 export async function readCriuImages(dir: string): Promise<CriuImages> {
   const imageFiles = new Map<string, number>();
-  const budget: Budget = { bytes: 0, entries: 0 };
+  const budget = imageBudget();
   let pagesBytes = 0;
   for (const d of await readdir(dir, { withFileTypes: true })) {
     if (!d.isFile()) continue;
