@@ -242,6 +242,8 @@ export async function walkArchive(
 
 /** Members that import and inspect read whole into memory: metadata, capped small. */
 export function isMetadataMember(rel: string): boolean {
+  // CRIU's logs too, wherever they are (inspect reads dump.log from checkpoint/).
+  if (rel.endsWith('.log')) return true;
   return (
     !rel.includes('/') &&
     (rel.endsWith('.dump') ||

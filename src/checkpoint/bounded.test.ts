@@ -192,6 +192,10 @@ describe('bounded decompression', () => {
       'CHECKPOINT_ARCHIVE_TOO_LARGE',
       /member "spec\.dump" is 17825792 bytes, over the cap of 16777216 bytes/,
     );
+    const log = await extract(
+      Buffer.concat([member('checkpoint/dump.log', Buffer.alloc(17 * MIB, 0x20)), TAR_END]),
+    );
+    refused(log.err, 'CHECKPOINT_ARCHIVE_TOO_LARGE', /member "checkpoint\/dump\.log" is 17825792 bytes/);
     const ok = await extract(Buffer.concat([member('checkpoint/big.img', Buffer.alloc(17 * MIB)), TAR_END]));
     assert.equal(ok.err, undefined, 'an image of that size is fine');
   });
