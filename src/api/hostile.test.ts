@@ -305,6 +305,9 @@ describe('hostile input at the API edges', () => {
     // A 33 MiB body is over the 32 MiB limit: 413, and the daemon is fine afterwards.
     const huge = JSON.stringify({ rootfs, command: ['true'], env: { A: 'x'.repeat(33 * 1024 * 1024) } });
     refused(await api('POST', '/v1/sandboxes', huge), 'a 33 MiB body', 413, 'INVALID_ARGUMENT');
+    // Past 4 MiB for anything but exec: a body is parsed whole.
+    const big = JSON.stringify({ rootfs, command: ['true'], env: { A: 'x'.repeat(5 * 1024 * 1024) } });
+    refused(await api('POST', '/v1/sandboxes', big), 'a 5 MiB create body', 413, 'INVALID_ARGUMENT');
     const text = await raw(
       daemon.url,
       'POST',
