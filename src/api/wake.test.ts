@@ -78,7 +78,12 @@ describe('idle policy and wake proxy through the daemon', () => {
       readonlyBinds: [{ source: '/usr', destination: '/usr' }],
       warn: () => undefined,
       policy: { intervalMs: 200 },
-      proxy: { domain: 'dormant.test', ...(wakeTimeoutMs !== undefined ? { wakeTimeoutMs } : {}) },
+      proxy: {
+        domain: 'dormant.test',
+        // Raw TCP for private ports too, the operator's opt-in: the default is public ports only.
+        tcp: 'all',
+        ...(wakeTimeoutMs !== undefined ? { wakeTimeoutMs } : {}),
+      },
     });
     client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
     token = daemon.adminToken;
