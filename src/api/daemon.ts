@@ -33,6 +33,8 @@ export interface DaemonOptions {
   masterKeyFile?: string;
   /** Read-only host folders mounted into every sandbox (tests use /usr for python3). */
   readonlyBinds?: ReadonlyBind[];
+  /** Disk quota of a sandbox's writable layer when its create names none. Default 10 GiB. */
+  defaultDiskBytes?: number;
   /** Folders sandbox root filesystems may come from; empty: any. */
   allowedSourceRoots?: string[];
   clock?: Clock;
@@ -153,6 +155,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     stagingDir,
     imageCacheDir: join(opts.dataDir, 'images'),
     ...(opts.readonlyBinds ? { readonlyBinds: opts.readonlyBinds } : {}),
+    ...(opts.defaultDiskBytes !== undefined ? { defaultDiskBytes: opts.defaultDiskBytes } : {}),
     ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),

@@ -9,6 +9,7 @@
  *   bundle/config.json    the OCI config (oci.ts)
  *   bundle/rootfs/        overlay mount point: lower = spec.rootfs, upper/work below
  *   fs/upper/, fs/work/   the writable layer (fs/upper is the filesystem diff)
+ *   fs.img                with a disk quota: the layer's ext4 image, loop-mounted at fs/ (quota.ts)
  *   log/output.log        the sandbox's stdout+stderr, appended by the log collector
  *   log/*.pid             the collector's pids (log-collector.ts)
  *   criu.conf             CRIU options runc cannot pass (tcp-close, skip-in-flight)
@@ -31,6 +32,7 @@ import {
   type Subnet,
 } from './network.js';
 import { buildOciConfig, compileSandboxSpec, criuConfigText } from './oci.js';
+import { ensureLayer, releaseLayer, remountLayer } from './quota.js';
 import { isMountPoint, mountOverlay, unmount } from './rootfs.js';
 import type {
   CallOptions,
@@ -411,6 +413,13 @@ export class RuncRuntime implements Runtime {
       const slot = await reserveSlot(this.netDir(), id, this.subnet);
       rec = { spec, slot, network: slotNetwork(id, this.subnet, slot) };
       await writeFileAtomic(recordPath, JSON.stringify(rec, null, 2));
+    }
+    // The disk quota: the writable layer's image is mounted at fs/ before upper/ and work/
+    // are made in it.
+    const diskBytes = spec.limits?.diskBytes;
+    if (diskBytes !== undefined) {
+      await mkdir(join(dir, 'fs'), { recursive: true, mode: 0o700 });
+      await timed(opts, 'disk quota', () => ensureLayer(dir, diskBytes, opts.signal));
     }
     for (const d of ['bundle/rootfs', 'fs/upper', 'fs/work', 'log'])
       await mkdir(join(dir, d), { recursive: true, mode: 0o700 });
@@ -848,6 +857,9 @@ export class RuncRuntime implements Runtime {
         `runc delete ${id} failed: ${r.stderr.trim() || (await this.runcLogSince(id, 0))}`,
       );
     await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
+    // The writable layer stays at rest and reachable: after a reboot its disk image is
+    // mounted again here, before the daemon empties or refills it.
+    await remountLayer(this.dir(id), opts.signal);
   }
 
   async endProcesses(id: string, opts: CallOptions = {}): Promise<void> {
@@ -905,6 +917,8 @@ export class RuncRuntime implements Runtime {
     if ((await this.runcState(id, opts)) !== undefined)
       await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
     await unmount(join(this.bundle(id), 'rootfs'), opts.signal);
+    // The disk quota's image, after the overlay on it; the file goes with the folder.
+    await releaseLayer(dir, opts.signal);
     // After the container: killing the collector first would leave the sandbox writing
     // into a pipe nobody reads.
     await stopCollector(join(dir, 'log'));
