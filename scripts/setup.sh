@@ -27,7 +27,7 @@ APTDIR=${DORMANT_APT_DIR:-/opt/dormant/apt}
 BINDIR=${DORMANT_BIN_DIR:-/usr/local/bin}
 SUITE=${DORMANT_CRIU_SUITE:-sid}
 MIN_CRIU=4.2
-HOST_PKGS=(runc iptables busybox-static iproute2 zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy)
+HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

@@ -34,6 +34,8 @@ export interface DaemonOptions {
   masterKeyFile?: string;
   /** Read-only host folders mounted into every sandbox (tests use /usr for python3). */
   readonlyBinds?: ReadonlyBind[];
+  /** Disk quota of a sandbox's writable layer when its create names none. Default 10 GiB. */
+  defaultDiskBytes?: number;
   /** Host folders a tenant's rootfs, image and archive paths may come from; empty: none (admins: any). */
   allowedSourceRoots?: string[];
   /** A seccomp profile file (OCI `linux.seccomp` JSON) instead of config/seccomp-default.json. */
@@ -180,6 +182,7 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
     secrets,
     imageCacheDir: join(opts.dataDir, 'images'),
     ...(opts.readonlyBinds ? { readonlyBinds: opts.readonlyBinds } : {}),
+    ...(opts.defaultDiskBytes !== undefined ? { defaultDiskBytes: opts.defaultDiskBytes } : {}),
     ...(opts.allowedSourceRoots ? { allowedSourceRoots: opts.allowedSourceRoots } : {}),
     ...(opts.clock ? { clock: opts.clock } : {}),
     ...(opts.failAt ? { failAt: opts.failAt } : {}),

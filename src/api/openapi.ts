@@ -48,6 +48,8 @@ export const SandboxSchema = z.object({
   /** Memory the sandbox's cgroup holds now; 0 while hibernated or archived. */
   memoryBytes: z.number().int().nonnegative(),
   memoryLimitBytes: z.number().int().positive(),
+  /** Disk quota of the writable layer; null: none (a sandbox made before quotas). */
+  diskLimitBytes: z.number().int().positive().nullable(),
   cpus: z.number(),
   command: z.array(z.string()),
   source: z.unknown(),

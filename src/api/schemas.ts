@@ -46,6 +46,8 @@ export const CreateSandboxBody = z.strictObject({
     .optional(),
   memory: size.optional(),
   cpus: z.number().positive().max(256).optional(),
+  /** Disk quota of the writable layer (`10G`); default: the daemon's. */
+  disk: size.optional(),
   idle: duration.optional(),
   pauseAfter: duration.optional(),
   archiveAfter: duration.optional(),

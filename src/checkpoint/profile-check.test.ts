@@ -227,11 +227,17 @@ describe('checkpoint profile check', () => {
 
   test("host namespaces where a sandbox has its own, and namespaces it doesn't have, are refused", () => {
     const img = sandboxImages();
-    img.tasks[0]!.ids = { ...SANDBOX, pidNs: HOST.pidNs, cgroupNs: 99 };
+    img.tasks[0]!.ids = { ...SANDBOX, pidNs: HOST.pidNs, timeNs: 99 };
     assert.deepEqual(problems(img), [
       "pid 1: runs in the host's pid namespace: a sandbox has its own",
-      'pid 1: has a cgroup namespace of its own, which a sandbox does not have',
+      'pid 1: has a time namespace of its own, which a sandbox does not have',
     ]);
+    // A cgroup namespace of its own (dormant's sandboxes have one) or the host's: both pass.
+    for (const cgroupNs of [99, HOST.cgroupNs]) {
+      const c = sandboxImages();
+      c.tasks[0]!.ids = { ...SANDBOX, cgroupNs };
+      assert.deepEqual(problems(c), [], `cgroupNs ${String(cgroupNs)}`);
+    }
     // inventory.img's root ids decide what CRIU creates: without them, nothing can be judged.
     assert.match(problems({ ...sandboxImages(), inventory: undefined })[0]!, /records no root namespace ids/);
   });

@@ -322,6 +322,9 @@ function checkNamespaces(images: ProfileImages, profile: SandboxProfile, out: Pr
     const f = NS_FIELD[kind];
     const own = root.ids[f] !== undefined && root.ids[f] !== hostIds[f];
     const wanted = profile.namespaces.includes(kind);
+    // A cgroup namespace only changes which cgroup paths the sandbox sees (dormant's sandboxes
+    // have one; podman's have one on cgroup v2 and not on v1): either is accepted.
+    if (kind === 'cgroup') continue;
     if (kind === 'user') {
       if (own && profile.userNamespace === undefined)
         out.push({

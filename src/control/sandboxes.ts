@@ -30,6 +30,7 @@ import type { CheckpointRecord, StateStore } from '../state/store.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.js';
 import { wipeStaged } from '../runtime/staging.js';
+import { MAX_DISK_BYTES, MIN_DISK_BYTES } from '../runtime/oci.js';
 import { run } from '../sys/exec.js';
 import { KeyedMutex } from './mutex.js';
 import { FS_DIFF, FS_META, emptyFolder, packFilesystem, unpackFilesystem } from './filesystem.js';
@@ -186,6 +187,8 @@ export interface ControllerOptions {
    * in one. Admin imports are also allowed images in the host's user namespace.
    */
   checkpointProfile?: Partial<SandboxProfile>;
+  /** Disk quota of a sandbox's writable layer when its create names none. Default 10 GiB. */
+  defaultDiskBytes?: number;
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
   /** Caps on what an imported archive may unpack to (defaults: archive.ts). */
@@ -248,6 +251,8 @@ export interface CreateSandboxInput {
   ports?: (number | PortSpec)[];
   memoryBytes?: number;
   cpus?: number;
+  /** Disk quota of the writable layer. Default: the daemon's (10 GiB unless configured). */
+  diskBytes?: number;
   policy?: SandboxPolicy;
   onResume?: string[];
   /** GPUs: `all` or indexes like `0,1`. Refused on a node without an NVIDIA driver. */
@@ -287,6 +292,8 @@ const PAGES_FROM_VAULT_ABOVE_BYTES = 256 * 1024 * 1024;
 const NODE_ARCH: Record<string, string> = { x86_64: 'x64', amd64: 'x64', aarch64: 'arm64' };
 
 const DEFAULT_MEMORY = 512 * 1024 ** 2;
+/** The writable layer's disk quota when neither the create nor the daemon names one. */
+export const DEFAULT_DISK_BYTES = 10 * 1024 ** 3;
 
 /** A tenant named a host path outside the operator's allowed folders (403). */
 function hostPathForbidden(what: string, path: string, roots: readonly string[] = []): DormantError {
@@ -314,6 +321,16 @@ async function insideRoots(path: string, roots: readonly string[]): Promise<bool
 
 function invalid(message: string, hint?: string): DormantError {
   return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { status: 400, ...(hint ? { hint } : {}) });
+}
+
+/** A disk quota, checked before anything is made (the runtime checks it again). */
+function checkDiskBytes(bytes: number): number {
+  if (!(Number.isSafeInteger(bytes) && bytes >= MIN_DISK_BYTES && bytes <= MAX_DISK_BYTES))
+    throw invalid(
+      `disk quota ${String(bytes)} bytes is out of range`,
+      'give --disk from 32M to 16T less 1G, e.g. --disk 10G',
+    );
+  return bytes;
 }
 
 export class SandboxController {
@@ -474,7 +491,13 @@ export class SandboxController {
       env: await this.openEnv(s),
       hostname: s.name,
       ports: s.spec.ports.map((p) => p.port),
-      limits: { memoryBytes: s.spec.memoryBytes, cpus: s.spec.cpus, pids: 512 },
+      limits: {
+        memoryBytes: s.spec.memoryBytes,
+        cpus: s.spec.cpus,
+        pids: 512,
+        // Sandboxes made before quotas have none: their layer is a folder on the host disk.
+        ...(s.spec.diskBytes !== undefined ? { diskBytes: s.spec.diskBytes } : {}),
+      },
       ...(this.opts.readonlyBinds ? { readonlyBinds: this.opts.readonlyBinds } : {}),
       ...(s.spec.devices !== undefined && s.spec.devices.length > 0 ? { devices: s.spec.devices } : {}),
     };
@@ -576,6 +599,7 @@ export class SandboxController {
         ports,
         memoryBytes: input.memoryBytes ?? DEFAULT_MEMORY,
         cpus: input.cpus ?? 1,
+        diskBytes: checkDiskBytes(input.diskBytes ?? this.opts.defaultDiskBytes ?? DEFAULT_DISK_BYTES),
         // Only what the caller set: node and tenant defaults apply to the rest when the policy
         // runs, so changing a default reaches existing sandboxes.
         policy: { ...input.policy },
@@ -1150,12 +1174,13 @@ export class SandboxController {
         );
         await this.checkImported(images, this.store.getCheckpoint(ckId));
         // The checkpoint's diff (the source's files when it was dumped) is the fork's start,
-        // written before its overlay is mounted (restore mounts it).
-        await t.time('unpack filesystem', () => this.applyFilesystem(forkId, images));
+        // written before its overlay is mounted (restore mounts it), after prepare has made
+        // (and mounted) its writable layer's disk image.
         await this.runtime.prepare(await this.runtimeSpec(this.get(forkId)), {
           timer: t,
           mountRootfs: false,
         });
+        await t.time('unpack filesystem', () => this.applyFilesystem(forkId, images));
         const st = await t.time('restore', () =>
           this.runtime
             .restore(forkId, { imagesDir: images, workDir: join(dir, 'work'), timer: t })
@@ -1854,6 +1879,7 @@ export class SandboxController {
           ports,
           memoryBytes: input.memoryBytes ?? facts.memoryBytes ?? DEFAULT_MEMORY,
           cpus: 1,
+          diskBytes: checkDiskBytes(this.opts.defaultDiskBytes ?? DEFAULT_DISK_BYTES),
           policy: {},
           importedFrom: basename(archive),
         },

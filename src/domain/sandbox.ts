@@ -155,6 +155,8 @@ export interface SandboxSpec {
   ports: PortSpec[];
   memoryBytes: number;
   cpus: number;
+  /** Disk quota of the writable layer; absent on sandboxes made before quotas (none). */
+  diskBytes?: number;
   onResume?: string[];
   policy: SandboxPolicy;
   /** Host device nodes it was given at create (its GPUs: /dev/nvidiaN and the control nodes). */

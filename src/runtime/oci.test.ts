@@ -78,13 +78,14 @@ describe('buildOciConfig', () => {
     annotations: Record<string, string>;
   };
 
-  test('own pid, mount, uts, ipc namespaces and the prepared network namespace', () => {
+  test('own pid, mount, uts, ipc, cgroup namespaces and the prepared network namespace', () => {
     const ns = Object.fromEntries(config.linux.namespaces.map((n) => [n.type, n.path ?? 'new']));
     assert.deepEqual(ns, {
       pid: 'new',
       mount: 'new',
       uts: 'new',
       ipc: 'new',
+      cgroup: 'new',
       network: '/var/run/netns/dormant-box',
     });
   });

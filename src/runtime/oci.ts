@@ -5,6 +5,11 @@
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { SandboxSpec } from './runtime.js';
 
+/** Smallest disk quota: ext4's journal and metadata take ~5 MiB of the image (quota.ts). */
+export const MIN_DISK_BYTES = 32 * 1024 * 1024;
+/** Largest: ext4 (4 KiB blocks) files end at 16 TiB, and the image is one file on the host. */
+export const MAX_DISK_BYTES = 16 * 1024 ** 4 - 1024 ** 3;
+
 const ID_RE = /^[a-z0-9][a-z0-9_.-]{0,47}$/;
 
 function invalid(message: string): DormantError {
@@ -30,6 +35,17 @@ export function compileSandboxSpec(raw: SandboxSpec): Readonly<SandboxSpec> {
     throw invalid(`sandbox ${raw.id}: cpus must be > 0`);
   if (limits.pids !== undefined && !(Number.isInteger(limits.pids) && limits.pids > 0))
     throw invalid(`sandbox ${raw.id}: pids limit must be a positive integer`);
+  if (
+    limits.diskBytes !== undefined &&
+    !(
+      Number.isSafeInteger(limits.diskBytes) &&
+      limits.diskBytes >= MIN_DISK_BYTES &&
+      limits.diskBytes <= MAX_DISK_BYTES
+    )
+  )
+    throw invalid(
+      `sandbox ${raw.id}: disk quota must be a whole number of bytes from 32 MiB to 16 TiB less 1 GiB`,
+    );
   const hostname = raw.hostname ?? raw.id;
   if (!/^[a-zA-Z0-9]([a-zA-Z0-9.-]{0,62})$/.test(hostname))
     throw invalid(`sandbox ${raw.id}: hostname "${hostname}" is not valid`);
@@ -98,6 +114,9 @@ export const MASKED_PATHS = Object.freeze([
   '/proc/sched_debug',
   '/proc/scsi',
   '/sys/firmware',
+  // Block devices: a loop device's loop/backing_file names the host path of every sandbox's
+  // disk image (quota.ts), and so the data folder and the other sandboxes' ids.
+  '/sys/devices/virtual/block',
 ]);
 
 export const READONLY_PATHS = Object.freeze([
@@ -222,6 +241,9 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
         { type: 'ipc' },
         { type: 'uts' },
         { type: 'mount' },
+        // Its own cgroup namespace: /proc/self/cgroup and the cgroup mounts inside show `/`,
+        // not the host's cgroup path of the sandbox.
+        { type: 'cgroup' },
       ],
       ...(input.seccomp !== undefined ? { seccomp: input.seccomp } : {}),
       maskedPaths: [...MASKED_PATHS],

@@ -3,8 +3,9 @@
  * sandbox's own writable layer (upper), mounted at the bundle's rootfs. The upper folder is
  * the sandbox's filesystem diff: it alone goes into a checkpoint or an archive.
  */
-import { readFile } from 'node:fs/promises';
-import { DormantError, ErrorCode } from '../domain/errors.js';
+import { readFile, readlink, rename, rm, symlink } from 'node:fs/promises';
+import { basename, dirname, isAbsolute, join, relative } from 'node:path';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
 
 const MOUNT_TIMEOUT_MS = 15_000;
@@ -29,6 +30,43 @@ export interface OverlayDirs {
   target: string;
 }
 
+/**
+ * The overlay's mount options with every folder named relative to the folder holding the
+ * upper and work folders, and that folder, for mount to run in. The kernel keeps the option
+ * strings as given and shows them in every /proc/<pid>/mountinfo, the sandbox's own too:
+ * absolute ones would tell the sandbox the host's data folder, its sandbox folder and the
+ * rootfs path. A lower folder outside it is reached through a symlink there (`lower`), which
+ * the kernel follows when it mounts and does not show.
+ */
+export async function overlayOptions(dirs: OverlayDirs): Promise<{ cwd: string; options: string }> {
+  const cwd = dirname(dirs.upper);
+  if (dirname(dirs.work) !== cwd)
+    throw new DormantError(
+      ErrorCode.INVALID_ARGUMENT,
+      `overlay upper ${dirs.upper} and work ${dirs.work} must be in one folder`,
+      { status: 400 },
+    );
+  let lower = relative(cwd, dirs.lower);
+  if (lower === '' || lower.startsWith('..') || isAbsolute(lower)) {
+    lower = 'lower';
+    const link = join(cwd, lower);
+    const now = await readlink(link).catch((e: unknown) => {
+      if (errnoCode(e) === 'ENOENT') return undefined;
+      throw e;
+    });
+    if (now !== dirs.lower) {
+      // Replaced in one rename: a crash leaves the old link or the new one.
+      await rm(`${link}.tmp`, { force: true });
+      await symlink(dirs.lower, `${link}.tmp`);
+      await rename(`${link}.tmp`, link);
+    }
+  }
+  return {
+    cwd,
+    options: `lowerdir=${lower},upperdir=${basename(dirs.upper)},workdir=${basename(dirs.work)}`,
+  };
+}
+
 /** Mounts the overlay unless it is already mounted there. */
 export async function mountOverlay(dirs: OverlayDirs, signal?: AbortSignal): Promise<void> {
   if (await isMountPoint(dirs.target)) return;
@@ -41,19 +79,13 @@ export async function mountOverlay(dirs: OverlayDirs, signal?: AbortSignal): Pro
           status: 400,
         },
       );
+  const form = await overlayOptions(dirs);
   try {
-    await run(
-      'mount',
-      [
-        '-t',
-        'overlay',
-        'overlay',
-        '-o',
-        `lowerdir=${dirs.lower},upperdir=${dirs.upper},workdir=${dirs.work}`,
-        dirs.target,
-      ],
-      { timeoutMs: MOUNT_TIMEOUT_MS, signal },
-    );
+    await run('mount', ['-t', 'overlay', 'overlay', '-o', form.options, dirs.target], {
+      timeoutMs: MOUNT_TIMEOUT_MS,
+      signal,
+      cwd: form.cwd,
+    });
   } catch (e) {
     throw new DormantError(
       ErrorCode.RUNTIME_ROOTFS_FAILED,

@@ -9,6 +9,7 @@
  *                         (written first, atomically; 0600)
  *   bundle/rootfs/        overlay mount point: lower = spec.rootfs, upper/work below
  *   fs/upper/, fs/work/   the writable layer (fs/upper is the filesystem diff)
+ *   fs.img                with a disk quota: the layer's ext4 image, loop-mounted at fs/ (quota.ts)
  *   log/output.log        the sandbox's stdout+stderr, appended by the log collector
  *   log/*.pid             the collector's pids (log-collector.ts)
  *   criu.conf             CRIU options runc cannot pass (tcp-close, skip-in-flight)
@@ -44,6 +45,7 @@ import { buildOciConfig, compileSandboxSpec, criuConfigText } from './oci.js';
 import { isMountPoint, mountOverlay, unmount, unmountAll } from './rootfs.js';
 import { removeCgroupEverywhere } from '../sys/cgroup.js';
 import { assertOwnFolder, privateFolder } from './staging.js';
+import { ensureLayer, releaseLayer, remountLayer } from './quota.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -668,6 +670,13 @@ export class RuncRuntime implements Runtime {
       const slot = await reserveSlot(this.netDir(), id, this.subnet);
       rec = { spec: recordSpec(spec), slot, network: slotNetwork(id, this.subnet, slot) };
       await writeFileAtomic(recordPath, JSON.stringify(rec, null, 2));
+    }
+    // The disk quota: the writable layer's image is mounted at fs/ before upper/ and work/
+    // are made in it.
+    const diskBytes = spec.limits?.diskBytes;
+    if (diskBytes !== undefined) {
+      await mkdir(join(dir, 'fs'), { recursive: true, mode: 0o700 });
+      await timed(opts, 'disk quota', () => ensureLayer(dir, diskBytes, opts.signal));
     }
     for (const d of ['bundle/rootfs', 'fs/upper', 'fs/work', 'log'])
       await mkdir(join(dir, d), { recursive: true, mode: 0o700 });
@@ -1294,6 +1303,9 @@ export class RuncRuntime implements Runtime {
       );
     await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
     await this.dropConfig(id);
+    // The writable layer stays at rest and reachable: after a reboot its disk image is
+    // mounted again here, before the daemon empties or refills it.
+    await remountLayer(this.dir(id), opts.signal);
   }
 
   async endProcesses(id: string, opts: CallOptions = {}): Promise<void> {
@@ -1369,6 +1381,9 @@ export class RuncRuntime implements Runtime {
         ErrorCode.COMMAND_FAILED,
         `sandbox ${id}: could not unmount ${still.join(', ')}`,
       );
+    // The disk quota's image, after the overlay on it (unmountAll took the mount; this frees
+    // its loop device if still held); the file goes with the folder.
+    await releaseLayer(dir, opts.signal);
     // After the container: killing the collector first would leave the sandbox writing
     // into a pipe nobody reads.
     await stopCollector(join(dir, 'log'));

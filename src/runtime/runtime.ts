@@ -31,6 +31,12 @@ export interface SandboxLimits {
   cpus?: number;
   /** Most tasks (processes and threads) the sandbox may have at once. */
   pids?: number;
+  /**
+   * Disk quota of the writable layer, in bytes: the layer lives on an image of this size
+   * (quota.ts) and a write past it fails inside with ENOSPC. Absent: no quota (the layer is a
+   * folder on the host disk, as sandboxes made before quotas have).
+   */
+  diskBytes?: number;
 }
 
 /** What a sandbox is made of. Validated and frozen by `compileSandboxSpec`. */

@@ -23,6 +23,8 @@ export interface SandboxInfo {
   address: string | null;
   memoryBytes: number;
   memoryLimitBytes: number;
+  /** Disk quota of the writable layer; null: none (a sandbox made before quotas). */
+  diskLimitBytes: number | null;
   cpus: number;
   command: string[];
   createdAt: string;
@@ -80,6 +82,8 @@ export interface CreateSandboxOptions {
   /** Bytes, or a size like `512M`. */
   memory?: number | string;
   cpus?: number;
+  /** Disk quota of the writable layer: bytes, or a size like `10G`. Default: the daemon's. */
+  disk?: number | string;
   /** Milliseconds, or a duration like `15m`. */
   idle?: number | string;
   archiveAfter?: number | string;

@@ -63,6 +63,7 @@ function sandboxDetail(s: SandboxInfo): string {
       'memory',
       `${s.memoryBytes > 0 ? formatBytes(s.memoryBytes) : 'none held'} (limit ${formatBytes(s.memoryLimitBytes)})`,
     ],
+    ['disk quota', typeof s.diskLimitBytes === 'number' ? formatBytes(s.diskLimitBytes) : 'none'],
     ['created', s.createdAt],
     ['last active', `${s.lastActiveAt} (${age(s.lastActiveAt)} ago)`],
     ['checkpoint', s.checkpointId ?? '-'],
@@ -96,6 +97,7 @@ export function registerSandboxes(program: Command): void {
     .option('--env <K=V>', 'an environment variable (repeatable)', collect, [])
     .option('--memory <size>', 'memory limit, e.g. 512M', '512M')
     .option('--cpus <n>', 'CPU limit in cores', '1')
+    .option('--disk <size>', "disk quota of the sandbox's writable layer, e.g. 10G (default: the daemon's)")
     .option('--idle <duration>', 'hibernate after this long idle (default: the tenant or node default, 15m)')
     .option('--archive-after <duration>', 'archive after this long hibernated (default: 7d)')
     .option('--lifetime <duration>', 'end the sandbox after this long')
@@ -139,6 +141,7 @@ export function registerSandboxes(program: Command): void {
           ports,
           memory: o.memory,
           cpus,
+          ...(o.disk !== undefined ? { disk: o.disk } : {}),
           ...(o.idle !== undefined ? { idle: o.idle } : {}),
           ...(o.archiveAfter !== undefined ? { archiveAfter: o.archiveAfter } : {}),
           ...(o.lifetime ? { lifetime: o.lifetime } : {}),

@@ -1,7 +1,7 @@
 import type { Command } from '@commander-js/extra-typings';
 import { resolve } from 'node:path';
 import { startDaemon } from '../../api/daemon.js';
-import { parseDurationMs } from '../../domain/units.js';
+import { parseDurationMs, parseSizeBytes } from '../../domain/units.js';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { defaultDataDir } from '../env.js';
 
@@ -40,6 +40,11 @@ export function registerServe(program: Command): void {
       "every sandbox's seccomp profile (OCI linux.seccomp JSON; default: config/seccomp-default.json)",
     )
     .option('--apparmor-profile <name>', 'an AppArmor profile loaded on this host, for every sandbox')
+    .option(
+      '--disk <size>',
+      "disk quota of a sandbox's writable layer when its create gives none (a sparse ext4 image per sandbox)",
+      '10G',
+    )
     .option('--log', 'log every request to stderr')
     .addHelpText(
       'after',
@@ -56,8 +61,15 @@ export function registerServe(program: Command): void {
           `--wake-timeout ${o.wakeTimeout}: ${(e as Error).message}`,
         );
       }
+      let defaultDiskBytes: number;
+      try {
+        defaultDiskBytes = parseSizeBytes(o.disk);
+      } catch (e) {
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--disk ${o.disk}: ${(e as Error).message}`);
+      }
       const d = await startDaemon({
         dataDir,
+        defaultDiskBytes,
         listen: o.listen,
         logger: !!o.log,
         proxy: o.proxy
