@@ -263,6 +263,8 @@ export async function startDaemon(opts: DaemonOptions): Promise<Daemon> {
       await meter.close();
       await wake.close();
       await app.close();
+      // What answered requests left running (removing a hibernated sandbox's container).
+      await controller.settle();
       await vault.close();
       store.close();
       secrets.close();

@@ -7,7 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { startDaemon, type Daemon } from './daemon.js';
@@ -31,17 +31,36 @@ async function loopsUnder(dir: string): Promise<string[]> {
 }
 
 /**
- * The loop devices under `dir` once they are gone, or those left after 5 s: a mount
- * namespace another container is being made in holds a copy of the mount (and so the loop
- * device) for a moment, until that runc detaches the host's mounts.
+ * The loop devices under `dir` once they are gone, or those left after 20 s, each with the
+ * processes whose mount table still shows a mount under `dir` (the diagnosis when one stays):
+ * a mount namespace another container is being made in holds a copy of the mount (and so the
+ * loop device) for a moment, until that runc detaches the host's mounts.
  */
 async function loopsLeft(dir: string): Promise<string[]> {
-  const deadline = Date.now() + 5000;
+  const deadline = Date.now() + 20_000;
   for (;;) {
     const left = await loopsUnder(dir);
-    if (left.length === 0 || Date.now() > deadline) return left;
+    if (left.length === 0) return left;
+    if (Date.now() > deadline) return [...left, ...holders(dir)];
     await new Promise((r) => setTimeout(r, 100));
   }
+}
+
+function holders(dir: string): string[] {
+  const out: string[] = [];
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      const lines = readFileSync(`/proc/${pid}/mountinfo`, 'utf8')
+        .split('\n')
+        .filter((l) => l.includes(dir));
+      if (lines.length === 0) continue;
+      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ').slice(0, 120);
+      out.push(`held by pid ${pid} (${readlinkSync(`/proc/${pid}/ns/mnt`)}: ${cmd}): ${lines.join(' | ')}`);
+    } catch {
+      // The process ended meanwhile.
+    }
+  }
+  return out;
 }
 
 async function mountsUnder(dir: string): Promise<string[]> {
@@ -160,6 +179,11 @@ describe('disk quota through the daemon', { skip }, () => {
 
     await client.hibernate(sb.id);
     await daemon.close();
+    assert.deepEqual(
+      (await mountsUnder(sandboxDir(sb.id))).map((l) => l.split(' ')[4]),
+      [layerMountPoint(sandboxDir(sb.id))],
+      'a hibernated sandbox: its image mounted once, nothing else',
+    );
     // What a reboot does to it: the image is no longer mounted.
     await run('umount', [layerMountPoint(sandboxDir(sb.id))], { timeoutMs: 10_000 });
     assert.deepEqual(await loopsLeft(sandboxDir(sb.id)), []);

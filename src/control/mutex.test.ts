@@ -42,3 +42,21 @@ test('a failing operation releases the key', async () => {
   );
   assert.equal(await m.run('k', () => Promise.resolve(42)), 42);
 });
+
+test('idle waits for every operation, those queued or started while it waits too', async () => {
+  const m = new KeyedMutex();
+  const done: string[] = [];
+  const later = (name: string, ms: number) =>
+    m.run(name[0]!, async () => {
+      await new Promise((r) => setTimeout(r, ms));
+      done.push(name);
+    });
+  void later('a1', 30);
+  void later('a2', 10);
+  void later('b1', 5);
+  // Started while idle() already waits: it is waited for as well.
+  setTimeout(() => void later('c1', 40), 20);
+  await m.idle();
+  assert.deepEqual(done.sort(), ['a1', 'a2', 'b1', 'c1']);
+  await m.idle();
+});

@@ -17,6 +17,11 @@ export class KeyedMutex {
     }
   }
 
+  /** Resolves once no operation holds or waits for any key (those started meanwhile too). */
+  async idle(): Promise<void> {
+    while (this.tails.size > 0) await Promise.allSettled([...this.tails.values()]);
+  }
+
   /** True while some operation holds or waits for `key`. */
   busy(key: string): boolean {
     return this.tails.has(key);

@@ -1294,6 +1294,17 @@ export class SandboxController {
     clearTimeout(timer);
   }
 
+  /**
+   * Waits (at most `timeoutMs`) for every operation on a sandbox to end, the part after its
+   * answer too (a hibernate answers before it removes the container). Call before shutting
+   * down, once no request can start another: work cut off by the exit is left half done.
+   */
+  async settle(timeoutMs = 60_000): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.locks.idle(), new Promise((r) => (timer = setTimeout(r, timeoutMs)))]);
+    clearTimeout(timer);
+  }
+
   private async afterLazyRestoreNow(s: Sandbox, pagesLoaded: Promise<void>): Promise<boolean> {
     const images = this.staging(`${s.id}-restore`);
     const failure = await pagesLoaded.then(

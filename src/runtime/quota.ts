@@ -16,7 +16,7 @@
  * the layer would be held in memory.
  */
 import { constants } from 'node:fs';
-import { open, readdir, rename, rm, stat } from 'node:fs/promises';
+import { chmod, open, readdir, rename, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
@@ -98,6 +98,8 @@ async function mountImage(image: string, target: string, signal?: AbortSignal): 
       timeoutMs: MOUNT_TIMEOUT_MS,
       signal,
     });
+    // mkfs makes the image's root folder 0755: the sandbox's files are nobody else's.
+    await chmod(target, 0o700);
   } catch (e) {
     throw layerError(`could not mount the writable layer's disk image: ${(e as Error).message}`, e);
   }
