@@ -38,7 +38,7 @@ export interface RecordChunk {
   rawBytes: number;
 }
 
-/** Packs roll over at this size: one fdatasync per pack keeps sync cost at ~400 MB/s (PERF-NOTES). */
+/** Packs roll over at this size: one fdatasync per pack keeps sync cost at ~400 MB/s (measured on this project's machines). */
 export const PACK_TARGET_BYTES = 32 * 1024 * 1024;
 const READ_BYTES = 4 * 1024 * 1024;
 /** How long a read that caught up with a file still being written waits before the next. */

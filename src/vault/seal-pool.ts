@@ -1,6 +1,6 @@
 /**
  * Runs chunk compression and sealing on worker threads (zstd is the slowest stage of ingest,
- * see PERF-NOTES), while the main thread reads, chunks, hashes and deduplicates.
+ * measured), while the main thread reads, chunks, hashes and deduplicates.
  *
  * No chunk byte is copied between threads: the ingest loop reads files straight into buffers
  * it takes from the pool, and a job names chunks by offset. The input buffer and an output
