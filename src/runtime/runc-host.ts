@@ -42,7 +42,10 @@ export interface RuncRuntimeOptions {
   runcPath?: string;
   /** The criu binary runc should run. Default `criu` on PATH. */
   criuPath?: string;
-  /** Environment for runc (and so criu). Default `{ CRIU_FAULT: '130' }`: no hardware breakpoints, which fail on some VMs (criu/criu.ts). */
+  /**
+   * Environment for runc (and so criu). Default `{ CRIU_FAULT: '130' }`: no hardware
+   * breakpoints, which fail on some VMs (criu/criu.ts).
+   */
   criuEnv?: Record<string, string>;
   /** The IPv4 subnet sandboxes get /30s from. Default 10.213.0.0/16. */
   subnet?: string;
