@@ -1,7 +1,7 @@
 /**
  * A sandbox's filesystem diff (its overlay's upper folder) as one tar file, so that it travels
  * into the vault with the checkpoint and is not left in plaintext on disk while the sandbox
- * sleeps (DESIGN.md: hibernated and archived keep the diff in the vault, encrypted).
+ * sleeps (hibernated and archived sandboxes keep the diff in the vault, encrypted).
  *
  * GNU tar keeps what overlayfs needs: owners and modes (numeric), hard links, sparse files,
  * whiteouts (character devices 0/0) and opaque folders (the trusted.overlay.* xattrs).

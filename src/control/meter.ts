@@ -14,7 +14,7 @@ import {
   type PriceSheet,
 } from '../domain/cost.js';
 import type { StateStore } from '../state/store.js';
-import type { Clock } from './sandboxes.js';
+import type { Clock } from './options.js';
 
 export interface MeterSource {
   list(): { id: string; state: string }[];

@@ -15,7 +15,7 @@ import {
   type PolicyDecision,
   type PolicyDefaults,
 } from './policy.js';
-import type { Clock } from './sandboxes.js';
+import type { Clock } from './options.js';
 
 /** What the loop needs of the controller (SandboxController implements it). */
 export interface PolicyTarget {

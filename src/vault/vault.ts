@@ -5,31 +5,17 @@
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { DormantError, ErrorCode } from '../domain/errors.js';
-import { makeChunker, type Chunker } from './chunker.js';
+import { makeChunker } from './chunker.js';
+import { deriveKey, deriveTenantKeys, wipeTenantKeys } from './crypto.js';
 import {
-  CHUNK_ID_BYTES,
-  chunkId,
-  deriveKey,
-  deriveTenantKeys,
-  wipeTenantKeys,
-  type TenantKeys,
-} from './crypto.js';
-import {
-  PACK_HEADER_BYTES,
-  RECORD_MAX_RAW_BYTES,
-  REF_BYTES,
-  REF_HOLE,
   decodeIndex,
-  recordRawBytes,
-  storedShare,
   decodeManifestBody,
   decodeManifestHeader,
   encodeManifest,
-  packHeader,
   type ManifestBody,
   type ManifestHeader,
 } from './format.js';
-import { PackWriter, crashPoint, ingestFolder, type ChunkLocation, type IngestCounters } from './ingest.js';
+import { PackWriter, crashPoint, ingestFolder, type IngestCounters } from './ingest.js';
 import {
   MASTER_CHECK,
   checkMasterKey,
@@ -44,27 +30,26 @@ import {
 } from './keys.js';
 import { LocalLock, type Release } from './lock.js';
 import { SealPool } from './seal-pool.js';
-import { sealOne } from './seal-worker.js';
-import { ChunkDecoder, PackReaders, restoreInto, type RestoreContext } from './restore.js';
+import { restoreInto, type RestoreContext } from './restore.js';
 import { CheckpointReader } from './reader.js';
-import { LocalDirStore, TMP_MARK, type StoreEntry, type VaultStore } from './store.js';
+import { LocalDirStore, TMP_MARK, type VaultStore } from './store.js';
+import {
+  ID_RE,
+  checkId,
+  ckptIdOf,
+  isPageImage,
+  packIdOf,
+  type TenantState,
+  type VaultInternals,
+} from './internals.js';
+import { verifyAll, type VerifyReport } from './verify.js';
+import { collectGarbage, type GcOptions, type GcReport } from './gc.js';
+import { attributionOf, tenantStats, type VaultStats } from './stats.js';
 
-const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
-
-function checkId(kind: string, id: string): void {
-  if (typeof id !== 'string' || !ID_RE.test(id) || id.includes('..')) {
-    throw new DormantError(
-      ErrorCode.INVALID_ARGUMENT,
-      `invalid ${kind} "${id}": use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit`,
-      { status: 400 },
-    );
-  }
-}
-
-/** CRIU's page images: whole memory pages back to back, chunked on page boundaries. */
-export function isPageImage(path: string): boolean {
-  return /(^|\/)pages-\d+\.img$/.test(path);
-}
+export { isPageImage } from './internals.js';
+export type { VerifyProblem, VerifyReport } from './verify.js';
+export type { GcOptions, GcReport } from './gc.js';
+export type { TenantStats, VaultStats } from './stats.js';
 
 export interface VaultOptions {
   /** The vault directory (local store and locks). */
@@ -155,102 +140,6 @@ export interface CheckpointInfo {
   fileCount: number;
 }
 
-export interface VerifyProblem {
-  tenant: string;
-  /** The checkpoints this problem breaks (empty when none reference the object). */
-  checkpoints: string[];
-  /** The damaged object: `pack <id>`, `index <id>`, `manifest <checkpoint>`, `chunk <id>`, `key <name>`. */
-  object: string;
-  message: string;
-}
-
-export interface VerifyReport {
-  ok: boolean;
-  tenants: number;
-  checkpoints: number;
-  chunksChecked: number;
-  bytesChecked: number;
-  problems: VerifyProblem[];
-  /** Leftovers of interrupted writes (harmless; gc removes them). */
-  orphans: { packs: number; indexes: number; temporaries: number };
-  /** Tenants whose key was destroyed and whose data awaits gc. */
-  shreddedTenants: string[];
-}
-
-export interface GcOptions {
-  /** Repack a pack when at least this fraction of its bytes is dead. Default 0: any dead chunk. */
-  minDeadFraction?: number;
-  signal?: AbortSignal;
-}
-
-export interface GcReport {
-  packsDeleted: number;
-  packsRepacked: number;
-  indexesDeleted: number;
-  temporariesDeleted: number;
-  manifestsDeleted: number;
-  tenantsShredded: number;
-  bytesBefore: number;
-  bytesAfter: number;
-  reclaimedBytes: number;
-  /** Tenants gc left alone because something could not be read (verify says what). */
-  skippedTenants: { tenant: string; reason: string }[];
-  durationMs: number;
-}
-
-export interface TenantStats {
-  tenant: string;
-  checkpoints: number;
-  /** Sum of file sizes of all checkpoints. */
-  logicalBytes: number;
-  /** Of those, runs of zero pages stored as holes. */
-  holeBytes: number;
-  /** Distinct chunk bytes referenced (after deduplication, before compression). */
-  uniqueBytes: number;
-  /** Bytes of sealed chunk records referenced (after compression). */
-  chunkStoredBytes: number;
-  /** Everything on the store for this tenant: packs, indexes, manifests. */
-  storedBytes: number;
-  /** (logical - holes) / unique. */
-  dedupRatio: number;
-  /** unique / chunk stored. */
-  compressionRatio: number;
-  /** logical / stored. */
-  overallRatio: number;
-}
-
-export interface VaultStats {
-  location: string;
-  tenants: TenantStats[];
-  total: Omit<TenantStats, 'tenant'>;
-}
-
-interface TenantState {
-  keys: TenantKeys;
-  chunker: Chunker;
-  index: Map<string, ChunkLocation>;
-  loaded: Set<string>;
-  /** Indexes that failed authentication: pack id -> message. */
-  badIndexes: Map<string, string>;
-}
-
-function packIdOf(name: string, ext: string): string | undefined {
-  const base = name.slice(name.lastIndexOf('/') + 1);
-  if (base.includes(TMP_MARK) || !base.endsWith(ext)) return undefined;
-  const id = base.slice(0, -ext.length);
-  return /^[0-9a-f]{32}$/.test(id) ? id : undefined;
-}
-
-function ckptIdOf(name: string): string | undefined {
-  const base = name.slice(name.lastIndexOf('/') + 1);
-  if (base.includes(TMP_MARK) || !base.endsWith('.mf')) return undefined;
-  return base.slice(0, -3);
-}
-
-function ratio(a: number, b: number): number {
-  return b === 0 ? 1 : a / b;
-}
-
 /**
  * The vault. Create with {@link openVault}; every method is safe to call concurrently with
  * other methods and with other processes using the same directory.
@@ -312,6 +201,20 @@ export class Vault {
 
   private lockOpts(signal?: AbortSignal): { timeoutMs: number; signal?: AbortSignal } {
     return { timeoutMs: this.opts.lockTimeoutMs ?? 600_000, ...(signal ? { signal } : {}) };
+  }
+
+  /** The vault as verify, gc and stats work with it. */
+  private internals(): VaultInternals {
+    return {
+      store: this.store,
+      lock: this.lock,
+      lockOpts: (signal) => this.lockOpts(signal),
+      packTargetBytes: this.opts.packTargetBytes,
+      tenantState: (tenant, create) => this.tenantState(tenant, create),
+      forgetTenant: (tenant) => this.tenants.delete(tenant),
+      refreshIndex: (tenant, t) => this.refreshIndex(tenant, t),
+      readManifest: (tenant, checkpointId) => this.readManifest(tenant, checkpointId),
+    };
   }
 
   private tenantState(tenant: string, create: boolean): Promise<TenantState> {
@@ -796,20 +699,6 @@ export class Vault {
     return { checkpointsDeleted: mine.length };
   }
 
-  private async tenantNames(): Promise<string[]> {
-    const names = new Set<string>();
-    for (const e of await this.store.list('data')) {
-      const t = e.name.split('/')[1];
-      if (t !== undefined) names.add(t);
-    }
-    for (const e of await this.store.list('keys/tenants')) {
-      const base = e.name.split('/')[2] ?? '';
-      const m = /^([A-Za-z0-9._-]+)\.(key|destroyed)$/.exec(base);
-      if (m) names.add(m[1]!);
-    }
-    return [...names].sort();
-  }
-
   /**
    * Decrypts and checks everything: every key object, index, pack record (authentication,
    * decompression, chunk id) and manifest (authentication, every reference resolvable).
@@ -817,197 +706,7 @@ export class Vault {
    */
   async verify(o: { signal?: AbortSignal } = {}): Promise<VerifyReport> {
     this.check();
-    return this.withShared(o.signal, () => this.verifyLocked(o));
-  }
-
-  private async verifyLocked(o: { signal?: AbortSignal }): Promise<VerifyReport> {
-    const report: VerifyReport = {
-      ok: true,
-      tenants: 0,
-      checkpoints: 0,
-      chunksChecked: 0,
-      bytesChecked: 0,
-      problems: [],
-      orphans: { packs: 0, indexes: 0, temporaries: 0 },
-      shreddedTenants: [],
-    };
-    for (const tenant of await this.tenantNames()) {
-      if (o.signal?.aborted) throw new DormantError(ErrorCode.COMMAND_ABORTED, 'verify aborted');
-      if (await isDestroyed(this.store, tenantTombstoneName(tenant))) {
-        report.shreddedTenants.push(tenant);
-        continue;
-      }
-      report.tenants++;
-      await this.verifyTenant(tenant, report);
-    }
-    report.ok = report.problems.length === 0;
-    return report;
-  }
-
-  private async verifyTenant(tenant: string, report: VerifyReport): Promise<void> {
-    const problem = (object: string, message: string, checkpoints: string[] = []): void => {
-      report.problems.push({ tenant, object, message, checkpoints });
-    };
-    let t: TenantState;
-    try {
-      // A fresh state: verify reads everything from the store, never from a cache.
-      this.tenants.delete(tenant);
-      t = await this.tenantState(tenant, false);
-    } catch (e) {
-      problem(`key ${tenantKeyName(tenant)}`, e instanceof Error ? e.message : String(e));
-      return;
-    }
-    const files = await this.store.list(`data/${tenant}`);
-    const packs = new Map<string, StoreEntry>();
-    const indexes = new Map<string, StoreEntry>();
-    const manifests: string[] = [];
-    for (const f of files) {
-      if (f.name.includes(TMP_MARK)) {
-        report.orphans.temporaries++;
-        continue;
-      }
-      const kind = f.name.split('/')[2];
-      if (kind === 'packs') {
-        const id = packIdOf(f.name, '.pack');
-        if (id) packs.set(id, f);
-      } else if (kind === 'index') {
-        const id = packIdOf(f.name, '.idx');
-        if (id) indexes.set(id, f);
-      } else if (kind === 'manifests') {
-        const id = ckptIdOf(f.name);
-        if (id) manifests.push(id);
-      }
-    }
-    // Manifests first, to know which checkpoints each object carries.
-    const users = new Map<string, string[]>(); // chunk key -> checkpoints
-    const refsOf = new Map<string, Set<string>>();
-    for (const ck of manifests) {
-      report.checkpoints++;
-      try {
-        const { body } = await this.readManifest(tenant, ck);
-        const set = new Set<string>();
-        for (let at = 0; at < body.refs.length; at += REF_BYTES) {
-          if (body.refs[at] === REF_HOLE) continue;
-          const k = body.refs.subarray(at + 5, at + 5 + CHUNK_ID_BYTES).toString('hex');
-          if (set.has(k)) continue;
-          set.add(k);
-          const u = users.get(k);
-          if (u) u.push(ck);
-          else users.set(k, [ck]);
-        }
-        refsOf.set(ck, set);
-      } catch (e) {
-        if (e instanceof DormantError && e.code === ErrorCode.SANDBOX_KEY_DESTROYED) continue;
-        problem(`manifest ${ck}`, e instanceof Error ? e.message : String(e), [ck]);
-      }
-    }
-    const good = new Set<string>();
-    const decoder = new ChunkDecoder(t.keys);
-    const scratch = Buffer.allocUnsafe(RECORD_MAX_RAW_BYTES);
-    for (const [pack, idxEntry] of indexes) {
-      if (!packs.has(pack)) {
-        const affected = new Set<string>();
-        problem(`pack ${pack}`, `pack ${pack} is missing but its index lists chunks`, [...affected]);
-        continue;
-      }
-      const blob = await this.store.read(idxEntry.name);
-      const entries = decodeIndex(t.keys.indexKey, tenant, pack, blob);
-      if (entries === undefined) {
-        problem(
-          `index ${pack}`,
-          `index ${pack} fails authentication`,
-          this.checkpointsUsingPackUnknown(refsOf),
-        );
-        continue;
-      }
-      const readers = new PackReaders(this.store, tenant, `pack ${pack}`);
-      const packEntry = packs.get(pack)!;
-      try {
-        const reader = await this.store.openReader(packEntry.name);
-        const head = await reader.read(0, PACK_HEADER_BYTES).catch(() => Buffer.alloc(0));
-        await reader.close();
-        if (!head.equals(packHeader(pack))) {
-          const affected = new Set<string>();
-          for (const x of entries) for (const c of users.get(x.id.toString('hex')) ?? []) affected.add(c);
-          problem(`pack ${pack}`, `pack ${pack} has a damaged header`, [...affected].sort());
-          continue;
-        }
-        // Records (entries of one record share its offset) must tile the pack.
-        let expect = PACK_HEADER_BYTES;
-        const sorted = [...entries].sort((a, b) => a.offset - b.offset);
-        for (const x of sorted) {
-          if (x.offset === expect) expect += x.storedBytes;
-          else if (x.offset + x.storedBytes !== expect) break;
-        }
-        if (expect !== packEntry.sizeBytes) {
-          problem(
-            `pack ${pack}`,
-            `pack ${pack} is ${packEntry.sizeBytes} bytes but its index covers ${expect}`,
-          );
-        }
-        // One record at a time: its entries are adjacent in the index.
-        for (let i = 0; i < entries.length;) {
-          let j = i + 1;
-          while (j < entries.length && entries[j]!.offset === entries[i]!.offset) j++;
-          const group = entries.slice(i, j);
-          i = j;
-          const loc = group[0]!.loc;
-          const us = [...new Set(group.flatMap((x) => users.get(x.id.toString('hex')) ?? []))].sort();
-          try {
-            const rec = await readers.record(loc);
-            const raw = recordRawBytes(loc);
-            const out = raw <= scratch.length ? scratch : Buffer.allocUnsafe(raw);
-            const what =
-              us.length === 0 ? 'unreferenced' : `checkpoint${us.length > 1 ? 's' : ''} ${us.join(', ')}`;
-            decoder.decode(group[0]!.id, loc, rec, out, 0, what);
-            for (const x of group) {
-              const k = x.id.toString('hex');
-              if (!chunkId(t.keys.idKeyObject, out.subarray(x.inner, x.inner + x.rawBytes)).equals(x.id)) {
-                problem(
-                  `pack ${pack}`,
-                  `chunk ${k.slice(0, 16)} in pack ${pack} does not match its id`,
-                  [...(users.get(k) ?? [])].sort(),
-                );
-                continue;
-              }
-              good.add(k);
-              report.chunksChecked++;
-              report.bytesChecked += x.rawBytes;
-            }
-            if (out !== scratch) out.fill(0);
-          } catch (e) {
-            problem(`pack ${pack}`, e instanceof Error ? e.message : String(e), us);
-          }
-        }
-      } finally {
-        await readers.close();
-        scratch.fill(0);
-      }
-    }
-    for (const pack of packs.keys()) if (!indexes.has(pack)) report.orphans.packs++;
-    // Every reference of every readable manifest must resolve to a chunk that checked out.
-    for (const [ck, set] of refsOf) {
-      let missing = 0;
-      let first = '';
-      for (const k of set) {
-        if (!good.has(k)) {
-          missing++;
-          first ||= k;
-        }
-      }
-      if (missing > 0 && !report.problems.some((p) => p.checkpoints.includes(ck))) {
-        problem(
-          `chunk ${first}`,
-          `checkpoint ${ck}: ${missing} chunk(s) missing or damaged, first ${first.slice(0, 16)}`,
-          [ck],
-        );
-      }
-    }
-  }
-
-  /** A damaged index hides which chunks its pack held: every checkpoint may be affected. */
-  private checkpointsUsingPackUnknown(refsOf: Map<string, Set<string>>): string[] {
-    return [...refsOf.keys()].sort();
+    return this.withShared(o.signal, () => verifyAll(this.internals(), o));
   }
 
   /**
@@ -1018,218 +717,13 @@ export class Vault {
    */
   async gc(o: GcOptions = {}): Promise<GcReport> {
     this.check();
-    const started = performance.now();
-    const release = await this.lock.exclusive(this.lockOpts(o.signal));
-    const report: GcReport = {
-      packsDeleted: 0,
-      packsRepacked: 0,
-      indexesDeleted: 0,
-      temporariesDeleted: 0,
-      manifestsDeleted: 0,
-      tenantsShredded: 0,
-      bytesBefore: 0,
-      bytesAfter: 0,
-      reclaimedBytes: 0,
-      skippedTenants: [],
-      durationMs: 0,
-    };
-    try {
-      report.bytesBefore = (await this.store.list('')).reduce((s, e) => s + e.sizeBytes, 0);
-      for (const e of await this.store.list('keys')) {
-        if (e.name.includes(TMP_MARK)) {
-          await this.store.shred(e.name);
-          report.temporariesDeleted++;
-        }
-      }
-      for (const tenant of await this.tenantNames()) {
-        if (await isDestroyed(this.store, tenantTombstoneName(tenant))) {
-          const objs = await this.store.list(`data/${tenant}`);
-          if (objs.length > 0) report.tenantsShredded++;
-          await this.store.removeAll(`data/${tenant}`);
-          await this.store.removeAll(`keys/sandboxes/${tenant}`);
-          continue;
-        }
-        await this.gcTenant(tenant, o, report);
-      }
-      report.bytesAfter = (await this.store.list('')).reduce((s, e) => s + e.sizeBytes, 0);
-      report.reclaimedBytes = Math.max(0, report.bytesBefore - report.bytesAfter);
-    } finally {
-      await release();
-    }
-    report.durationMs = Math.round(performance.now() - started);
-    return report;
-  }
-
-  private async gcTenant(tenant: string, o: GcOptions, report: GcReport): Promise<void> {
-    const skip = (reason: string): void => {
-      report.skippedTenants.push({ tenant, reason });
-    };
-    this.tenants.delete(tenant);
-    let t: TenantState;
-    try {
-      t = await this.tenantState(tenant, false);
-    } catch (e) {
-      skip(e instanceof Error ? e.message : String(e));
-      return;
-    }
-    const files = await this.store.list(`data/${tenant}`);
-    // No writer runs (we hold the exclusive lock): every temporary is a crash leftover.
-    for (const f of files) {
-      if (f.name.includes(TMP_MARK)) {
-        await this.store.remove(f.name);
-        report.temporariesDeleted++;
-      }
-    }
-    const live = new Set<string>();
-    for (const f of files) {
-      const ck = f.name.split('/')[2] === 'manifests' ? ckptIdOf(f.name) : undefined;
-      if (ck === undefined) continue;
-      try {
-        const { body } = await this.readManifest(tenant, ck);
-        for (let at = 0; at < body.refs.length; at += REF_BYTES) {
-          if (body.refs[at] !== REF_HOLE)
-            live.add(body.refs.subarray(at + 5, at + 5 + CHUNK_ID_BYTES).toString('hex'));
-        }
-      } catch (e) {
-        if (e instanceof DormantError && e.code === ErrorCode.SANDBOX_KEY_DESTROYED) {
-          await this.store.remove(f.name);
-          report.manifestsDeleted++;
-          continue;
-        }
-        // Sweeping without knowing what this checkpoint holds could delete its data.
-        skip(`checkpoint ${ck}: ${e instanceof Error ? e.message : String(e)}`);
-        return;
-      }
-    }
-    const packs = new Map<string, StoreEntry>();
-    const indexes = new Map<string, StoreEntry>();
-    for (const f of files) {
-      if (f.name.includes(TMP_MARK)) continue;
-      const kind = f.name.split('/')[2];
-      const p =
-        kind === 'packs'
-          ? packIdOf(f.name, '.pack')
-          : kind === 'index'
-            ? packIdOf(f.name, '.idx')
-            : undefined;
-      if (p === undefined) continue;
-      (kind === 'packs' ? packs : indexes).set(p, f);
-    }
-    const decoded = new Map<string, ReturnType<typeof decodeIndex>>();
-    for (const [pack, e] of indexes) {
-      const entries = decodeIndex(t.keys.indexKey, tenant, pack, await this.store.read(e.name));
-      if (entries === undefined) {
-        skip(`index ${pack} fails authentication`);
-        return;
-      }
-      decoded.set(pack, entries);
-    }
-    // Orphans: packs without an index (crash before the index commit), indexes without a pack.
-    for (const [pack, e] of packs) {
-      if (!indexes.has(pack)) {
-        await this.store.remove(e.name);
-        report.packsDeleted++;
-      }
-    }
-    const claimed = new Set<string>();
-    const writer = new PackWriter(this.store, tenant, t.keys, () => undefined, this.opts.packTargetBytes);
-    const repackedAway: string[] = [];
-    try {
-      for (const [pack, entries] of [...decoded].sort(([a], [b]) => a.localeCompare(b))) {
-        if (!packs.has(pack)) {
-          await this.store.remove(indexes.get(pack)!.name);
-          report.indexesDeleted++;
-          continue;
-        }
-        // Records: the entries of one record are adjacent and share its offset.
-        const records: NonNullable<typeof entries>[] = [];
-        for (const x of entries ?? []) {
-          const last = records[records.length - 1];
-          if (last !== undefined && last[0]!.offset === x.offset) last.push(x);
-          else records.push([x]);
-        }
-        let liveBytes = 0;
-        let deadBytes = 0;
-        const keep: { record: NonNullable<typeof entries>; live: boolean[] }[] = [];
-        for (const record of records) {
-          const liveAt = record.map((x) => {
-            const k = x.id.toString('hex');
-            const l = live.has(k) && !claimed.has(k);
-            if (l) claimed.add(k);
-            return l;
-          });
-          for (const [i, x] of record.entries()) {
-            if (liveAt[i]) liveBytes += storedShare(x.loc);
-            else deadBytes += storedShare(x.loc);
-          }
-          if (liveAt.some(Boolean)) keep.push({ record, live: liveAt });
-        }
-        if (liveBytes === 0) {
-          repackedAway.push(pack);
-          continue;
-        }
-        if (deadBytes === 0 || deadBytes / (liveBytes + deadBytes) < (o.minDeadFraction ?? 0)) continue;
-        // A record whose chunks are all live moves as it is: sealed with the tenant key and
-        // bound to its chunk ids, it needs no decryption. One with dead chunks is opened and its
-        // live chunks sealed again, each on its own, so that deleted data leaves the disk.
-        const readers = new PackReaders(this.store, tenant, `gc of pack ${pack}`);
-        const decoder = new ChunkDecoder(t.keys);
-        try {
-          for (const { record, live } of keep) {
-            const loc = record[0]!.loc;
-            const rec = await readers.record(loc);
-            if (live.every(Boolean)) {
-              const chunks = record.map((x) => ({
-                key: x.id.toString('hex'),
-                id: x.id,
-                rawBytes: x.rawBytes,
-              }));
-              writer.add(chunks, [Buffer.from(rec)], loc.storedBytes);
-            } else {
-              const plain = Buffer.allocUnsafe(recordRawBytes(loc));
-              try {
-                decoder.decode(record[0]!.id, loc, rec, plain, 0, `gc of pack ${pack}`);
-                for (const [i, x] of record.entries()) {
-                  if (!live[i]) continue;
-                  const one = sealOne(t.keys.dataKey, x.id, plain.subarray(x.inner, x.inner + x.rawBytes));
-                  writer.add(
-                    [{ key: x.id.toString('hex'), id: x.id, rawBytes: x.rawBytes }],
-                    [one],
-                    one.length,
-                  );
-                }
-              } finally {
-                plain.fill(0);
-              }
-            }
-            await writer.pump();
-          }
-        } finally {
-          await readers.close();
-        }
-        repackedAway.push(pack);
-        report.packsRepacked++;
-      }
-      // New packs and indexes are durable before the old ones go: a crash in between leaves
-      // duplicates (which the next gc drops), never a missing chunk.
-      await writer.finish();
-    } catch (e) {
-      await writer.abort();
-      throw e;
-    }
-    for (const pack of repackedAway) {
-      await this.store.remove(indexes.get(pack)!.name);
-      report.indexesDeleted++;
-      await this.store.remove(packs.get(pack)!.name);
-      report.packsDeleted++;
-    }
-    this.tenants.delete(tenant);
+    return collectGarbage(this.internals(), o);
   }
 
   /** Logical and stored sizes, deduplication and compression ratios, per tenant and in total. */
   async stats(): Promise<VaultStats> {
     this.check();
-    return this.withShared(undefined, () => this.statsLocked());
+    return this.withShared(undefined, () => tenantStats(this.internals()));
   }
 
   /**
@@ -1241,121 +735,7 @@ export class Vault {
     { tenant: string; sandboxId: string; checkpointId: string; storedBytes: number }[]
   > {
     this.check();
-    return this.withShared(undefined, async () => {
-      const out: { tenant: string; sandboxId: string; checkpointId: string; storedBytes: number }[] = [];
-      for (const tenant of await this.tenantNames()) {
-        if (await isDestroyed(this.store, tenantTombstoneName(tenant))) continue;
-        const t = await this.tenantState(tenant, false);
-        await this.refreshIndex(tenant, t);
-        const cks: { sandboxId: string; checkpointId: string; chunks: Set<string>; own: number }[] = [];
-        const refcount = new Map<string, number>();
-        for (const f of await this.store.list(`data/${tenant}/manifests`)) {
-          const ck = ckptIdOf(f.name);
-          if (ck === undefined) continue;
-          const m = await this.readManifest(tenant, ck).catch(() => undefined);
-          if (m === undefined) continue;
-          const chunks = new Set<string>();
-          for (let at = 0; at < m.body.refs.length; at += REF_BYTES) {
-            if (m.body.refs[at] === REF_HOLE) continue;
-            chunks.add(m.body.refs.subarray(at + 5, at + 5 + CHUNK_ID_BYTES).toString('hex'));
-          }
-          for (const k of chunks) refcount.set(k, (refcount.get(k) ?? 0) + 1);
-          cks.push({ sandboxId: m.header.sandboxId, checkpointId: ck, chunks, own: f.sizeBytes });
-        }
-        for (const c of cks) {
-          let bytes = c.own;
-          for (const k of c.chunks) {
-            const loc = t.index.get(k);
-            bytes += (loc === undefined ? 0 : storedShare(loc)) / (refcount.get(k) ?? 1);
-          }
-          out.push({
-            tenant,
-            sandboxId: c.sandboxId,
-            checkpointId: c.checkpointId,
-            storedBytes: Math.round(bytes),
-          });
-        }
-      }
-      return out;
-    });
-  }
-
-  private async statsLocked(): Promise<VaultStats> {
-    const tenants: TenantStats[] = [];
-    for (const tenant of await this.tenantNames()) {
-      if (await isDestroyed(this.store, tenantTombstoneName(tenant))) continue;
-      const t = await this.tenantState(tenant, false);
-      await this.refreshIndex(tenant, t);
-      const s: TenantStats = {
-        tenant,
-        checkpoints: 0,
-        logicalBytes: 0,
-        holeBytes: 0,
-        uniqueBytes: 0,
-        chunkStoredBytes: 0,
-        storedBytes: 0,
-        dedupRatio: 1,
-        compressionRatio: 1,
-        overallRatio: 1,
-      };
-      const seen = new Set<string>();
-      for (const f of await this.store.list(`data/${tenant}`)) {
-        s.storedBytes += f.sizeBytes;
-        const ck = f.name.split('/')[2] === 'manifests' ? ckptIdOf(f.name) : undefined;
-        if (ck === undefined) continue;
-        const { body } = await this.readManifest(tenant, ck).catch(() => ({ body: undefined }));
-        if (body === undefined) continue;
-        s.checkpoints++;
-        for (const e of body.entries) s.logicalBytes += e.sizeBytes;
-        for (let at = 0; at < body.refs.length; at += REF_BYTES) {
-          const len = body.refs.readUInt32LE(at + 1);
-          if (body.refs[at] === REF_HOLE) {
-            s.holeBytes += len;
-            continue;
-          }
-          const k = body.refs.subarray(at + 5, at + 5 + CHUNK_ID_BYTES).toString('hex');
-          if (seen.has(k)) continue;
-          seen.add(k);
-          s.uniqueBytes += len;
-          const loc = t.index.get(k);
-          s.chunkStoredBytes += loc === undefined ? 0 : storedShare(loc);
-        }
-      }
-      // Shares of records holding several chunks are fractions; the total is whole bytes.
-      s.chunkStoredBytes = Math.round(s.chunkStoredBytes);
-      s.dedupRatio = ratio(s.logicalBytes - s.holeBytes, s.uniqueBytes);
-      s.compressionRatio = ratio(s.uniqueBytes, s.chunkStoredBytes);
-      s.overallRatio = ratio(s.logicalBytes, s.storedBytes);
-      tenants.push(s);
-    }
-    const total = tenants.reduce(
-      (a, s) => ({
-        checkpoints: a.checkpoints + s.checkpoints,
-        logicalBytes: a.logicalBytes + s.logicalBytes,
-        holeBytes: a.holeBytes + s.holeBytes,
-        uniqueBytes: a.uniqueBytes + s.uniqueBytes,
-        chunkStoredBytes: a.chunkStoredBytes + s.chunkStoredBytes,
-        storedBytes: a.storedBytes + s.storedBytes,
-        dedupRatio: 1,
-        compressionRatio: 1,
-        overallRatio: 1,
-      }),
-      {
-        checkpoints: 0,
-        logicalBytes: 0,
-        holeBytes: 0,
-        uniqueBytes: 0,
-        chunkStoredBytes: 0,
-        storedBytes: 0,
-        dedupRatio: 1,
-        compressionRatio: 1,
-        overallRatio: 1,
-      },
-    );
-    total.dedupRatio = ratio(total.logicalBytes - total.holeBytes, total.uniqueBytes);
-    total.compressionRatio = ratio(total.uniqueBytes, total.chunkStoredBytes);
-    total.overallRatio = ratio(total.logicalBytes, total.storedBytes);
-    return { location: this.store.location, tenants, total };
+    return this.withShared(undefined, () => attributionOf(this.internals()));
   }
 
   /** Forgets every key held in memory. The vault cannot be used afterwards. */

@@ -1,0 +1,233 @@
+/** Hibernate: a running or paused sandbox becomes a checkpoint in the vault, its processes ended. */
+
+import { randomBytes } from 'node:crypto';
+import { mkdir } from 'node:fs/promises';
+import { release } from 'node:os';
+import { join } from 'node:path';
+import { DormantError, asError } from '../../domain/errors.js';
+import { assertLegal, isNoop, newId, type Sandbox } from '../../domain/sandbox.js';
+import type { CheckpointRecord } from '../../state/store.js';
+import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../filesystem.js';
+import { StepTimer } from '../../domain/timings.js';
+import { LifecycleContext } from '../context.js';
+import { gpuGate, cudaUndo, type GpuMeta } from './gpu.js';
+
+export async function hibernate(
+  ctx: LifecycleContext,
+  id: string,
+  tenant: string | undefined,
+  reason: string,
+  answer: (s: Sandbox) => void,
+): Promise<void> {
+  const s = ctx.get(id, tenant);
+  assertLegal('hibernate', s.state, id);
+  if (isNoop('hibernate', s.state)) {
+    answer(s);
+    return;
+  }
+  const before = s.state;
+  // Refusals happen here, before anything changes: the sandbox stays as it is.
+  const holders = await gpuGate(ctx, s, 'hibernate');
+  const gpuFacts = holders.length > 0 ? await ctx.gpu.checkpointFacts() : undefined;
+  const ckId = newId('ck', randomBytes);
+  const dir = ctx.staging(ckId);
+  ctx.store.transition(id, before, 'hibernating', reason, ctx.clock.now());
+  const t = ctx.timer();
+  let committed = false;
+  let reported = false;
+  const cudaDone: { pid: number; step: 'lock' | 'checkpoint' }[] = [];
+  try {
+    try {
+      await mkdir(dir, { recursive: true, mode: 0o700 });
+      let gpuMeta: GpuMeta | undefined;
+      if (gpuFacts !== undefined) {
+        // The driver's lock and checkpoint need the processes running: thaw a paused sandbox.
+        if (before === 'paused') await ctx.runtime.thaw(id);
+        for (const h of holders) {
+          await ctx.gpu.step('lock', h.pid);
+          cudaDone.push({ pid: h.pid, step: 'lock' });
+          await ctx.gpu.step('checkpoint', h.pid);
+          cudaDone[cudaDone.length - 1]!.step = 'checkpoint';
+        }
+        gpuMeta = { ...gpuFacts, nsPids: holders.map((h) => h.nsPid) };
+        ctx.step('hibernate:gpu-checkpointed');
+      }
+      await t.time('freeze', () => ctx.runtime.freeze(id, { timer: t }));
+      ctx.step('hibernate:frozen');
+      // The images are wiped with the rest of the staging folder once the checkpoint is
+      // committed, beside the end of the processes: not on the way to the commit.
+      const rec = await dumpToVault(ctx, s, ckId, dir, 'hibernate', t, false, gpuMeta);
+      await t.time('commit', async () => {
+        ctx.store.insertCheckpoint(rec);
+        ctx.store.updateSandbox(id, { checkpointId: ckId });
+      });
+      committed = true;
+      ctx.step('hibernate:committed');
+    } catch (e) {
+      await ctx.wipe(dir);
+      if (committed) throw e;
+      // Not committed: the sandbox goes back to what it was, running or paused, its CUDA
+      // state back on the GPU.
+      let undo = '';
+      if (before === 'running' || cudaDone.length > 0) await ctx.runtime.thaw(id).catch(() => undefined);
+      if (cudaDone.length > 0) {
+        undo = await cudaUndo(ctx, cudaDone);
+        if (before === 'paused') await ctx.runtime.freeze(id).catch(() => undefined);
+      }
+      ctx.store.transition(id, 'hibernating', before, 'hibernate failed', ctx.clock.now(), {
+        lastError: `${asError(e).message}${undo}`,
+      });
+      throw new DormantError(
+        'HIBERNATE_FAILED',
+        `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}${undo}`,
+        {
+          status: 500,
+          cause: e,
+          hint: 'dormant doctor shows what this node supports',
+        },
+      );
+    }
+    // Committed: the processes end (and the writable layer, whose diff is in the
+    // checkpoint, is emptied) while the staging folder is wiped and older checkpoints are
+    // pruned; none of the three waits for another. The caller is answered once the
+    // processes are gone; the container's remains go after that.
+    const [ended, ...rest] = await Promise.allSettled([
+      t.time('end processes', async () => {
+        if (ctx.runtime.endProcesses) await ctx.runtime.endProcesses(id, { timer: t });
+        else await ctx.endProcesses(id, t);
+        await emptyFolder(ctx.runtime.upperDir(id));
+      }),
+      t.time('wipe staging', () => ctx.wipe(dir)),
+      t.time('prune', () => ctx.pruneCheckpoints(id, s.tenant)),
+    ]);
+    if (ended.status === 'rejected') await afterUnendedHibernate(ctx, id, ckId, ended.reason);
+    ctx.store.transition(id, 'hibernating', 'hibernated', reason, ctx.clock.now(), { memoryBytes: 0 });
+    for (const r of rest) if (r.status === 'rejected') throw r.reason;
+    // The timings are those the caller waited for; removing the container's remains is not.
+    ctx.report(t.finish('hibernate', id, true));
+    reported = true;
+    answer(ctx.get(id));
+    if (ctx.runtime.endProcesses) {
+      // runc's state; a failure here leaves a hibernated sandbox whose remains the next
+      // resume (or a restart's reconcile) removes anyway.
+      await ctx.runtime.stop(id).catch((e: unknown) => {
+        ctx.store.note(
+          id,
+          `removing the container after hibernate failed: ${asError(e).message}`,
+          ctx.clock.now(),
+        );
+      });
+    }
+  } finally {
+    if (!reported) ctx.report(t.finish('hibernate', id, false));
+  }
+}
+
+/**
+ * A hibernate committed its checkpoint but could not end the processes. If they still exist
+ * they carry on: the sandbox is running again (thawed), the checkpoint kept as a restore
+ * point, and the error is thrown. If they are gone after all, it returns and the sandbox is
+ * hibernated.
+ */
+async function afterUnendedHibernate(
+  ctx: LifecycleContext,
+  id: string,
+  ckId: string,
+  cause: unknown,
+): Promise<void> {
+  const st = await ctx.runtime.state(id).catch(() => undefined);
+  if (st?.status !== 'running' && st?.status !== 'paused') return;
+  await ctx.runtime.thaw(id).catch(() => undefined);
+  const why = `checkpoint ${ckId} is stored, but the processes could not be ended: ${asError(cause).message}`;
+  ctx.store.transition(
+    id,
+    'hibernating',
+    'running',
+    'hibernate could not end the processes',
+    ctx.clock.now(),
+    {
+      lastError: why,
+    },
+  );
+  throw new DormantError(
+    'HIBERNATE_FAILED',
+    `hibernate of sandbox ${id} failed; it is running again: ${why}`,
+    {
+      status: 500,
+      cause,
+      hint: `the checkpoint stays; dormant hibernate ${id} tries again`,
+    },
+  );
+}
+
+/**
+ * Dumps a frozen sandbox with its processes left in place and stores the images in the
+ * vault. Returns the checkpoint record, not yet committed to the database.
+ */
+export async function dumpToVault(
+  ctx: LifecycleContext,
+  s: Sandbox,
+  ckId: string,
+  dir: string,
+  stepPrefix: string,
+  t: StepTimer,
+  wipeImages = true,
+  gpuMeta?: GpuMeta,
+): Promise<CheckpointRecord> {
+  const images = join(dir, 'images');
+  const platform = await ctx.platform();
+  const meta: Record<string, string> = {
+    arch: platform.arch,
+    kernel: release(),
+    kind: 'memory',
+    [FS_META]: 'tar',
+    ...(platform.criuVersion !== undefined ? { criuVersion: platform.criuVersion } : {}),
+    ...(gpuMeta !== undefined ? { gpu: JSON.stringify(gpuMeta) } : {}),
+  };
+  // The vault reads CRIU's page images while CRIU writes them (the dump is mostly the
+  // kernel copying pages, on one core): storing overlaps the dump instead of following it.
+  const written = (async () => {
+    await t.time('checkpoint', () =>
+      ctx.runtime.checkpoint(s.id, {
+        imagesDir: images,
+        workDir: join(dir, 'work'),
+        leaveRunning: true,
+        timer: t,
+      }),
+    );
+    ctx.step(`${stepPrefix}:dumped`);
+    // The processes are still frozen: the diff is consistent with the memory just dumped.
+    await packFilesystem(ctx.runtime.upperDir(s.id), join(images, FS_DIFF));
+  })();
+  const storing = t.time('vault put', () =>
+    ctx.vault.putCheckpoint({
+      tenant: s.tenant,
+      sandboxId: s.id,
+      checkpointId: ckId,
+      srcDir: images,
+      meta,
+      growing: written,
+    }),
+  );
+  const [dumped, stored] = await Promise.allSettled([written, storing]);
+  // A failed dump is the reason (the put then fails with it too).
+  if (dumped.status === 'rejected') throw dumped.reason;
+  if (stored.status === 'rejected') throw stored.reason;
+  const put = stored.value;
+  ctx.step(`${stepPrefix}:stored`);
+  if (wipeImages) await t.time('wipe images', () => ctx.wipe(images));
+  return {
+    id: ckId,
+    sandboxId: s.id,
+    tenant: s.tenant,
+    createdAt: ctx.clock.now(),
+    kind: 'memory',
+    logicalBytes: put.logicalBytes,
+    storedBytes: put.storedBytes,
+    meta: {
+      ...meta,
+      ...(platform.cpuFlags !== undefined ? { cpuFlags: platform.cpuFlags } : {}),
+      ...(gpuMeta !== undefined ? { gpu: gpuMeta } : {}),
+    },
+  };
+}

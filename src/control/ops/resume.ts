@@ -1,0 +1,175 @@
+/** Resume: a paused sandbox thawed, a hibernated one restored from its checkpoint, an archived one started afresh. */
+
+import { mkdir, open } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DormantError, ErrorCode, asError, isDormantError } from '../../domain/errors.js';
+import { assertLegal, isNoop, type Sandbox } from '../../domain/sandbox.js';
+import { FS_META } from '../filesystem.js';
+import { StepTimer } from '../../domain/timings.js';
+import { LifecycleContext } from '../context.js';
+import { restoreFromVault } from './restore.js';
+import { afterLazyRestore } from './lazy.js';
+
+/**
+ * Back to running. From hibernated it restores the newest checkpoint, or `opts.from` (an
+ * older one of the same sandbox, when the newest is damaged).
+ */
+export async function resume(
+  ctx: LifecycleContext,
+  id: string,
+  tenant: string | undefined,
+  reason: string,
+  opts: { from?: string },
+  t: StepTimer,
+  answer: (s: Sandbox) => void,
+): Promise<void> {
+  let ok = false;
+  try {
+    const r = await resumeLocked(ctx, id, tenant, reason, opts, t);
+    if (t.steps().length > 0) t.mark('running');
+    answer(r.sandbox);
+    if (r.pagesLoaded) ctx.step('resume:pages-pending');
+    ok = r.pagesLoaded
+      ? await t.time('pages loaded', () => afterLazyRestore(ctx, r.sandbox, r.pagesLoaded!))
+      : true;
+  } finally {
+    if (t.steps().length > 0) ctx.report(t.finish('resume', ctx.store.getSandbox(id)?.id ?? id, ok));
+  }
+}
+
+async function resumeLocked(
+  ctx: LifecycleContext,
+  id: string,
+  tenant: string | undefined,
+  reason: string,
+  opts: { from?: string },
+  t: StepTimer,
+): Promise<{ sandbox: Sandbox; pagesLoaded?: Promise<void> }> {
+  {
+    const s = ctx.get(id, tenant);
+    assertLegal('resume', s.state, id);
+    if (opts.from !== undefined) {
+      const ck = ctx.store.getCheckpoint(opts.from);
+      if (!ck || ck.sandboxId !== s.id || ck.kind !== 'memory') {
+        throw new DormantError(
+          'CHECKPOINT_NOT_FOUND',
+          `sandbox ${s.id} has no checkpoint ${opts.from.slice(0, 80)}`,
+          {
+            status: 404,
+            hint: `dormant checkpoint ls ${s.id} lists its checkpoints`,
+          },
+        );
+      }
+      if (s.state !== 'hibernated') {
+        throw new DormantError(
+          'ILLEGAL_TRANSITION',
+          `cannot resume sandbox ${s.id} from a checkpoint: it is ${s.state}`,
+          {
+            status: 409,
+            hint: 'only a hibernated sandbox resumes from a checkpoint',
+          },
+        );
+      }
+    }
+    if (isNoop('resume', s.state)) return { sandbox: s };
+    if (s.state === 'paused') {
+      await ctx.runtime.thaw(id);
+      ctx.store.transition(id, 'paused', 'running', reason, ctx.clock.now(), {
+        lastActiveAt: Math.max(s.lastActiveAt, ctx.clock.now()),
+      });
+      return { sandbox: ctx.get(id) };
+    }
+    const from = s.state;
+    ctx.store.transition(id, from, 'resuming', reason, ctx.clock.now());
+    let pagesLoaded: Promise<void> | undefined;
+    try {
+      if (from === 'hibernated')
+        ({ pagesLoaded } = await restoreFromVault(ctx, s, opts.from ?? s.checkpointId, t));
+      else await freshStart(ctx, s);
+    } catch (e) {
+      ctx.store.transition(id, 'resuming', from, 'resume failed', ctx.clock.now(), {
+        lastError: asError(e).message,
+        lazyRestoreOf: undefined,
+      });
+      if (
+        isDormantError(e, 'RESTORE_INCOMPATIBLE') ||
+        isDormantError(e, ErrorCode.CHECKPOINT_OUTSIDE_PROFILE)
+      )
+        throw e;
+      if (isDormantError(e) && e.code.startsWith('VAULT_') && from === 'hibernated') {
+        // A damaged checkpoint: say so, and name the older one that may still restore.
+        throw ctx.damaged(id, opts.from ?? s.checkpointId, e, 'the sandbox stays hibernated');
+      }
+      // The runtime keeps the CRIU log of a failed restore for the node's admin.
+      const criuLog = isDormantError(e) ? e.details?.criuLog : undefined;
+      throw new DormantError(
+        'RESUME_FAILED',
+        `resume of sandbox ${id} failed; it is still ${from}${from === 'hibernated' ? ' and its checkpoint is intact' : ''}: ${asError(e).message}`,
+        {
+          status: 500,
+          cause: e,
+          hint: `dormant doctor shows what this node supports; dormant logs ID shows its output${typeof criuLog === 'string' ? `; criu's log of the failed restore: ${criuLog}` : ''}`,
+          ...(typeof criuLog === 'string' ? { details: { criuLog } } : {}),
+        },
+      );
+    }
+    let why = reason;
+    if (s.spec.onResume && s.spec.onResume.length > 0)
+      why = `${reason}; ${await t.time('on-resume hook', () => runResumeHook(ctx, s))}`;
+    const now = ctx.clock.now();
+    ctx.store.transition(id, 'resuming', 'running', why, now, {
+      lastActiveAt: Math.max(s.lastActiveAt, now),
+      lastError: undefined,
+    });
+    // The marker (set by restoreFromVault) stays until afterLazyRestore has every page.
+    return { sandbox: ctx.get(id), ...(pagesLoaded ? { pagesLoaded } : {}) };
+  }
+}
+
+/**
+ * Runs the sandbox's post-resume hook (reconnect databases, refresh tokens). Its outcome goes
+ * to the sandbox's log and into the transition's reason, so the events show it too.
+ */
+async function runResumeHook(ctx: LifecycleContext, s: Sandbox): Promise<string> {
+  let outcome: string;
+  let output = '';
+  try {
+    const r = await ctx.runtime.exec(s.id, s.spec.onResume ?? [], { timeoutMs: 60_000 });
+    outcome = `on-resume hook exited ${r.exitCode}`;
+    output = `${r.stdout}${r.stderr}`;
+  } catch (e) {
+    outcome = `on-resume hook failed: ${asError(e).message.split('\n')[0] ?? ''}`;
+  }
+  try {
+    const path = (await ctx.runtime.state(s.id)).logPath;
+    const fh = await open(path, 'a');
+    try {
+      await fh.write(`${output}${output === '' || output.endsWith('\n') ? '' : '\n'}[dormant] ${outcome}\n`);
+    } finally {
+      await fh.close();
+    }
+  } catch {
+    // The log is best effort; the outcome is still in the transition.
+  }
+  return outcome;
+}
+
+async function freshStart(ctx: LifecycleContext, s: Sandbox): Promise<void> {
+  // Ends anything left and unmounts the overlay, so the writable layer is at rest.
+  await ctx.endProcesses(s.id);
+  // An archive keeps the diff in the vault: back into the writable layer first.
+  const ck = s.checkpointId !== undefined ? ctx.store.getCheckpoint(s.checkpointId) : undefined;
+  if (ck && ck.meta[FS_META] === 'tar') {
+    const dir = ctx.staging(`${s.id}-restore`);
+    try {
+      await mkdir(dir, { recursive: true, mode: 0o700 });
+      const files = join(dir, 'files');
+      await ctx.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ck.id, destDir: files });
+      await ctx.applyFilesystem(s.id, files);
+    } finally {
+      await ctx.wipe(dir);
+    }
+  }
+  await ctx.runtime.create(await ctx.runtimeSpec(s));
+  await ctx.runtime.start(s.id);
+}
