@@ -26,7 +26,8 @@ import {
   type SandboxSpec,
   type SandboxState,
 } from '../domain/sandbox.js';
-import type { CheckpointRecord, StateStore } from '../state/store.js';
+import type { CheckpointRecord } from '../state/store.js';
+import type { CheckpointReaderPort, StatePort, VaultPort } from './ports.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import { parseImageRef, unpackImage, type ImageConfig } from '../runtime/image.js';
 import { wipeStaged } from '../runtime/staging.js';
@@ -87,56 +88,6 @@ import { SANDBOX_CAPABILITIES } from '../runtime/oci.js';
 import { isPagesImage, startPageServer, writeEagerPages, type PageServer } from '../criu/page-server.js';
 import { startKeeper, type Keeper } from '../sys/keeper.js';
 
-/** What the controller needs of the vault (vault/index.ts implements it). */
-export interface CheckpointVault {
-  putCheckpoint(o: {
-    tenant: string;
-    sandboxId: string;
-    checkpointId: string;
-    srcDir: string;
-    meta?: Record<string, string>;
-    /** srcDir is still being written until this settles (see the vault's putCheckpoint). */
-    growing?: Promise<unknown>;
-    signal?: AbortSignal;
-  }): Promise<{ logicalBytes: number; storedBytes: number }>;
-  restoreCheckpoint(o: {
-    tenant: string;
-    checkpointId: string;
-    destDir: string;
-    signal?: AbortSignal;
-    /** Files (by path in the checkpoint) not restored. */
-    skip?: (path: string) => boolean;
-  }): Promise<unknown>;
-  /**
-   * Random reads of a stored checkpoint's files, authenticated; held open (and gc kept
-   * waiting) until closed. Lazy resume serves the sandbox's pages from it.
-   */
-  openCheckpoint?(o: { tenant: string; checkpointId: string; signal?: AbortSignal }): Promise<{
-    /**
-     * Reads into `out` at `at` when given (and returns it), else into a new buffer; `readAhead:
-     * false` for a scattered read that the next one will not follow.
-     */
-    read(
-      path: string,
-      offset: number,
-      length: number,
-      out?: Buffer,
-      at?: number,
-      opts?: { readAhead?: boolean },
-    ): Promise<Buffer>;
-    /** The checkpoint's files. */
-    list(): { path: string; sizeBytes: number }[];
-    close(): Promise<void>;
-  }>;
-  deleteCheckpoint(o: { tenant: string; checkpointId: string }): Promise<unknown>;
-  /** Crypto-shreds the sandbox's key and deletes its checkpoints. */
-  destroySandboxKey(o: { tenant: string; sandboxId: string }): Promise<unknown>;
-  listCheckpoints(o?: {
-    tenant?: string;
-    sandboxId?: string;
-  }): Promise<{ tenant: string; checkpointId: string }[]>;
-}
-
 export interface Clock {
   now(): number;
 }
@@ -162,9 +113,9 @@ export interface EnvSecrets {
 export const systemClock: Clock = { now: () => Date.now() };
 
 export interface ControllerOptions {
-  store: StateStore;
+  store: StatePort;
   runtime: Runtime;
-  vault: CheckpointVault;
+  vault: VaultPort;
   /** Memory-backed folder for CRIU images in flight (never persistent disk). */
   stagingDir: string;
   /**
@@ -278,7 +229,7 @@ export interface ImportArchiveInput {
 /** A lazy restore's pages, served from the vault while they stream in. */
 interface PagesFromVault {
   server: PageServer;
-  reader: Awaited<ReturnType<NonNullable<CheckpointVault['openCheckpoint']>>>;
+  reader: CheckpointReaderPort;
   /** Hold the server's connections, to end the sandbox's processes should dormant die. */
   keepers: Keeper[];
   /** Set once the server is being stopped: a keeper that starts after that is released at once. */
@@ -334,9 +285,9 @@ function checkDiskBytes(bytes: number): number {
 }
 
 export class SandboxController {
-  private readonly store: StateStore;
+  private readonly store: StatePort;
   private readonly runtime: Runtime;
-  private readonly vault: CheckpointVault;
+  private readonly vault: VaultPort;
   private readonly clock: Clock;
   private readonly locks = new KeyedMutex();
   private readonly opts: ControllerOptions;
