@@ -8,7 +8,8 @@ import { arch } from 'node:os';
 import { isAbsolute, join } from 'node:path';
 import { DormantError, ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import { ID_PATTERN, type Sandbox } from '../domain/sandbox.js';
-import type { CheckpointRecord, StateStore } from '../state/store.js';
+import type { CheckpointRecord } from '../state/store.js';
+import type { CheckpointReaderPort, StatePort, VaultPort } from './ports.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import { wipeStaged } from '../runtime/staging.js';
 import { KeyedMutex } from './mutex.js';
@@ -21,13 +22,13 @@ import { assertWithinProfile } from '../checkpoint/profile-check-io.js';
 import { SANDBOX_CAPABILITIES } from '../runtime/oci.js';
 import type { PageServer } from '../criu/page-server.js';
 import type { Keeper } from '../sys/keeper.js';
-import type { CheckpointVault, ControllerOptions, Clock } from './options.js';
+import type { ControllerOptions, Clock } from './options.js';
 import { systemClock } from './options.js';
 
 /** A lazy restore's pages, served from the vault while they stream in. */
 export interface PagesFromVault {
   server: PageServer;
-  reader: Awaited<ReturnType<NonNullable<CheckpointVault['openCheckpoint']>>>;
+  reader: CheckpointReaderPort;
   /** Hold the server's connections, to end the sandbox's processes should dormant die. */
   keepers: Keeper[];
   /** Set once the server is being stopped: a keeper that starts after that is released at once. */
@@ -63,9 +64,9 @@ export function invalid(message: string, hint?: string): DormantError {
 }
 
 export class LifecycleContext {
-  readonly store: StateStore;
+  readonly store: StatePort;
   readonly runtime: Runtime;
-  readonly vault: CheckpointVault;
+  readonly vault: VaultPort;
   readonly clock: Clock;
   readonly locks = new KeyedMutex();
   readonly opts: ControllerOptions;

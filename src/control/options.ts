@@ -1,6 +1,6 @@
 /** What the lifecycle controller is made with: its ports and options. */
 
-import type { StateStore } from '../state/store.js';
+import type { StatePort, VaultPort } from './ports.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import type { ArchiveLimits } from '../checkpoint/archive.js';
 import type { PlatformFacts } from '../domain/compat.js';
@@ -8,55 +8,8 @@ import type { GpuNode } from './gpu.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { SandboxProfile } from '../checkpoint/profile-check.js';
 
-/** What the controller needs of the vault (vault/index.ts implements it). */
-export interface CheckpointVault {
-  putCheckpoint(o: {
-    tenant: string;
-    sandboxId: string;
-    checkpointId: string;
-    srcDir: string;
-    meta?: Record<string, string>;
-    /** srcDir is still being written until this settles (see the vault's putCheckpoint). */
-    growing?: Promise<unknown>;
-    signal?: AbortSignal;
-  }): Promise<{ logicalBytes: number; storedBytes: number }>;
-  restoreCheckpoint(o: {
-    tenant: string;
-    checkpointId: string;
-    destDir: string;
-    signal?: AbortSignal;
-    /** Files (by path in the checkpoint) not restored. */
-    skip?: (path: string) => boolean;
-  }): Promise<unknown>;
-  /**
-   * Random reads of a stored checkpoint's files, authenticated; held open (and gc kept
-   * waiting) until closed. Lazy resume serves the sandbox's pages from it.
-   */
-  openCheckpoint?(o: { tenant: string; checkpointId: string; signal?: AbortSignal }): Promise<{
-    /**
-     * Reads into `out` at `at` when given (and returns it), else into a new buffer; `readAhead:
-     * false` for a scattered read that the next one will not follow.
-     */
-    read(
-      path: string,
-      offset: number,
-      length: number,
-      out?: Buffer,
-      at?: number,
-      opts?: { readAhead?: boolean },
-    ): Promise<Buffer>;
-    /** The checkpoint's files. */
-    list(): { path: string; sizeBytes: number }[];
-    close(): Promise<void>;
-  }>;
-  deleteCheckpoint(o: { tenant: string; checkpointId: string }): Promise<unknown>;
-  /** Crypto-shreds the sandbox's key and deletes its checkpoints. */
-  destroySandboxKey(o: { tenant: string; sandboxId: string }): Promise<unknown>;
-  listCheckpoints(o?: {
-    tenant?: string;
-    sandboxId?: string;
-  }): Promise<{ tenant: string; checkpointId: string }[]>;
-}
+/** The vault's port, by the name the daemon and older callers know it. */
+export type CheckpointVault = VaultPort;
 
 export interface Clock {
   now(): number;
@@ -83,9 +36,9 @@ export interface EnvSecrets {
 export const systemClock: Clock = { now: () => Date.now() };
 
 export interface ControllerOptions {
-  store: StateStore;
+  store: StatePort;
   runtime: Runtime;
-  vault: CheckpointVault;
+  vault: VaultPort;
   /** Memory-backed folder for CRIU images in flight (never persistent disk). */
   stagingDir: string;
   /**

@@ -1,0 +1,137 @@
+/**
+ * Every lifecycle operation over in-memory fakes of the runtime, the vault and the database
+ * (control/testing/fakes.ts): the happy path, then a failure injected at each port call the
+ * operation makes, in turn. After each failure the user finds the sandbox at rest where it was
+ * (or, when the failure hit only a cleanup, where it was going), with the operation's error
+ * code, nothing left in staging, on the node or in the vault that no record names, its memory
+ * and files intact; and the same operation, tried again, succeeds. No root, runc or CRIU.
+ */
+import { after, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { World } from './testing/world.js';
+import { SCENARIOS, assertUserData, runOp, type Scenario } from './testing/scenarios.js';
+
+/**
+ * Fault points where the controller does not (yet) keep its contract, by `scenario | call`:
+ * reported, left failing as todo until the controller is fixed.
+ */
+const KNOWN: Record<string, string> = {
+  'pause | #1 store.transition':
+    'a failed database write after the freeze is not undone: the processes stay frozen while the sandbox is recorded running',
+  'resume (paused) | #1 store.transition':
+    'a failed database write after the thaw is not undone: the processes run while the sandbox is recorded paused',
+  'hibernate (running) | #5 store.insertCheckpoint':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'hibernate (paused) | #5 store.insertCheckpoint':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'hibernate (running) | #8 store.transition':
+    'a failed database write after the processes ended leaves the sandbox recorded hibernating (not at rest) until a restart',
+  'hibernate (paused) | #8 store.transition':
+    'a failed database write after the processes ended leaves the sandbox recorded hibernating (not at rest) until a restart',
+  'hibernate (paused) | #7 runtime.endProcesses':
+    'processes that could not be ended are thawed and the sandbox recorded running, though it was paused before the hibernate',
+  'resume (hibernated, eager) | #4 store.transition':
+    'a failed database write after the restore leaves the sandbox recorded resuming (not at rest) while its processes run',
+  'resume (archived) | #3 runtime.create':
+    'a failed fresh start leaves the archived files unpacked in the writable layer (they should live only in the vault)',
+  'resume (archived) | #4 runtime.start':
+    'a failed fresh start leaves the created container (and its mounted rootfs) of an archived sandbox',
+  'resume (archived) | #5 store.transition':
+    'a failed database write after the fresh start leaves the sandbox recorded resuming (not at rest) while its processes run',
+  'archive (running) | #1 runtime.thaw':
+    'a failed thaw is not retried nor recorded: the processes stay frozen while the sandbox is recorded running',
+  'archive (running) | #3 store.atomically':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'archive (running) | #4 store.insertCheckpoint':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'archive (running) | #5 store.transition':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'archive (running) | #6 runtime.stop':
+    'processes that could not be ended after the archive was recorded keep running while the sandbox is recorded archived (hibernate handles this case; archive does not)',
+  'archive (hibernated) | #2 store.atomically':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'archive (hibernated) | #3 store.insertCheckpoint':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'archive (hibernated) | #4 store.deleteCheckpoint':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'archive (hibernated) | #5 store.transition':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'archive (hibernated) | #6 runtime.stop':
+    'a failure ending the processes after the archive was recorded skips deleting the old checkpoints from the vault (their records are gone) until a restart',
+  'archive (hibernated) | #7 vault.deleteCheckpoint':
+    'a failed vault delete of an old checkpoint (its record is gone) leaves it, and the later ones, in the vault until a restart',
+  'fork (running) | #4 store.insertCheckpoint':
+    'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
+  'fork (running) | #7 runtime.thaw':
+    'a failed thaw is not retried nor recorded: the processes stay frozen while the sandbox is recorded running',
+};
+
+const worlds: World[] = [];
+after(async () => {
+  for (const w of worlds) await w.close();
+});
+
+async function world(): Promise<World> {
+  const w = await World.make();
+  worlds.push(w);
+  return w;
+}
+
+/** The port calls the operation makes when nothing fails. */
+async function happyCalls(sc: Scenario): Promise<string[]> {
+  const w = await world();
+  const source = await sc.setup(w);
+  const faults = w.resetFaults();
+  const out = await runOp(w, sc, source);
+  assert.equal(out.error, undefined, `${sc.name}: ${String(out.error?.stack)}`);
+  const s = w.db.getSandbox(out.id!);
+  assert.equal(s?.state ?? 'deleting', sc.to, `${sc.name}: ends ${sc.to}`);
+  await w.assertConsistent(sc.name);
+  await assertUserData(w, sc, source, out.id, sc.name);
+  return [...faults.calls];
+}
+
+for (const sc of SCENARIOS) {
+  describe(sc.name, () => {
+    let calls: string[] = [];
+    test('happy path: ends where it should, nothing lost, nothing left behind', async () => {
+      calls = await happyCalls(sc);
+      assert.ok(calls.length > 0);
+    });
+
+    test('a failure at each port call: back at rest, nothing lost or left, and a retry succeeds', async (t) => {
+      for (let k = 0; k < calls.length; k++) {
+        const what = `${sc.name}, call ${k} (${calls[k]}) fails`;
+        const todo = KNOWN[`${sc.name} | #${k} ${calls[k]}`];
+        await t.test(`call ${k}: ${calls[k]} fails`, todo ? { todo } : {}, async () => {
+          const w = await world();
+          const source = await sc.setup(w);
+          w.resetFaults().atCall(k);
+          const out = await runOp(w, sc, source);
+          const s = out.id !== undefined ? w.db.getSandbox(out.id) : undefined;
+          const state = s?.state ?? (sc.to === 'deleting' && out.error === undefined ? 'deleting' : 'none');
+          if (out.error) {
+            assert.ok(
+              out.error.code === undefined || sc.codes.includes(out.error.code),
+              `${what}: error code ${String(out.error.code)} (${out.error.message})`,
+            );
+            const back = sc.from === 'none' && s ? 'failed' : sc.from;
+            assert.ok(
+              state === back || state === sc.to || state === sc.retryFrom,
+              `${what}: the sandbox is ${state}, expected ${back} (or ${sc.to})`,
+            );
+          } else assert.equal(state, sc.to, `${what}: the operation succeeded, so the sandbox is ${sc.to}`);
+          await w.assertConsistent(what, sc.retryFrom ? { transient: sc.retryFrom } : {});
+          // Tried again (or, when it went through, undone by nothing): the user's data is there.
+          w.resetFaults();
+          if (out.error && (state === sc.from || state === sc.retryFrom)) {
+            const again = await runOp(w, sc, source);
+            assert.equal(again.error, undefined, `${what}, then retried: ${String(again.error?.message)}`);
+            await w.assertConsistent(`${what}, then retried`);
+            await assertUserData(w, sc, source, again.id, `${what}, then retried`);
+          } else await assertUserData(w, sc, source, out.id, what);
+        });
+      }
+    });
+  });
+}
