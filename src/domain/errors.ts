@@ -267,7 +267,7 @@ export class DormantError extends Error {
   }
 }
 
-export function isDormantError(e: unknown, code?: string): e is DormantError {
+export function isDormantError(e: unknown, code?: ErrorCode): e is DormantError {
   return e instanceof DormantError && (code === undefined || e.code === code);
 }
 
