@@ -5,7 +5,7 @@
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { open, readFile, rename } from 'node:fs/promises';
-import { DormantError, errnoCode } from '../domain/errors.js';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 
 export interface Principal {
   tenant: string;
@@ -33,10 +33,7 @@ export const ADMIN_TENANT = 'default';
 
 export class Unauthorized extends DormantError {
   constructor(message: string) {
-    super('UNAUTHORIZED', message, {
-      status: 401,
-      hint: 'send Authorization: Bearer TOKEN (dormant token create, or <data-dir>/admin-token)',
-    });
+    super(ErrorCode.UNAUTHORIZED, message);
   }
 }
 

@@ -5,19 +5,26 @@
  *
  * The files are hand-written HTML, CSS and a JavaScript module (src/dashboard/static), copied
  * to dist/dashboard/static by `npm run build`; served from src/ when it is there (a checkout),
- * else from that copy.
+ * else from that copy. `sse.js` is the SDK's event-stream reader, compiled (SSE_MODULE).
  */
 import type { FastifyInstance } from 'fastify';
 import { readFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { DormantError } from '../domain/errors.js';
+import { DormantError, ErrorCode } from '../domain/errors.js';
 
 const TYPES: Record<string, string> = {
   'index.html': 'text/html; charset=utf-8',
   'app.js': 'text/javascript; charset=utf-8',
+  'sse.js': 'text/javascript; charset=utf-8',
   'style.css': 'text/css; charset=utf-8',
 };
+
+/**
+ * The event-stream reader the dashboard shares with the SDK: the SDK's module as tsc compiled
+ * it (plain ECMAScript with no imports), next to this file's own compiled copy.
+ */
+const SSE_MODULE = fileURLToPath(new URL('../sdk/sse.js', import.meta.url));
 
 export function dashboardDir(): string {
   // In a checkout the source folder is the truth (a dist copy from an older build may lag
@@ -36,8 +43,8 @@ export function registerDashboard(app: FastifyInstance): void {
   const dir = dashboardDir();
   const send = async (name: string) => {
     const type = TYPES[name];
-    if (type === undefined) throw new DormantError('NOT_FOUND', `no dashboard file ${name}`, { status: 404 });
-    return { type, body: await readFile(`${dir}${name}`) };
+    if (type === undefined) throw new DormantError(ErrorCode.NOT_FOUND, `no dashboard file ${name}`);
+    return { type, body: await readFile(name === 'sse.js' ? SSE_MODULE : `${dir}${name}`) };
   };
   const headers = {
     'cache-control': 'no-cache',

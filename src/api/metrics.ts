@@ -62,6 +62,7 @@ export function registerMetrics(app: FastifyInstance, opts: MetricsOptions): Reg
       let total = 0;
       for (const s of store.listSandboxes()) {
         if (s.state !== 'running' && s.state !== 'paused') continue;
+        // A sandbox that stops or goes between the list and the read holds nothing: 0 is right.
         total += (await controller.usage(s.id).catch(() => undefined))?.memoryBytes ?? 0;
       }
       this.set(total);

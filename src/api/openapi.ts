@@ -8,10 +8,17 @@
  * to document; a table here plus z.toJSONSchema documents exactly what is validated, with no
  * second schema language and no plugin.
  */
-import { GPU_POLICIES } from '../domain/gpu.js';
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import {
+  CheckpointSchema,
+  ErrorSchema,
+  ExecResultSchema,
+  HealthSchema,
+  SandboxSchema,
+  SandboxUrlSchema,
+  TokenSchema,
+  TransitionSchema,
   CheckpointsQuery,
   CostQuery,
   CreateSandboxBody,
@@ -26,88 +33,8 @@ import {
   ResumeBody,
 } from './schemas.js';
 
-const State = z.enum([
-  'creating',
-  'running',
-  'paused',
-  'hibernating',
-  'hibernated',
-  'resuming',
-  'archived',
-  'deleting',
-  'failed',
-]);
-
-export const SandboxSchema = z.object({
-  id: z.string(),
-  name: z.string(),
-  tenant: z.string(),
-  state: State,
-  ports: z.array(z.object({ port: z.number().int(), public: z.boolean() })),
-  address: z.string().nullable(),
-  /** Memory the sandbox's cgroup holds now; 0 while hibernated or archived. */
-  memoryBytes: z.number().int().nonnegative(),
-  memoryLimitBytes: z.number().int().positive(),
-  /** Disk quota of the writable layer; null: none (a sandbox made before quotas). */
-  diskLimitBytes: z.number().int().positive().nullable(),
-  cpus: z.number(),
-  command: z.array(z.string()),
-  source: z.unknown(),
-  createdAt: z.iso.datetime(),
-  stateSince: z.iso.datetime(),
-  lastActiveAt: z.iso.datetime(),
-  checkpointId: z.string().nullable(),
-  lastError: z.string().nullable(),
-  policy: z.record(z.string(), z.unknown()),
-  /** GPUs it was created with (`all`, `0,1`), or null. */
-  gpus: z.string().nullable(),
-  gpuPolicy: z.enum(GPU_POLICIES),
-});
-
-export const CheckpointSchema = z.object({
-  id: z.string(),
-  sandboxId: z.string(),
-  tenant: z.string(),
-  kind: z.string(),
-  createdAt: z.iso.datetime(),
-  logicalBytes: z.number().int().nonnegative(),
-  storedBytes: z.number().int().nonnegative(),
-  meta: z.record(z.string(), z.unknown()),
-});
-
-/** One state transition, as GET /v1/events sends it (`event: transition`, `id:` = its id). */
-export const TransitionSchema = z.object({
-  id: z.number().int().positive(),
-  sandboxId: z.string(),
-  tenant: z.string(),
-  from: State.nullable(),
-  to: State,
-  at: z.iso.datetime(),
-  reason: z.string(),
-});
-
-export const TokenSchema = z.object({
-  id: z.string().describe('the first 12 hex digits of the SHA-256 of the token'),
-  tenant: z.string(),
-  admin: z.boolean(),
-  createdAt: z.iso.datetime(),
-  revokedAt: z.iso.datetime().nullable(),
-});
-
-export const ExecResultSchema = z.object({
-  exitCode: z.number().int(),
-  stdout: z.string(),
-  stderr: z.string(),
-  durationMs: z.number(),
-});
-
-export const ErrorSchema = z.object({
-  error: z.object({
-    code: z.string().describe('stable: SANDBOX_NOT_FOUND, ILLEGAL_TRANSITION, INVALID_ARGUMENT, ...'),
-    message: z.string(),
-    hint: z.string().optional(),
-  }),
-});
+// The response schemas live with the request ones (schemas.ts); tests import them from here too.
+export { CheckpointSchema, ErrorSchema, ExecResultSchema, SandboxSchema, TokenSchema, TransitionSchema };
 
 interface Route {
   method: 'get' | 'post' | 'delete';
@@ -128,7 +55,7 @@ const ROUTES: Route[] = [
     method: 'get',
     path: '/v1/health',
     summary: 'liveness and version',
-    ok: [200, z.object({ ok: z.boolean(), version: z.string() })],
+    ok: [200, HealthSchema],
     public: true,
   },
   {
@@ -221,7 +148,7 @@ const ROUTES: Route[] = [
     path: '/v1/sandboxes/{id}/url',
     summary: 'the wake-proxy address of a port',
     query: z.object({ port: z.coerce.number().int() }),
-    ok: [200, 'application/json'],
+    ok: [200, SandboxUrlSchema],
   },
   {
     method: 'get',

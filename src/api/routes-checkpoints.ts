@@ -24,26 +24,20 @@ const Params = z.object({ id: z.string().min(1).max(128) });
 export function registerCheckpointRoutes(app: FastifyInstance, opts: CheckpointRouteOptions): void {
   const open = async (req: FastifyRequest): Promise<OpenedCheckpoint> => {
     const p = Params.safeParse(req.params);
-    if (!p.success) throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'bad checkpoint id', { status: 400 });
+    if (!p.success) throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'bad checkpoint id');
     const id = p.data.id;
     const c = opts.store.getCheckpoint(id);
     if (!c || (!req.principal.admin && c.tenant !== req.principal.tenant))
-      throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no checkpoint ${id}`, { status: 404 });
+      throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no checkpoint ${id}`);
     if (c.kind !== 'memory')
       throw new DormantError(
-        ErrorCode.INVALID_ARGUMENT,
+        ErrorCode.CHECKPOINT_FILESYSTEM_ONLY,
         `checkpoint ${id} holds only a filesystem (no processes)`,
-        {
-          status: 409,
-        },
       );
     if (!opts.vault)
       throw new DormantError(
-        ErrorCode.INTERNAL,
+        ErrorCode.CHECKPOINT_READS_DISABLED,
         'this daemon was started without a vault for checkpoint reads',
-        {
-          status: 503,
-        },
       );
     const meta: Record<string, string> = {};
     for (const [k, v] of Object.entries(c.meta)) if (typeof v === 'string') meta[k] = v;

@@ -9,9 +9,7 @@ export function registerCostRoutes(app: FastifyInstance, meter: Meter): void {
     const q = req.query as { since?: unknown; by?: unknown; points?: unknown };
     const points = q.points === undefined ? 0 : Number(q.points);
     if (!Number.isInteger(points) || points < 0 || points > 200) {
-      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid points: expected an integer 0-200', {
-        status: 400,
-      });
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid points: expected an integer 0-200');
     }
     let sinceMs: number | undefined;
     if (q.since !== undefined) {
@@ -19,15 +17,11 @@ export function registerCostRoutes(app: FastifyInstance, meter: Meter): void {
         if (typeof q.since !== 'string') throw new RangeError('expected a duration such as 24h');
         sinceMs = parseDurationMs(q.since);
       } catch (e) {
-        throw new DormantError(ErrorCode.INVALID_ARGUMENT, `invalid since: ${(e as Error).message}`, {
-          status: 400,
-        });
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, `invalid since: ${(e as Error).message}`);
       }
     }
     if (q.by !== undefined && q.by !== 'sandbox' && q.by !== 'tenant') {
-      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid by: expected sandbox or tenant', {
-        status: 400,
-      });
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid by: expected sandbox or tenant');
     }
     const tenant = req.principal.admin ? undefined : req.principal.tenant;
     const r = await meter.report({

@@ -7,13 +7,13 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { StateStore, TokenRow } from '../state/store.js';
 import { hashToken, newToken } from './auth.js';
-import { CreateTokenBody, TokenIdParams } from './schemas.js';
+import { CreateTokenBody, TokenIdParams, type TokenView } from './schemas.js';
 import { parse } from './validate.js';
 
 /** How many hex digits of the hash name a token in the API and the CLI. */
 export const TOKEN_ID_LENGTH = 12;
 
-export function tokenView(t: TokenRow) {
+export function tokenView(t: TokenRow): TokenView {
   return {
     id: t.hash.slice(0, TOKEN_ID_LENGTH),
     tenant: t.tenant,
@@ -24,11 +24,7 @@ export function tokenView(t: TokenRow) {
 }
 
 export function requireAdmin(req: FastifyRequest, what: string): void {
-  if (!req.principal.admin)
-    throw new DormantError('FORBIDDEN', `${what} needs an admin token`, {
-      status: 403,
-      hint: 'use the admin token (<data-dir>/admin-token) or ask your operator',
-    });
+  if (!req.principal.admin) throw new DormantError(ErrorCode.FORBIDDEN, `${what} needs an admin token`);
 }
 
 export interface TokenRouteOptions {
@@ -57,11 +53,9 @@ export function registerTokenRoutes(app: FastifyInstance, opts: TokenRouteOption
     const { id } = parse(TokenIdParams, req.params, 'path');
     const all = store.listTokens();
     const matches = all.filter((t) => t.hash.startsWith(id.toLowerCase()));
-    if (matches.length === 0)
-      throw new DormantError('TOKEN_NOT_FOUND', `no token ${id}`, { status: 404, hint: 'dormant token ls' });
+    if (matches.length === 0) throw new DormantError(ErrorCode.TOKEN_NOT_FOUND, `no token ${id}`);
     if (matches.length > 1)
       throw new DormantError(ErrorCode.INVALID_ARGUMENT, `token id ${id} is ambiguous`, {
-        status: 400,
         hint: `give more of the id (${TOKEN_ID_LENGTH} hex digits)`,
       });
     const t = matches[0]!;
@@ -70,10 +64,7 @@ export function registerTokenRoutes(app: FastifyInstance, opts: TokenRouteOption
       t.revokedAt === undefined &&
       all.filter((x) => x.admin && x.revokedAt === undefined).length === 1
     )
-      throw new DormantError('LAST_ADMIN_TOKEN', `token ${id} is the last admin token`, {
-        status: 409,
-        hint: 'create another admin token first (POST /v1/tokens with admin: true)',
-      });
+      throw new DormantError(ErrorCode.LAST_ADMIN_TOKEN, `token ${id} is the last admin token`);
     // Revoking twice is not an error: the token is revoked either way.
     store.revokeToken(t.hash, Date.now());
     return tokenView(store.listTokens().find((x) => x.hash === t.hash) ?? t);

@@ -1,7 +1,15 @@
-/** Request and response shapes of the HTTP API: one zod schema validates and documents each. */
+/**
+ * Request and response shapes of the HTTP API: one zod schema validates and documents each.
+ * This file is the API's contract: the server's answers are typed by the response schemas
+ * (z.output), /v1/openapi.json is made from them (openapi.ts), and the SDK's types
+ * (src/sdk/contract.ts) are generated from them by `npm run gen` (scripts/gen-sdk-types.mjs).
+ * Describe a field with `.describe()`, not a comment, so the description reaches all three.
+ */
 import { z } from 'zod';
 import { parseDurationMs, parseSizeBytes } from '../domain/units.js';
 import { GPU_POLICIES } from '../domain/gpu.js';
+import { SANDBOX_STATES } from '../domain/sandbox.js';
+import { ERRORS } from '../domain/errors.js';
 
 /** A duration in milliseconds, or a human one (`15m`, `7d`). */
 const duration = z.union([z.number().int().nonnegative(), z.string().max(32)]).transform((v, ctx) => {
@@ -32,8 +40,11 @@ export const CreateSandboxBody = z.strictObject({
   name: z.string().min(1).max(63).optional(),
   rootfs: z.string().min(1).max(4096).optional(),
   image: z.string().min(1).max(4096).optional(),
-  /** May be empty with an image: the image's Entrypoint and Cmd are used. */
-  command: z.array(z.string().max(65_536)).max(1024).default([]),
+  command: z
+    .array(z.string().max(65_536))
+    .max(1024)
+    .default([])
+    .describe("may be empty with an image: the image's Entrypoint and Cmd are used"),
   env: z.record(envName, z.string().max(65_536)).optional(),
   ports: z
     .array(
@@ -43,23 +54,29 @@ export const CreateSandboxBody = z.strictObject({
       ]),
     )
     .max(32)
-    .optional(),
-  memory: size.optional(),
+    .optional()
+    .describe('ports inside the sandbox; `public: true` opens one through the wake proxy without a token'),
+  memory: size.optional().describe('bytes, or a size like `512M`'),
   cpus: z.number().positive().max(256).optional(),
-  /** Disk quota of the writable layer (`10G`); default: the daemon's. */
-  disk: size.optional(),
-  idle: duration.optional(),
+  disk: size
+    .optional()
+    .describe("disk quota of the writable layer: bytes, or a size like `10G`; default: the daemon's"),
+  idle: duration
+    .optional()
+    .describe('hibernate after this long idle: milliseconds, or a duration like `15m`'),
   pauseAfter: duration.optional(),
   archiveAfter: duration.optional(),
   lifetime: duration.optional(),
   onResume: z.array(z.string().max(65_536)).min(1).max(1024).optional(),
-  /** GPUs: `all`, or device indexes like `0,1`. */
   gpus: z
     .union([z.string().max(64), z.array(z.number().int().min(0).max(255)).max(64)])
     .transform((v) => (typeof v === 'string' ? v : v.join(',')))
-    .optional(),
-  /** What hibernate does when the sandbox holds GPU state. Default keep-running. */
-  gpuPolicy: z.enum(GPU_POLICIES).optional(),
+    .optional()
+    .describe('GPUs: `all`, or device indexes like `0,1`; refused on a node without an NVIDIA driver'),
+  gpuPolicy: z
+    .enum(GPU_POLICIES)
+    .optional()
+    .describe('what hibernate does when the sandbox holds GPU state; default keep-running (docs/GPU.md)'),
 });
 export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
 
@@ -157,4 +174,131 @@ export const CostQuery = z.object({
     .max(200)
     .optional()
     .describe('a series of N cumulative (spent, alwaysWarm) points'),
+});
+
+// ---- answers ------------------------------------------------------------------------------
+
+export const SandboxStateSchema = z.enum(SANDBOX_STATES);
+export const GpuPolicySchema = z.enum(GPU_POLICIES);
+
+export const SandboxSchema = z.object({
+  id: z.string(),
+  name: z.string(),
+  tenant: z.string(),
+  state: SandboxStateSchema,
+  ports: z.array(z.object({ port: z.number().int(), public: z.boolean() })),
+  address: z.string().nullable().describe("the sandbox's address on the node; null while it has none"),
+  memoryBytes: z
+    .number()
+    .int()
+    .nonnegative()
+    .describe("memory the sandbox's cgroup holds now; 0 while hibernated or archived"),
+  memoryLimitBytes: z.number().int().positive(),
+  diskLimitBytes: z
+    .number()
+    .int()
+    .positive()
+    .nullable()
+    .describe('disk quota of the writable layer; null: none (a sandbox made before quotas)'),
+  cpus: z.number(),
+  command: z.array(z.string()),
+  source: z
+    .discriminatedUnion('kind', [
+      z.object({ kind: z.literal('rootfs'), path: z.string() }),
+      z.object({
+        kind: z.literal('image'),
+        path: z.string(),
+        tag: z.string().optional(),
+        digest: z.string(),
+        rootfs: z.string(),
+      }),
+    ])
+    .describe('a root filesystem folder, or an OCI image layout (with the digest of its manifest)'),
+  createdAt: z.iso.datetime(),
+  stateSince: z.iso.datetime(),
+  lastActiveAt: z.iso.datetime(),
+  checkpointId: z.string().nullable().describe('the newest checkpoint, or null'),
+  lastError: z.string().nullable().describe('why the sandbox failed, or why its last operation failed'),
+  policy: z
+    .object({
+      pauseAfterMs: z.number().optional(),
+      hibernateAfterMs: z.number().optional(),
+      archiveAfterMs: z.number().optional(),
+      deleteAfterMs: z.number().optional(),
+      lifetimeMs: z.number().optional(),
+    })
+    .describe('idle policy in milliseconds; an absent one never fires'),
+  gpus: z.string().nullable().describe('GPUs it was created with (`all`, `0,1`), or null'),
+  gpuPolicy: GpuPolicySchema.describe('what hibernate does when it holds GPU state (docs/GPU.md)'),
+});
+export type SandboxView = z.output<typeof SandboxSchema>;
+
+export const CheckpointSchema = z.object({
+  id: z.string(),
+  sandboxId: z.string(),
+  tenant: z.string(),
+  kind: z.enum(['memory', 'filesystem']).describe('memory: processes and files; filesystem: files only'),
+  createdAt: z.iso.datetime(),
+  logicalBytes: z.number().int().nonnegative(),
+  storedBytes: z.number().int().nonnegative(),
+  meta: z.record(z.string(), z.unknown()),
+});
+export type CheckpointView = z.output<typeof CheckpointSchema>;
+
+/** One state transition, as GET /v1/events sends it (`event: transition`, `id:` = its id). */
+export const TransitionSchema = z.object({
+  id: z.number().int().positive(),
+  sandboxId: z.string(),
+  tenant: z.string(),
+  from: SandboxStateSchema.nullable().describe('null: the sandbox was just made'),
+  to: SandboxStateSchema,
+  at: z.iso.datetime(),
+  reason: z.string(),
+});
+export type TransitionView = z.output<typeof TransitionSchema>;
+
+export const TokenSchema = z.object({
+  id: z.string().describe('the first 12 hex digits of the SHA-256 of the token'),
+  tenant: z.string(),
+  admin: z.boolean(),
+  createdAt: z.iso.datetime(),
+  revokedAt: z.iso.datetime().nullable(),
+});
+export type TokenView = z.output<typeof TokenSchema>;
+
+export const ExecResultSchema = z.object({
+  exitCode: z.number().int(),
+  stdout: z.string(),
+  stderr: z.string(),
+  durationMs: z.number(),
+});
+export type ExecResultView = z.output<typeof ExecResultSchema>;
+
+/** A sandbox port as reached through the wake proxy (GET /v1/sandboxes/{id}/url). */
+export const SandboxUrlSchema = z.object({
+  id: z.string(),
+  port: z.number().int(),
+  url: z.string().describe('`http://PORT-ID.<domain>:PROXYPORT/`'),
+  host: z.string(),
+  tcp: z
+    .string()
+    .nullable()
+    .describe('`host:port` of the raw TCP listener for this port, or null when it has none'),
+  public: z.boolean(),
+  auth: z.enum(['token', 'none']).describe("'token': send the tenant's token; 'none': a public port"),
+});
+
+export const HealthSchema = z.object({ ok: z.boolean(), version: z.string() });
+
+/** Every code the API can answer (the table in src/domain/errors.ts). */
+export const ErrorCodeSchema = z.enum(
+  Object.keys(ERRORS) as [keyof typeof ERRORS, ...(keyof typeof ERRORS)[]],
+);
+
+export const ErrorSchema = z.object({
+  error: z.object({
+    code: ErrorCodeSchema.describe('stable: what scripts match on (docs/API.md lists every code)'),
+    message: z.string(),
+    hint: z.string().optional().describe('what to do about it'),
+  }),
 });

@@ -8,7 +8,7 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { Readable } from 'node:stream';
-import { DormantError, ErrorCode, asError } from '../domain/errors.js';
+import { DormantError, ErrorCode, asError, errorInfo } from '../domain/errors.js';
 import type { Sandbox, Transition } from '../domain/sandbox.js';
 import type { SandboxController } from '../control/sandboxes.js';
 import type { CheckpointRecord, StateStore } from '../state/store.js';
@@ -28,6 +28,10 @@ import {
   KeepaliveBody,
   LogsQuery,
   ResumeBody,
+  type CheckpointView,
+  type ExecResultView,
+  type SandboxView,
+  type TransitionView,
 } from './schemas.js';
 import { parse } from './validate.js';
 import { registerTokenRoutes } from './routes-tokens.js';
@@ -69,8 +73,8 @@ const iso = (ms: number): string => new Date(ms).toISOString();
 
 const isReadable = (b: unknown): b is Readable => b instanceof Readable;
 
-/** The sandbox as the API shows it. */
-export function sandboxView(s: Sandbox) {
+/** The sandbox as the API shows it (SandboxSchema in schemas.ts). */
+export function sandboxView(s: Sandbox): SandboxView {
   return {
     id: s.id,
     name: s.name,
@@ -95,7 +99,7 @@ export function sandboxView(s: Sandbox) {
   };
 }
 
-export function checkpointView(c: CheckpointRecord) {
+export function checkpointView(c: CheckpointRecord): CheckpointView {
   return {
     id: c.id,
     sandboxId: c.sandboxId,
@@ -108,7 +112,7 @@ export function checkpointView(c: CheckpointRecord) {
   };
 }
 
-export function transitionView(t: Transition) {
+export function transitionView(t: Transition): TransitionView {
   return {
     id: t.id,
     sandboxId: t.sandboxId,
@@ -145,31 +149,35 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
         body.message = scrubHostPaths(body.message, hostPaths);
         if (body.hint !== undefined) body.hint = scrubHostPaths(body.hint, hostPaths);
       }
-      void reply.status(err.status).send({ error: body });
+      // The status is the code's, from the table: no throw site picks one.
+      void reply.status(errorInfo(err.code).status).send({ error: body });
       return;
     }
     const e = asError(err) as Error & { statusCode?: number; code?: string };
     if (typeof e.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {
       // fastify's own: malformed JSON, body too large, unsupported media type.
+      const code = fastifyCode(e.statusCode);
       void reply
-        .status(e.statusCode)
-        .send({ error: { code: ErrorCode.INVALID_ARGUMENT, message: e.message } });
+        .status(errorInfo(code).status)
+        .send({ error: { code, message: e.message, hint: errorInfo(code).hint } });
       return;
     }
     app.log.error(err);
-    void reply.status(500).send({
+    void reply.status(errorInfo(ErrorCode.INTERNAL).status).send({
       error: {
         code: ErrorCode.INTERNAL,
         // Internal errors carry whatever the system said (paths, commands): admins only.
         message: tenant ? `internal error (request ${req.id})` : e.message,
-        hint: 'see the daemon log',
+        hint: errorInfo(ErrorCode.INTERNAL).hint,
       },
     });
   });
   app.setNotFoundHandler((req, reply) => {
-    void reply.status(404).send({
-      error: { code: 'NOT_FOUND', message: `no route ${req.method} ${req.url.split('?')[0] ?? ''}` },
-    });
+    const err = new DormantError(
+      ErrorCode.NOT_FOUND,
+      `no route ${req.method} ${req.url.split('?')[0] ?? ''}`,
+    );
+    void reply.status(err.status).send({ error: err.toJSON() });
   });
 
   const unauthenticated = new Set(['/v1/health', '/v1/openapi.json']);
@@ -267,7 +275,13 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.timeoutMs !== undefined ? { timeoutMs: b.timeoutMs } : {}),
       ...(b.stdin !== undefined ? { input: b.stdin } : {}),
     });
-    return { exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr, durationMs: r.durationMs };
+    const out: ExecResultView = {
+      exitCode: r.exitCode,
+      stdout: r.stdout,
+      stderr: r.stderr,
+      durationMs: r.durationMs,
+    };
+    return out;
   });
 
   app.post('/v1/sandboxes/:id/keepalive', async (req) => {
@@ -293,6 +307,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       try {
         return controller.get(id, scope(req)).state !== 'deleting';
       } catch {
+        // Not found: the sandbox was deleted, which ends the follow like `deleting` does.
         return false;
       }
     });
@@ -372,7 +387,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     const c = store.getCheckpoint(id);
     const t = scope(req);
     if (!c || (t !== undefined && c.tenant !== t)) {
-      throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no checkpoint ${id}`, { status: 404 });
+      throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no checkpoint ${id}`);
     }
     return checkpointView(c);
   });
@@ -408,6 +423,13 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   return app;
 }
 
+/** The table's code for one of fastify's own 4xx answers (its status is then the code's). */
+function fastifyCode(statusCode: number): ErrorCode {
+  if (statusCode === 413) return ErrorCode.REQUEST_TOO_LARGE;
+  if (statusCode === 415) return ErrorCode.UNSUPPORTED_MEDIA_TYPE;
+  return ErrorCode.INVALID_ARGUMENT;
+}
+
 /** Streams a log file as it grows, until the client goes away or the sandbox is deleted. */
 function followLog(reply: FastifyReply, path: string, stillThere: () => boolean): void {
   reply.hijack();
@@ -434,6 +456,7 @@ function followLog(reply: FastifyReply, path: string, stillThere: () => boolean)
       }
       if (!stillThere()) stop();
     } catch {
+      // The log went with its sandbox, or the client left: either way the follow is over.
       stop();
     } finally {
       busy = false;

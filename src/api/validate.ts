@@ -13,9 +13,6 @@ export function parse<T extends z.ZodType>(schema: T, value: unknown, what: stri
     throw new DormantError(
       ErrorCode.INVALID_ARGUMENT,
       `invalid ${what}: ${nul || what}: contains a NUL byte`,
-      {
-        status: 400,
-      },
     );
   }
   const r = schema.safeParse(value);
@@ -26,7 +23,6 @@ export function parse<T extends z.ZodType>(schema: T, value: unknown, what: stri
       ErrorCode.INVALID_ARGUMENT,
       `invalid ${what}: ${path}: ${issue?.message ?? 'invalid'}`,
       {
-        status: 400,
         details: { issues: r.error.issues.map((i) => ({ path: i.path.join('.'), message: i.message })) },
       },
     );

@@ -20,6 +20,7 @@ import {
 import type { PolicyDefaults } from '../control/policy.js';
 import type { Clock } from '../control/sandboxes.js';
 import { authenticate } from './auth.js';
+import { SandboxUrlSchema } from './schemas.js';
 
 export interface ProxyConfig {
   /** host:port. Default: the API's host, on the API's port + 1 (7421), or a free port when the API's is 0. */
@@ -128,6 +129,8 @@ export async function startWakeServices(o: {
   apiListen: string;
   proxy?: ProxyConfig | false;
   policy?: PolicyConfig | false;
+  /** Warnings of the wake proxy. Default: stderr. */
+  warn?: (message: string) => void;
 }): Promise<WakeServices> {
   const { controller, store, clock } = o;
   const proxy =
@@ -140,6 +143,7 @@ export async function startWakeServices(o: {
           ...(o.proxy?.domain !== undefined ? { domain: o.proxy.domain } : {}),
           ...(o.proxy?.wakeTimeoutMs !== undefined ? { wakeTimeoutMs: o.proxy.wakeTimeoutMs } : {}),
           ...(o.proxy?.tcp !== undefined ? { tcp: o.proxy.tcp } : {}),
+          ...(o.warn !== undefined ? { warn: o.warn } : {}),
         });
   let policy: PolicyLoop | undefined;
   if (o.policy !== false) {
@@ -192,17 +196,12 @@ function registerUrlRoute(
     const params = req.params as { id?: string };
     const q = UrlQuery.safeParse(req.query);
     if (!q.success) {
-      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid query: port must be 1-65535', {
-        status: 400,
-      });
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid query: port must be 1-65535');
     }
     const tenant = req.principal.admin ? undefined : req.principal.tenant;
     const s = controller.get(params.id ?? '', tenant);
     if (!proxy) {
-      throw new DormantError(ErrorCode.PROXY_DISABLED, 'this daemon runs no wake proxy', {
-        status: 503,
-        hint: 'start dormant serve with the proxy enabled',
-      });
+      throw new DormantError(ErrorCode.PROXY_DISABLED, 'this daemon runs no wake proxy');
     }
     await proxy.sync();
     const u = proxy.urlFor(proxied(s), q.data.port);
@@ -212,11 +211,16 @@ function registerUrlRoute(
         ErrorCode.INVALID_ARGUMENT,
         `sandbox ${s.id} did not declare port ${q.data.port}`,
         {
-          status: 400,
           hint: `declared ports: ${declared} (dormant create --port P)`,
         },
       );
     }
-    return { id: s.id, port: q.data.port, ...u, auth: u.public ? 'none' : 'token' };
+    const out: z.output<typeof SandboxUrlSchema> = {
+      id: s.id,
+      port: q.data.port,
+      ...u,
+      auth: u.public ? 'none' : 'token',
+    };
+    return out;
   });
 }

@@ -20,7 +20,7 @@ export function reportError(e: unknown, json: boolean): number {
     e instanceof DormantError
       ? e
       : e instanceof DormantApiError
-        ? new DormantError(e.code, e.message, { status: e.status, ...(e.hint ? { hint: e.hint } : {}) })
+        ? DormantError.relayed(e.code, e.message, e.status, e.hint)
         : new DormantError('INTERNAL', asError(e).message, {
             cause: e,
             hint: 'this is a bug in dormant; please report it',

@@ -1,21 +1,242 @@
 /**
- * One error class for the whole project. Every error a user can see carries a stable
- * `code` (what scripts match on), an HTTP status (what the API answers), a `hint` (what to
- * do about it) and the underlying `cause`. Messages name the sandbox, path or digest
- * involved and never carry a secret.
+ * Every error a user can see carries a stable `code` (what scripts match on). The table below
+ * (ERRORS) is the one place a code is defined: its HTTP status, its family (what kind of
+ * failure: the SDK's error classes are one per family) and a default hint (what to do about
+ * it). The API answers the table's status; the SDK, the OpenAPI document and docs/API.md are
+ * generated from the table (scripts/gen-sdk-types.mjs), and a test holds them to it.
+ * Messages name the sandbox, path or digest involved and never carry a secret.
+ */
+
+/** What kind of failure a code is. The SDK has one error class per family. */
+export const ERROR_FAMILIES = [
+  /** The request is wrong; the message names the field (400, 405, 415). */
+  'invalid',
+  /** No token, or an unknown or revoked one (401). */
+  'unauthenticated',
+  /** The token may not do this (403). */
+  'forbidden',
+  /** No such thing for this token's tenant (404). */
+  'not-found',
+  /** Not possible in the current state (409); the hint says what to do first. */
+  'conflict',
+  /** Bigger than a limit allows (413, 431). */
+  'too-large',
+  /** Well formed, but its content cannot be used (422). */
+  'unprocessable',
+  /** A lifecycle operation failed on the node; the sandbox is left as the message says. */
+  'operation',
+  /** The checkpoint vault refused or failed. */
+  'vault',
+  /** Something took longer than its bound (408, 504). */
+  'timeout',
+  /** The daemon cannot serve this now, or a sandbox behind it did not answer (502, 503). */
+  'unavailable',
+  /** A fault of the daemon or its node (500): the daemon log has the whole error. */
+  'internal',
+] as const;
+export type ErrorFamily = (typeof ERROR_FAMILIES)[number];
+
+export interface ErrorInfo {
+  /** The HTTP status the API (and the wake proxy) answers. */
+  readonly status: number;
+  readonly family: ErrorFamily;
+  /** What to do about it; a throw site may give a more precise one. */
+  readonly hint: string;
+}
+
+const e = (status: number, family: ErrorFamily, hint: string): ErrorInfo => ({ status, family, hint });
+
+/**
+ * Stable error codes. Add freely; never rename one that has shipped, nor change its status
+ * (scripts match on both). After a change here, run `npm run gen`.
+ */
+export const ERRORS = {
+  // ---- the request ---------------------------------------------------------------------
+  INVALID_ARGUMENT: e(400, 'invalid', 'fix the request: the message names the field'),
+  /** The wake proxy could not parse the request. */
+  BAD_REQUEST: e(400, 'invalid', 'send well-formed HTTP/1.1'),
+  /** The wake proxy relays no CONNECT. */
+  METHOD_NOT_ALLOWED: e(405, 'invalid', 'use a plain HTTP method; CONNECT is not proxied'),
+  /** A request body over the route's limit. */
+  REQUEST_TOO_LARGE: e(413, 'too-large', 'send a smaller body (4 MiB of JSON; 32 MiB for exec)'),
+  /** A request head over the wake proxy's limit. */
+  REQUEST_HEAD_TOO_LARGE: e(431, 'too-large', 'send fewer or shorter headers (64 KiB in all)'),
+  UNSUPPORTED_MEDIA_TYPE: e(415, 'invalid', 'send application/json (or application/octet-stream to import)'),
+  /** The wake proxy's head deadline passed before the request head arrived. */
+  REQUEST_TIMEOUT: e(408, 'timeout', 'send the whole request head at once'),
+  /** An API route that does not exist, or a dashboard file. */
+  NOT_FOUND: e(404, 'not-found', 'see GET /v1/openapi.json for the routes'),
+  UNAUTHORIZED: e(
+    401,
+    'unauthenticated',
+    'send Authorization: Bearer TOKEN (dormant token create, or <data-dir>/admin-token)',
+  ),
+  FORBIDDEN: e(403, 'forbidden', 'use the admin token (<data-dir>/admin-token) or ask your operator'),
+  /** A tenant named a host path (rootfs, image, archive) outside the operator's allowed folders. */
+  HOST_PATH_FORBIDDEN: e(
+    403,
+    'forbidden',
+    'name a path inside a folder the operator allowed (dormant serve --allow-root), or upload the archive',
+  ),
+  TOKEN_NOT_FOUND: e(404, 'not-found', 'dormant token ls'),
+  LAST_ADMIN_TOKEN: e(409, 'conflict', 'create another admin token first (POST /v1/tokens with admin: true)'),
+
+  // ---- sandboxes -----------------------------------------------------------------------
+  SANDBOX_NOT_FOUND: e(404, 'not-found', 'dormant ls lists the sandboxes this token sees'),
+  SANDBOX_NAME_TAKEN: e(409, 'conflict', 'pick another name, or delete the sandbox that has it'),
+  ILLEGAL_TRANSITION: e(409, 'conflict', 'see the sandbox state (dormant ls); resume it first if it sleeps'),
+  /** The sandbox has no checkpoint to resume or fork from. */
+  NO_CHECKPOINT: e(409, 'conflict', 'hibernate the sandbox first (a running one has no checkpoint yet)'),
+  HIBERNATE_FAILED: e(500, 'operation', 'the sandbox keeps running; see the daemon log for why'),
+  RESUME_FAILED: e(500, 'operation', 'the checkpoint is kept; see the daemon log, then resume again'),
+  /** The checkpoint was made on a node this one cannot restore (CPU, kernel, CRIU). */
+  RESTORE_INCOMPATIBLE: e(409, 'conflict', 'resume it on a node like the one that made it'),
+  /** The newest checkpoint failed to restore and is marked damaged. */
+  CHECKPOINT_DAMAGED: e(409, 'conflict', 'resume from an older checkpoint (resume --from ID)'),
+  FILESYSTEM_PACK_FAILED: e(500, 'operation', 'the sandbox is unchanged; see the daemon log'),
+  FILESYSTEM_UNPACK_FAILED: e(500, 'operation', 'the checkpoint is kept; see the daemon log'),
+  IMAGE_INVALID: e(400, 'invalid', 'give an OCI image layout folder (DIR or DIR:TAG)'),
+  /** An imported checkpoint needs its image, and the daemon holds none that matches. */
+  IMAGE_REQUIRED: e(422, 'unprocessable', 'pass the image the checkpoint was made from (image)'),
+  IMAGE_MISMATCH: e(422, 'unprocessable', 'pass the image the checkpoint was made from'),
+
+  // ---- GPUs ------------------------------------------------------------------------------
+  GPU_UNAVAILABLE: e(409, 'conflict', 'dormant doctor shows the node’s GPUs'),
+  GPU_NO_DRIVER: e(409, 'conflict', 'install the NVIDIA driver (with cuda-checkpoint) on the node'),
+  GPU_CHECKPOINT_UNSUPPORTED: e(
+    409,
+    'conflict',
+    'use gpuPolicy keep-running or filesystem-only (docs/GPU.md)',
+  ),
+  GPU_CHECKPOINT_FAILED: e(500, 'operation', 'the sandbox keeps running; see the daemon log'),
+  GPU_FORK_UNSUPPORTED: e(409, 'conflict', 'a sandbox holding GPU state cannot be forked (docs/GPU.md)'),
+  GPU_KEEP_RUNNING: e(409, 'conflict', 'its gpuPolicy is keep-running: it does not hibernate (docs/GPU.md)'),
+  GPU_FILESYSTEM_ONLY: e(
+    409,
+    'conflict',
+    'its gpuPolicy is filesystem-only: archive it instead (docs/GPU.md)',
+  ),
+  GPU_RESTORE_FAILED: e(500, 'operation', 'the checkpoint is kept; see the daemon log'),
+
+  // ---- checkpoints -----------------------------------------------------------------------
+  CHECKPOINT_NOT_FOUND: e(404, 'not-found', 'dormant checkpoint ls lists the checkpoints this token sees'),
+  CHECKPOINT_EXISTS: e(409, 'conflict', 'a checkpoint with this id is already stored'),
+  /** The checkpoint holds only a filesystem (no processes) where a memory checkpoint is needed. */
+  CHECKPOINT_FILESYSTEM_ONLY: e(409, 'conflict', 'use a memory checkpoint (one made by hibernate)'),
+  /** The daemon was started without a vault for checkpoint reads (inspect, scan). */
+  CHECKPOINT_READS_DISABLED: e(503, 'unavailable', 'start the daemon with its vault'),
+  CHECKPOINT_ARCHIVE_INVALID: e(422, 'unprocessable', 'give a podman or CRI-O checkpoint archive'),
+  CHECKPOINT_ARCHIVE_TOO_LARGE: e(413, 'too-large', 'the daemon refuses archives past its upload limit'),
+  CHECKPOINT_HAS_SECRETS: e(
+    409,
+    'conflict',
+    'export with allowPlaintext, or encrypted (--format oci --encrypt)',
+  ),
+  /** A checkpoint's images give its processes more than a sandbox has (capabilities, seccomp, namespaces, mounts). */
+  CHECKPOINT_OUTSIDE_PROFILE: e(
+    422,
+    'unprocessable',
+    'only checkpoints of sandboxed processes can be imported',
+  ),
+  CRIU_IMAGE_MALFORMED: e(422, 'unprocessable', 'the checkpoint’s CRIU images cannot be read'),
+
+  // ---- the vault -------------------------------------------------------------------------
+  VAULT_CORRUPT: e(500, 'vault', 'stored data failed its integrity check; resume from an older checkpoint'),
+  VAULT_KEY_MISSING: e(500, 'vault', 'the vault key is missing on this node; restore it from a backup'),
+  VAULT_NOT_FOUND: e(404, 'not-found', 'no such object in the vault'),
+  VAULT_IO: e(500, 'vault', 'the vault could not read or write its files; check the data disk'),
+  VAULT_KEY_WRONG: e(403, 'forbidden', 'use the key this vault was made with'),
+  VAULT_BUSY: e(409, 'vault', 'another process holds the vault; retry when it is done'),
+  TENANT_KEY_DESTROYED: e(
+    410,
+    'vault',
+    'the tenant’s key was destroyed: its checkpoints cannot be read again',
+  ),
+  SANDBOX_KEY_DESTROYED: e(
+    410,
+    'vault',
+    'the sandbox’s key was destroyed: its checkpoints cannot be read again',
+  ),
+
+  // ---- the node --------------------------------------------------------------------------
+  COMMAND_FAILED: e(500, 'internal', 'a program the daemon runs failed; see the daemon log'),
+  COMMAND_TIMEOUT: e(504, 'timeout', 'it ran past its time limit: raise timeoutMs, or make it finish sooner'),
+  COMMAND_ABORTED: e(
+    500,
+    'internal',
+    'it was stopped (the daemon shutting down, or the request dropped); retry',
+  ),
+  COMMAND_NOT_FOUND: e(500, 'internal', 'a program the daemon needs is missing: run dormant doctor'),
+  CRIU_NOT_FOUND: e(500, 'operation', 'install CRIU: run dormant doctor'),
+  CRIU_TOO_OLD: e(500, 'operation', 'upgrade CRIU: dormant doctor names the version needed'),
+  CRIU_DUMP_FAILED: e(500, 'operation', 'the sandbox keeps running; the daemon log has CRIU’s report'),
+  CRIU_RESTORE_FAILED: e(500, 'operation', 'the checkpoint is kept; the daemon log has CRIU’s report'),
+  RUNTIME_SANDBOX_EXISTS: e(409, 'conflict', 'a container with this id already runs on the node'),
+  RUNTIME_SANDBOX_NOT_FOUND: e(404, 'not-found', 'the sandbox’s container is gone from the node'),
+  RUNTIME_INVALID_STATE: e(409, 'conflict', 'the sandbox’s container is not in a state for this'),
+  RUNTIME_CREATE_FAILED: e(500, 'operation', 'see the daemon log; dormant doctor checks the node'),
+  RUNTIME_EXEC_FAILED: e(500, 'operation', 'see the daemon log'),
+  RUNTIME_CHECKPOINT_FAILED: e(500, 'operation', 'the sandbox keeps running; see the daemon log'),
+  RUNTIME_RESTORE_FAILED: e(500, 'operation', 'the checkpoint is kept; see the daemon log'),
+  RUNTIME_NETWORK_FAILED: e(500, 'operation', 'see the daemon log; dormant doctor checks the node'),
+  /** Every address of the sandbox subnet is in use. */
+  RUNTIME_NO_ADDRESS: e(503, 'unavailable', 'delete unused sandboxes, or configure a larger subnet'),
+  RUNTIME_ROOTFS_FAILED: e(500, 'operation', 'see the daemon log'),
+  RUNTIME_LOG_FAILED: e(500, 'operation', 'see the daemon log'),
+  INTERNAL: e(500, 'internal', 'see the daemon log'),
+
+  // ---- the wake proxy --------------------------------------------------------------------
+  /** The sandbox did not wake within the bound (with Retry-After). */
+  WAKE_TIMEOUT: e(503, 'unavailable', 'retry after the Retry-After seconds: it is still waking'),
+  /** The resume failed. */
+  WAKE_FAILED: e(502, 'unavailable', 'see the sandbox’s lastError (dormant ls), then resume it'),
+  /** The connection caps are reached (with Retry-After). */
+  PROXY_BUSY: e(503, 'unavailable', 'retry after the Retry-After seconds'),
+  /** The Host names no sandbox port. */
+  PROXY_NO_ROUTE: e(404, 'not-found', 'use the address dormant url ID PORT gives'),
+  /** A sandbox name shared by several visible sandboxes. */
+  PROXY_AMBIGUOUS: e(409, 'conflict', 'use the sandbox id instead of its name'),
+  /** The sandbox's server did not answer. */
+  PROXY_UPSTREAM: e(502, 'unavailable', 'is the server inside the sandbox listening on that port?'),
+  /** The daemon runs no wake proxy. */
+  PROXY_DISABLED: e(503, 'unavailable', 'start dormant serve without --no-proxy'),
+} as const satisfies Record<string, ErrorInfo>;
+
+export type ErrorCode = keyof typeof ERRORS;
+/** Each code by name (`ErrorCode.SANDBOX_NOT_FOUND`), for code that prefers a constant to a string. */
+export const ErrorCode = Object.freeze(
+  Object.fromEntries(Object.keys(ERRORS).map((k) => [k, k])) as { readonly [K in ErrorCode]: K },
+);
+
+/** What the table says of a code; a code it does not know (from a newer peer) is internal. */
+export function errorInfo(code: string): ErrorInfo {
+  return Object.hasOwn(ERRORS, code) ? ERRORS[code as ErrorCode] : ERRORS.INTERNAL;
+}
+
+/**
+ * One error class for the whole project: a code from the table, a message, and the
+ * underlying `cause`. Its status and default hint come from the table.
  */
 export class DormantError extends Error {
+  /** A code of the table (string: an error relayed from a peer may carry a newer one). */
   readonly code: string;
+  /** The code's status in the table. */
   readonly status: number;
   readonly hint: string | undefined;
   /** Extra machine-readable facts (an exit code, a log excerpt). Never secrets. */
   readonly details: Readonly<Record<string, unknown>> | undefined;
 
   constructor(
-    code: string,
+    code: ErrorCode,
     message: string,
     options: {
+      /**
+       * Not used: the table decides the status. Throw sites written before the table still
+       * pass one; each drops it when next touched (a site that needs another status needs
+       * another code).
+       */
       status?: number;
+      /** A more precise hint than the table's for this code. */
       hint?: string;
       cause?: unknown;
       details?: Record<string, unknown>;
@@ -24,9 +245,19 @@ export class DormantError extends Error {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = 'DormantError';
     this.code = code;
-    this.status = options.status ?? 500;
-    this.hint = options.hint;
+    const info = errorInfo(code);
+    this.status = info.status;
+    this.hint = options.hint ?? info.hint;
     this.details = options.details;
+  }
+
+  /**
+   * An error another part answered with its own code and status (the CLI relays the SDK's:
+   * a newer daemon's code, or the client's own DAEMON_UNREACHABLE), kept as answered.
+   */
+  static relayed(code: string, message: string, status: number, hint?: string): DormantError {
+    const err = new DormantError('INTERNAL', message, hint === undefined ? {} : { hint });
+    return Object.assign(err, { code, status, hint });
   }
 
   toJSON(): { code: string; message: string; hint?: string } {
@@ -36,64 +267,7 @@ export class DormantError extends Error {
   }
 }
 
-/** Stable error codes. Add freely; never rename one that has shipped. */
-export const ErrorCode = {
-  INVALID_ARGUMENT: 'INVALID_ARGUMENT',
-  COMMAND_FAILED: 'COMMAND_FAILED',
-  COMMAND_TIMEOUT: 'COMMAND_TIMEOUT',
-  COMMAND_ABORTED: 'COMMAND_ABORTED',
-  COMMAND_NOT_FOUND: 'COMMAND_NOT_FOUND',
-  CRIU_NOT_FOUND: 'CRIU_NOT_FOUND',
-  CRIU_TOO_OLD: 'CRIU_TOO_OLD',
-  CRIU_DUMP_FAILED: 'CRIU_DUMP_FAILED',
-  CRIU_RESTORE_FAILED: 'CRIU_RESTORE_FAILED',
-  VAULT_CORRUPT: 'VAULT_CORRUPT',
-  VAULT_KEY_MISSING: 'VAULT_KEY_MISSING',
-  VAULT_NOT_FOUND: 'VAULT_NOT_FOUND',
-  VAULT_IO: 'VAULT_IO',
-  CHECKPOINT_NOT_FOUND: 'CHECKPOINT_NOT_FOUND',
-  TENANT_KEY_DESTROYED: 'TENANT_KEY_DESTROYED',
-  SANDBOX_KEY_DESTROYED: 'SANDBOX_KEY_DESTROYED',
-  VAULT_KEY_WRONG: 'VAULT_KEY_WRONG',
-  VAULT_BUSY: 'VAULT_BUSY',
-  CHECKPOINT_EXISTS: 'CHECKPOINT_EXISTS',
-  RUNTIME_SANDBOX_EXISTS: 'RUNTIME_SANDBOX_EXISTS',
-  RUNTIME_SANDBOX_NOT_FOUND: 'RUNTIME_SANDBOX_NOT_FOUND',
-  RUNTIME_INVALID_STATE: 'RUNTIME_INVALID_STATE',
-  RUNTIME_CREATE_FAILED: 'RUNTIME_CREATE_FAILED',
-  RUNTIME_EXEC_FAILED: 'RUNTIME_EXEC_FAILED',
-  RUNTIME_CHECKPOINT_FAILED: 'RUNTIME_CHECKPOINT_FAILED',
-  RUNTIME_RESTORE_FAILED: 'RUNTIME_RESTORE_FAILED',
-  RUNTIME_NETWORK_FAILED: 'RUNTIME_NETWORK_FAILED',
-  RUNTIME_ROOTFS_FAILED: 'RUNTIME_ROOTFS_FAILED',
-  RUNTIME_LOG_FAILED: 'RUNTIME_LOG_FAILED',
-  CRIU_IMAGE_MALFORMED: 'CRIU_IMAGE_MALFORMED',
-  CHECKPOINT_ARCHIVE_INVALID: 'CHECKPOINT_ARCHIVE_INVALID',
-  CHECKPOINT_ARCHIVE_TOO_LARGE: 'CHECKPOINT_ARCHIVE_TOO_LARGE',
-  CHECKPOINT_HAS_SECRETS: 'CHECKPOINT_HAS_SECRETS',
-  /** A checkpoint's images give its processes more than a sandbox has (capabilities, seccomp, namespaces, mounts) (422). */
-  CHECKPOINT_OUTSIDE_PROFILE: 'CHECKPOINT_OUTSIDE_PROFILE',
-  INTERNAL: 'INTERNAL',
-  /** A tenant named a host path (rootfs, image, archive) outside the operator's allowed folders (403). */
-  HOST_PATH_FORBIDDEN: 'HOST_PATH_FORBIDDEN',
-  /** Wake proxy: the sandbox did not wake within the bound (503, Retry-After). */
-  WAKE_TIMEOUT: 'WAKE_TIMEOUT',
-  /** Wake proxy: the resume failed (502). */
-  WAKE_FAILED: 'WAKE_FAILED',
-  /** Wake proxy: the connection caps are reached (503, Retry-After). */
-  PROXY_BUSY: 'PROXY_BUSY',
-  /** Wake proxy: the Host names no sandbox port (404). */
-  PROXY_NO_ROUTE: 'PROXY_NO_ROUTE',
-  /** Wake proxy: a sandbox name shared by several visible sandboxes (409). */
-  PROXY_AMBIGUOUS: 'PROXY_AMBIGUOUS',
-  /** Wake proxy: the sandbox's server did not answer (502). */
-  PROXY_UPSTREAM: 'PROXY_UPSTREAM',
-  /** The daemon runs no wake proxy (503). */
-  PROXY_DISABLED: 'PROXY_DISABLED',
-} as const;
-export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
-
-export function isDormantError(e: unknown, code?: string): e is DormantError {
+export function isDormantError(e: unknown, code?: ErrorCode): e is DormantError {
   return e instanceof DormantError && (code === undefined || e.code === code);
 }
 

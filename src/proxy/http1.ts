@@ -10,10 +10,12 @@
 /** A request or response head is refused past this size (the caller answers 431). */
 export const MAX_HEAD_BYTES = 64 * 1024;
 
+/** A head that cannot be parsed; `code` (the table's) says what the proxy answers. */
 export class HttpParseError extends Error {
   constructor(
     message: string,
-    readonly status = 400,
+    readonly code:
+      'BAD_REQUEST' | 'REQUEST_TIMEOUT' | 'REQUEST_HEAD_TOO_LARGE' | 'PROXY_UPSTREAM' = 'BAD_REQUEST',
   ) {
     super(message);
   }
@@ -215,7 +217,7 @@ function framingFields(text: string): Header[] {
 export function parseResponseHead(buf: Buffer, method: string): ResponseHead {
   const text = buf.toString('latin1', 0, buf.length - 4);
   const m = /^HTTP\/1\.([01]) (\d{3})(?:[ \r]|$)/.exec(text);
-  if (!m) throw new HttpParseError('malformed status line', 502);
+  if (!m) throw new HttpParseError('malformed status line', 'PROXY_UPSTREAM');
   const status = Number(m[2]);
   const fields = framingFields(text);
   const close =
@@ -228,7 +230,7 @@ export function parseResponseHead(buf: Buffer, method: string): ResponseHead {
   try {
     f = framing(fields);
   } catch (e) {
-    throw new HttpParseError((e as Error).message, 502);
+    throw new HttpParseError((e as Error).message, 'PROXY_UPSTREAM');
   }
   const body = f ?? { kind: 'close' };
   return { status, body, close: close || body.kind === 'close' };

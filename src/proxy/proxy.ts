@@ -73,6 +73,8 @@ export interface ProxyOptions {
   idleConnectionMs?: number;
   /** How often TCP listeners follow created and removed sandboxes. Default 1 s. */
   tcpSyncMs?: number;
+  /** Warnings (a background sync that failed). Default: stderr. */
+  warn?: (message: string) => void;
 }
 
 export interface SandboxUrl {
@@ -166,7 +168,20 @@ export class WakeProxy {
     p.sweepTimer.unref();
     const every = opts.tcpSyncMs ?? 1000;
     if (every > 0) {
-      p.syncTimer = setInterval(() => void p.sync().catch(() => undefined), every);
+      const warn = opts.warn ?? ((m: string) => process.stderr.write(`dormant: warning: ${m}\n`));
+      let failing = false;
+      p.syncTimer = setInterval(
+        () =>
+          void p.sync().then(
+            () => (failing = false),
+            (e: unknown) => {
+              // Retried every period: said once per run of failures, not once a second.
+              if (!failing) warn(`wake proxy: following sandboxes' TCP ports failed: ${asError(e).message}`);
+              failing = true;
+            },
+          ),
+        every,
+      );
       p.syncTimer.unref();
     }
     return p;
@@ -190,11 +205,11 @@ export class WakeProxy {
     const perClient = this.opts.maxConnectionsPerClient ?? 256;
     const total = this.opts.maxConnections ?? 4096;
     if (mine >= perClient || this.connections >= total) {
+      // A refused client that resets meanwhile is no news: it is being closed anyway.
       c.on('error', () => undefined);
       c.end(
         errorResponse(
           new ProxyError(
-            503,
             ErrorCode.PROXY_BUSY,
             mine >= perClient
               ? `too many connections from ${who} (${String(perClient)})`
@@ -243,6 +258,7 @@ export class WakeProxy {
     if (this.sweepTimer) clearInterval(this.sweepTimer);
     for (const t of this.trailing.values()) clearTimeout(t);
     this.trailing.clear();
+    // Only waits for a sync in flight to settle; its failure went to whoever started it.
     await this.syncing?.catch(() => undefined);
     const closing = [new Promise<void>((r) => this.server.close(() => r()))];
     for (const { server } of this.tcp.values())
@@ -335,7 +351,6 @@ export class WakeProxy {
     const route = this.route(hostHeader);
     if (!route) {
       throw new ProxyError(
-        404,
         ErrorCode.PROXY_NO_ROUTE,
         `no sandbox in host "${(hostHeader ?? '').slice(0, 100)}"`,
         `sandbox URLs look like http://PORT-ID.${this.domain}:${this.port}/ (dormant url ID PORT)`,
@@ -343,7 +358,7 @@ export class WakeProxy {
     }
     const p = creds.token === undefined ? undefined : this.principal(creds.token);
     if (creds.token !== undefined && !p) {
-      throw new ProxyError(401, 'UNAUTHORIZED', 'unknown or revoked dormant token');
+      throw new ProxyError(ErrorCode.UNAUTHORIZED, 'unknown or revoked dormant token');
     }
     const withPort = this.target.find(route.ref).filter((s) => s.ports.some((x) => x.port === route.port));
     const mine = p ? withPort.filter((s) => p.admin || s.tenant === p.tenant) : [];
@@ -352,7 +367,6 @@ export class WakeProxy {
     if (pick.length === 1) return { s: pick[0]!, port: route.port };
     if (pick.length > 1) {
       throw new ProxyError(
-        409,
         ErrorCode.PROXY_AMBIGUOUS,
         `more than one sandbox is named ${route.ref}`,
         'use the sandbox id',
@@ -360,15 +374,13 @@ export class WakeProxy {
     }
     if (!p) {
       throw new ProxyError(
-        401,
-        'UNAUTHORIZED',
+        ErrorCode.UNAUTHORIZED,
         `${hostFor(route.port, route.ref, this.domain)} needs a dormant token`,
         `send Authorization: Bearer TOKEN, an X-Dormant-Token header, a ${TOKEN_COOKIE} cookie or ?${TOKEN_COOKIE}=TOKEN`,
       );
     }
     throw new ProxyError(
-      404,
-      'SANDBOX_NOT_FOUND',
+      ErrorCode.SANDBOX_NOT_FOUND,
       `no sandbox ${route.ref} with port ${route.port}`,
       'dormant get ID shows the ports a sandbox declared',
     );
@@ -387,7 +399,6 @@ export class WakeProxy {
     }
     const timedOut = (): ProxyError =>
       new ProxyError(
-        503,
         ErrorCode.WAKE_TIMEOUT,
         `sandbox ${s.id} did not wake within ${formatDurationMs(timeoutMs)}`,
         'it is still waking; retry shortly',
@@ -403,7 +414,6 @@ export class WakeProxy {
       .catch((e: unknown) => {
         if (e instanceof ProxyError) throw e;
         throw new ProxyError(
-          502,
           ErrorCode.WAKE_FAILED,
           `sandbox ${s.id} could not be woken: ${asError(e).message}`,
         );
@@ -541,6 +551,7 @@ export class WakeProxy {
         client.resume();
       });
     } catch {
+      // The sandbox did not wake or is gone: a raw TCP client learns that by the closed socket.
       client.destroy();
     }
   }

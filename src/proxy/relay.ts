@@ -12,7 +12,7 @@
  */
 import { STATUS_CODES } from 'node:http';
 import { connect, type OnReadOpts, type Socket } from 'node:net';
-import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
+import { DormantError, ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { ProxiedSandbox } from './proxy.js';
 import { extractCredentials, setsTokenCookie, TOKEN_COOKIE, type Credentials } from './routing.js';
 import {
@@ -25,15 +25,17 @@ import {
   type RequestHead,
 } from './http1.js';
 
-export class ProxyError extends Error {
+/** An answer of the proxy's own: a code of the table (which gives its status and default hint). */
+export class ProxyError extends DormantError {
   constructor(
-    readonly status: number,
-    readonly code: string,
+    code: ErrorCode,
     message: string,
-    readonly hint?: string,
+    hint?: string,
+    /** Seconds for a Retry-After header. */
     readonly retryAfterS?: number,
   ) {
-    super(message);
+    super(code, message, hint === undefined ? {} : { hint });
+    this.name = 'ProxyError';
   }
 }
 
@@ -146,7 +148,7 @@ export function errorResponse(e: unknown): string {
   const pe =
     e instanceof ProxyError
       ? e
-      : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
+      : new ProxyError(ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
   const body = JSON.stringify({
     error: { code: pe.code, message: pe.message, ...(pe.hint !== undefined ? { hint: pe.hint } : {}) },
   });
@@ -223,7 +225,10 @@ export class HttpRelay {
       this.headTimer = undefined;
       if (this.done || this.busy || this.tunnel || this.body) return;
       this.refuse(
-        new HttpParseError(`the request head did not arrive within ${String(Math.round(ms / 1000))} s`, 408),
+        new HttpParseError(
+          `the request head did not arrive within ${String(Math.round(ms / 1000))} s`,
+          'REQUEST_TIMEOUT',
+        ),
       );
     }, ms);
     this.headTimer.unref();
@@ -325,12 +330,13 @@ export class HttpRelay {
         const e = headEnd(b);
         // A head is at most MAX_HEAD_BYTES, its blank line included, however it arrives.
         if (e < 0) {
-          if (b.length >= MAX_HEAD_BYTES) this.refuse(new HttpParseError('request head too large', 431));
+          if (b.length >= MAX_HEAD_BYTES)
+            this.refuse(new HttpParseError('request head too large', 'REQUEST_HEAD_TOO_LARGE'));
           else this.armHeadTimer();
           break;
         }
         if (e > MAX_HEAD_BYTES) {
-          this.refuse(new HttpParseError('request head too large', 431));
+          this.refuse(new HttpParseError('request head too large', 'REQUEST_HEAD_TOO_LARGE'));
           break;
         }
         this.clearHeadTimer();
@@ -346,10 +352,10 @@ export class HttpRelay {
   private refuse(err: unknown): void {
     const e =
       err instanceof HttpParseError
-        ? new ProxyError(err.status, 'BAD_REQUEST', err.message)
+        ? new ProxyError(err.code, err.message)
         : err instanceof ProxyError
           ? err
-          : new ProxyError(502, ErrorCode.PROXY_UPSTREAM, asError(err).message);
+          : new ProxyError(ErrorCode.PROXY_UPSTREAM, asError(err).message);
     this.busy = true;
     this.inbuf = undefined;
     this.client.pause();
@@ -369,7 +375,8 @@ export class HttpRelay {
   private request(req: RequestHead): void {
     const creds = extractCredentials(req.target, credentialHeaders(req));
     const { s, port } = this.host.route(req.host, creds);
-    if (req.method === 'CONNECT') throw new ProxyError(405, 'METHOD_NOT_ALLOWED', 'CONNECT is not proxied');
+    if (req.method === 'CONNECT')
+      throw new ProxyError(ErrorCode.METHOD_NOT_ALLOWED, 'CONNECT is not proxied');
     const key = `${s.id}:${port}:${s.address ?? ''}`;
     if (this.up && key === this.upKey && s.state === 'running') {
       this.forward(req, creds);
@@ -432,11 +439,7 @@ export class HttpRelay {
       } catch (e) {
         const now = this.host.find(s.id);
         if (attempt > 0 || !RETRYABLE.has(errnoCode(e) ?? '') || !now || now.state === 'running') {
-          throw new ProxyError(
-            502,
-            ErrorCode.PROXY_UPSTREAM,
-            `the sandbox did not answer: ${asError(e).message}`,
-          );
+          throw new ProxyError(ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
         }
         address = await this.host.ready(now, port, via);
       }
@@ -528,10 +531,11 @@ export class HttpRelay {
           continue;
         }
         const sent = this.sent[0];
-        if (!sent) throw new HttpParseError('the sandbox sent bytes nobody asked for', 502);
+        if (!sent) throw new HttpParseError('the sandbox sent bytes nobody asked for', 'PROXY_UPSTREAM');
         const e = headEnd(b, pos);
         if (e < 0) {
-          if (b.length - pos > MAX_HEAD_BYTES) throw new HttpParseError('response head too large', 502);
+          if (b.length - pos > MAX_HEAD_BYTES)
+            throw new HttpParseError('response head too large', 'PROXY_UPSTREAM');
           // A copy: `b` may be the reused read buffer.
           this.rbuf = Buffer.from(b.subarray(pos));
           break;
@@ -636,9 +640,7 @@ export class HttpRelay {
       if (this.answering) this.finish();
       else {
         this.sent.length = 0;
-        this.refuse(
-          new ProxyError(502, ErrorCode.PROXY_UPSTREAM, `the sandbox closed the connection (${code})`),
-        );
+        this.refuse(new ProxyError(ErrorCode.PROXY_UPSTREAM, `the sandbox closed the connection (${code})`));
       }
       return;
     }
@@ -653,12 +655,12 @@ export class HttpRelay {
     const port = this.upPort;
     try {
       const s = this.host.find(this.upId);
-      if (!s) throw new ProxyError(404, 'SANDBOX_NOT_FOUND', `sandbox ${this.upId} is gone`);
+      if (!s) throw new ProxyError(ErrorCode.SANDBOX_NOT_FOUND, `sandbox ${this.upId} is gone`);
       let address = s.address;
       if (s.state !== 'running' || address === undefined) {
         address = await this.host.ready(s, port, 'request');
       } else if (!wasReused) {
-        throw new ProxyError(502, ErrorCode.PROXY_UPSTREAM, 'the sandbox closed the connection');
+        throw new ProxyError(ErrorCode.PROXY_UPSTREAM, 'the sandbox closed the connection');
       }
       await this.connectUp(s, port, address, 'request');
       if (this.done) return;

@@ -95,7 +95,7 @@ export async function reserveSlot(netDir: string, id: string, subnet: Subnet): P
       if (errnoCode(e) !== 'EEXIST') throw e;
     }
   }
-  throw new DormantError(ErrorCode.RUNTIME_NETWORK_FAILED, `no free address for sandbox ${id}`, {
+  throw new DormantError(ErrorCode.RUNTIME_NO_ADDRESS, `no free address for sandbox ${id}`, {
     status: 503,
     hint: 'destroy unused sandboxes or configure a larger subnet',
   });

@@ -10,110 +10,44 @@
  * ```
  */
 
-import { apiError } from './errors.js';
+import type {
+  CheckpointInfo,
+  CreateSandboxOptions,
+  ExecResult,
+  SandboxInfo,
+  SandboxUrlInfo,
+  TokenInfo,
+  TransitionInfo,
+} from './contract.gen.js';
+import { apiError, type DormantApiError } from './errors.js';
+import { readEventStream } from './sse.js';
 
 export { DormantApiError } from './errors.js';
+// The API's shapes, generated from its schemas (src/api/schemas.ts) by `npm run gen`.
+export type {
+  CheckpointInfo,
+  CreateSandboxOptions,
+  ExecResult,
+  GpuPolicy,
+  SandboxInfo,
+  SandboxState,
+  SandboxUrlInfo,
+  TokenInfo,
+  TransitionInfo,
+} from './contract.gen.js';
 
-export interface SandboxInfo {
-  id: string;
-  name: string;
-  tenant: string;
-  state: string;
-  ports: { port: number; public: boolean }[];
-  address: string | null;
-  memoryBytes: number;
-  memoryLimitBytes: number;
-  /** Disk quota of the writable layer; null: none (a sandbox made before quotas). */
-  diskLimitBytes: number | null;
-  cpus: number;
-  command: string[];
-  createdAt: string;
-  stateSince: string;
-  lastActiveAt: string;
-  checkpointId: string | null;
-  lastError: string | null;
-  policy: Record<string, number | undefined>;
-  /** GPUs it was created with (`all`, `0,1`), or null. */
-  gpus: string | null;
-  /** What hibernate does when it holds GPU state: keep-running, filesystem-only or checkpoint. */
-  gpuPolicy: string;
-}
-
-export interface CheckpointInfo {
-  id: string;
-  sandboxId: string;
-  tenant: string;
-  kind: string;
-  createdAt: string;
-  logicalBytes: number;
-  storedBytes: number;
-}
-
-/** A sandbox port as reached through the wake proxy. */
-export interface SandboxUrlInfo {
-  id: string;
-  port: number;
-  /** `http://PORT-ID.<domain>:PROXYPORT/`. */
-  url: string;
-  host: string;
-  /** `host:port` of the raw TCP listener for this port, or null when it has none. */
-  tcp: string | null;
-  public: boolean;
-  /** 'token': send the tenant's token; 'none': a public port. */
-  auth: 'token' | 'none';
-}
-
-export interface ExecResult {
-  exitCode: number;
-  stdout: string;
-  stderr: string;
-  durationMs: number;
-}
-
-export interface CreateSandboxOptions {
-  name?: string;
-  rootfs?: string;
-  image?: string;
-  /** Optional with an image (its entrypoint is used). */
-  command?: string[];
-  env?: Record<string, string>;
-  /** Ports inside the sandbox; `public: true` opens one through the wake proxy without a token. */
-  ports?: (number | { port: number; public?: boolean })[];
-  /** Bytes, or a size like `512M`. */
-  memory?: number | string;
-  cpus?: number;
-  /** Disk quota of the writable layer: bytes, or a size like `10G`. Default: the daemon's. */
-  disk?: number | string;
-  /** Milliseconds, or a duration like `15m`. */
-  idle?: number | string;
-  archiveAfter?: number | string;
-  lifetime?: number | string;
-  onResume?: string[];
-  /** GPUs: `all`, or device indexes like `0,1`. Refused on a node without an NVIDIA driver. */
-  gpus?: string;
-  /** keep-running (default), filesystem-only or checkpoint: see docs/GPU.md. */
-  gpuPolicy?: 'keep-running' | 'filesystem-only' | 'checkpoint';
-}
-
-/** An API token as listed: never the token itself, which is shown once at creation. */
-export interface TokenInfo {
-  /** The first 12 hex digits of the token's SHA-256. */
-  id: string;
-  tenant: string;
-  admin: boolean;
-  createdAt: string;
-  revokedAt: string | null;
-}
-
-/** One state transition, as GET /v1/events sends it. */
-export interface TransitionInfo {
-  id: number;
-  sandboxId: string;
-  tenant: string;
-  from: string | null;
-  to: string;
-  at: string;
-  reason: string;
+/** The typed error for a failed streaming answer (one read as a stream, not by `request`). */
+async function errorOf(res: Response, fallback: string): Promise<DormantApiError> {
+  // A body that is not JSON (a proxy's page, a cut connection) still gives an error: by status.
+  const data = (await res.json().catch(() => ({}))) as {
+    error?: { code?: string; message?: string; hint?: string };
+  };
+  return apiError(
+    data.error?.code ?? `HTTP_${res.status}`,
+    data.error?.message ?? fallback,
+    res.status,
+    data.error?.hint,
+  );
 }
 
 export interface ClientOptions {
@@ -274,15 +208,7 @@ export class DormantClient {
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
     if (!res.ok || !res.body) {
-      const data = (await res.json().catch(() => ({}))) as {
-        error?: { code?: string; message?: string; hint?: string };
-      };
-      throw apiError(
-        data.error?.code ?? `HTTP_${res.status}`,
-        data.error?.message ?? 'logs failed',
-        res.status,
-        data.error?.hint,
-      );
+      throw await errorOf(res, 'logs failed');
     }
     const decoder = new TextDecoder();
     for await (const chunk of res.body) onChunk(decoder.decode(chunk as Uint8Array, { stream: true }));
@@ -348,32 +274,11 @@ export class DormantClient {
       );
     }
     if (!res.ok || !res.body) {
-      const data = (await res.json().catch(() => ({}))) as {
-        error?: { code?: string; message?: string; hint?: string };
-      };
-      throw apiError(
-        data.error?.code ?? `HTTP_${res.status}`,
-        data.error?.message ?? 'events failed',
-        res.status,
-        data.error?.hint,
-      );
+      throw await errorOf(res, 'events failed');
     }
-    const decoder = new TextDecoder();
-    let buf = '';
     try {
-      for await (const chunk of res.body) {
-        buf += decoder.decode(chunk as Uint8Array, { stream: true });
-        let i: number;
-        while ((i = buf.indexOf('\n\n')) >= 0) {
-          const block = buf.slice(0, i);
-          buf = buf.slice(i + 2);
-          const data = block
-            .split('\n')
-            .filter((l) => l.startsWith('data:'))
-            .map((l) => l.slice(5).trimStart())
-            .join('\n');
-          if (data !== '') yield JSON.parse(data) as TransitionInfo;
-        }
+      for await (const ev of readEventStream(res.body)) {
+        if (ev.event === 'transition') yield JSON.parse(ev.data) as TransitionInfo;
       }
     } catch (e) {
       if (!opts.signal?.aborted) throw e;
@@ -447,15 +352,7 @@ export class DormantClient {
       throw this.transportError(e, 'GET', path, AbortSignal.timeout(this.timeoutMs), o.signal);
     }
     if (!res.ok || !res.body) {
-      const data = (await res.json().catch(() => ({}))) as {
-        error?: { code?: string; message?: string; hint?: string };
-      };
-      throw apiError(
-        data.error?.code ?? `HTTP_${res.status}`,
-        data.error?.message ?? `export of checkpoint ${id} failed`,
-        res.status,
-        data.error?.hint,
-      );
+      throw await errorOf(res, `export of checkpoint ${id} failed`);
     }
     return {
       body: res.body as ReadableStream<Uint8Array>,

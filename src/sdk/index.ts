@@ -28,7 +28,11 @@ export {
   type SandboxUrlInfo,
   type TokenInfo,
   type TransitionInfo,
+  type SandboxState,
+  type GpuPolicy,
 } from './client.js';
+export { SANDBOX_STATES, API_ERRORS, type ApiErrorCode, type ErrorFamily } from './contract.gen.js';
+export { readEventStream, type ServerSentEvent } from './sse.js';
 export {
   DormantApiError,
   AuthenticationError,
@@ -42,4 +46,5 @@ export {
   TimeoutError,
   errorClassFor,
   apiError,
+  CLIENT_ERROR_CODES,
 } from './errors.js';

@@ -19,6 +19,7 @@ import {
   type CallOptions,
   type ExecResult,
   type SandboxInfo,
+  type SandboxState,
   type TransitionInfo,
 } from './client.js';
 
@@ -92,7 +93,7 @@ function clientFor(o: ConnectionOptions): DormantClient {
 const call = (o: SandboxCallOptions | undefined): CallOptions => (o?.signal ? { signal: o.signal } : {});
 
 /** States a sandbox sleeps in; `connect` resumes from them. */
-const SLEEPING = new Set(['paused', 'hibernated', 'archived']);
+const SLEEPING = new Set<SandboxState>(['paused', 'hibernated', 'archived']);
 
 /**
  * One sandbox. Get one from {@link Sandbox.create}, {@link Sandbox.connect} or
@@ -182,7 +183,7 @@ export class Sandbox {
   }
 
   /** The state as of the last call (`running`, `hibernated`, ...); {@link getInfo} refreshes it. */
-  get state(): string {
+  get state(): SandboxState {
     return this.last.state;
   }
 

@@ -173,7 +173,7 @@ export async function loadWrappedKey(
     wrapKey: Buffer;
     label: string;
     create: boolean;
-    destroyedCode: string;
+    destroyedCode: 'TENANT_KEY_DESTROYED' | 'SANDBOX_KEY_DESTROYED';
   },
 ): Promise<Buffer | undefined> {
   const aad = Buffer.from(opts.name);

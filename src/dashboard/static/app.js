@@ -6,7 +6,10 @@
 // sizes of memory checkpoints (memory freed); GET /v1/cost?by=sandbox for what each sandbox
 // spent and what sleeping saved (the daemon's metering); GET /v1/events (server-sent events,
 // read with fetch because EventSource cannot send an Authorization header) from the first
-// transition, for the timeline and, on a daemon without /v1/cost, a labelled estimate.
+// transition, for the timeline and, on a daemon without /v1/cost, a labelled estimate. The
+// stream is read by the SDK's own reader (src/sdk/sse.ts), which the daemon serves compiled
+// as /dashboard/sse.js.
+import { readEventStream } from './sse.js';
 
 /** Used only when the daemon has no /v1/cost; the page then says it is an estimate. */
 const ESTIMATE_PER_GIB_HOUR = 0.005;
@@ -90,26 +93,11 @@ function followEvents(onTransition) {
         if (res.status === 401) return signOut('the token was refused (revoked?)');
         if (!res.ok || !res.body) throw new Error(`events: HTTP ${res.status}`);
         setConnected(true);
-        const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
-        let buf = '';
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          buf += value;
-          let i;
-          while ((i = buf.indexOf('\n\n')) >= 0) {
-            const block = buf.slice(0, i);
-            buf = buf.slice(i + 2);
-            const data = block
-              .split('\n')
-              .filter((l) => l.startsWith('data:'))
-              .map((l) => l.slice(5).trimStart())
-              .join('\n');
-            if (data === '') continue;
-            const t = JSON.parse(data);
-            lastId = Math.max(lastId, t.id);
-            onTransition(t);
-          }
+        for await (const ev of readEventStream(res.body)) {
+          if (ev.event !== 'transition') continue;
+          const t = JSON.parse(ev.data);
+          lastId = Math.max(lastId, t.id);
+          onTransition(t);
         }
       } catch (e) {
         if (ac.signal.aborted) return;
