@@ -81,6 +81,8 @@ const size = z.union([z.string(), z.number().int().nonnegative()]).transform((v,
   }
 });
 
+const bool = z.boolean({ error: 'expected true or false' });
+
 const hostPort = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[^\s:[\]]*):\d{1,5}$/, 'expected HOST:PORT');
 
 const policy = z.strictObject({
@@ -97,11 +99,11 @@ const Layer = z.strictObject({
   dataDir: z.string().min(1).optional(),
   masterKeyFile: z.string().min(1).optional(),
   masterKeyCommand: z.string().min(1).optional(),
-  log: z.boolean().optional(),
+  log: bool.optional(),
   debug: z.array(z.enum(['timings'])).optional(),
   proxy: z
     .strictObject({
-      enabled: z.boolean().optional(),
+      enabled: bool.optional(),
       listen: hostPort.optional(),
       domain: z
         .string()
@@ -113,7 +115,7 @@ const Layer = z.strictObject({
     .optional(),
   policy: z
     .strictObject({
-      enabled: z.boolean().optional(),
+      enabled: bool.optional(),
       interval: duration.optional(),
       cpuActiveShare: z.number().positive().optional(),
       defaults: policy.optional(),
@@ -136,8 +138,8 @@ const Layer = z.strictObject({
     .optional(),
   restore: z
     .strictObject({
-      lazy: z.boolean().optional(),
-      pagesFromVault: z.boolean().optional(),
+      lazy: bool.optional(),
+      pagesFromVault: bool.optional(),
       pagesFromVaultAbove: size.optional(),
       timeout: duration.optional(),
     })
