@@ -213,7 +213,7 @@ describe('daemon configuration', () => {
 
     assert.match(
       refusal(() => loadConfig({ file: join(dir, 'nope.json'), env: {} })),
-      /nope\.json: .*ENOENT/,
+      /nope\.json: no such file/,
     );
     const notJson = await file('notjson.json', '{ listen: 1 ');
     assert.match(

@@ -685,7 +685,8 @@ export function loadConfig(o: LoadOptions = {}): LoadedConfig {
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
     // The default file is optional; one the operator named is not.
-    if (named !== undefined || code !== 'ENOENT') throw configError([`${path}: ${(e as Error).message}`]);
+    if (named !== undefined || code !== 'ENOENT')
+      throw configError([`${path}: ${code === 'ENOENT' ? 'no such file' : (e as Error).message}`]);
   }
   let fileLayer: Layer = {};
   if (text !== undefined) {
