@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { startDaemon, type Daemon } from './daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { call, openEvents, type Answer } from './testing/http.js';
 import {

@@ -17,7 +17,7 @@ import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { stagingDirFor } from './daemon.js';
+import { stagingDirFor } from '../daemon/daemon.js';
 import { DormantClient } from '../sdk/client.js';
 import { DormantApiError } from '../sdk/errors.js';
 import { writeZeroBomb } from '../checkpoint/testing/bomb.js';

@@ -6,7 +6,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from './daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { DormantClient } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { cgroupUsage } from '../sys/cgroup.js';

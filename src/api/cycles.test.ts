@@ -13,7 +13,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { eventually, httpGet, leftovers, sandboxProcesses } from './testing/host.js';

@@ -9,7 +9,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { copyFile, mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from './daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { systemGpuNode, type GpuNode, type GpuSupport } from '../control/gpu.js';

@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { chmod, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { locateCriu } from '../criu/criu.js';

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { mkdir, mkdtemp, readdir, rm, symlink, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from './daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { call, type Answer } from './testing/http.js';
 import { ErrorSchema } from './openapi.js';

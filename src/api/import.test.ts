@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createWriteStream } from 'node:fs';
-import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { writeOciLayout } from '../runtime/testing/oci-layout.js';

@@ -12,7 +12,7 @@ import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { sandboxProcesses } from './testing/host.js';

@@ -10,7 +10,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from './daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { layerHostBytes, layerImage, layerMountPoint } from '../runtime/quota.js';

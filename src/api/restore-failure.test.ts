@@ -16,7 +16,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, readdirSync, statSync, truncateSync, writeFileSync } from 'node:fs';
 import { mkdtemp, readFile, rename, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { run } from '../sys/exec.js';

@@ -54,10 +54,18 @@ export interface ServerOptions {
   hostPaths?: readonly string[];
   /** Largest archive a client may upload to /v1/checkpoints/import. Default 16 GiB. */
   maxUploadBytes?: number;
+  /** Largest JSON body of every route but exec. Default 4 MiB. */
+  bodyLimitBytes?: number;
+  /** Largest body of an exec (its stdin rides in it). Default 32 MiB. */
+  execBodyLimitBytes?: number;
 }
 
 /** Uploads bigger than this are refused unless the daemon says otherwise. */
-const DEFAULT_MAX_UPLOAD_BYTES = 16 * 1024 ** 3;
+export const DEFAULT_MAX_UPLOAD_BYTES = 16 * 1024 ** 3;
+// A body is parsed whole, and a 31 MiB body of tiny arrays cost ~0.5 GiB of parse memory and
+// 10 s of CPU: 4 MiB of JSON for every route but exec (whose stdin may be 16 MiB).
+export const DEFAULT_BODY_LIMIT_BYTES = 4 * 1024 * 1024;
+export const DEFAULT_EXEC_BODY_LIMIT_BYTES = 32 * 1024 * 1024;
 
 /** `text` with each of `paths` (and anything below it) replaced by `<host>`. */
 export function scrubHostPaths(text: string, paths: readonly string[]): string {
@@ -134,9 +142,12 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   const { controller, store } = opts;
   // maxParamLength past any valid id, so an overlong one reaches IdParams and gets our 400
   // instead of the router's own 414 body.
-  // 4 MiB of JSON for every route but exec (whose stdin may be 16 MiB): a body is parsed whole,
-  // and a 31 MiB body of tiny arrays cost ~0.5 GiB of parse memory and 10 s of CPU.
-  const app = Fastify({ logger: opts.logger ?? false, bodyLimit: 4 * 1024 * 1024, maxParamLength: 16_384 });
+  const app = Fastify({
+    logger: opts.logger ?? false,
+    bodyLimit: opts.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
+    maxParamLength: 16_384,
+  });
+  const execBodyLimit = opts.execBodyLimitBytes ?? DEFAULT_EXEC_BODY_LIMIT_BYTES;
   app.decorateRequest('principal', { getter: () => ({ tenant: '', admin: false }) });
 
   const hostPaths = opts.hostPaths ?? [];
@@ -268,7 +279,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     return reply.status(201).send(await view(s));
   });
 
-  app.post('/v1/sandboxes/:id/exec', { bodyLimit: 32 * 1024 * 1024 }, async (req) => {
+  app.post('/v1/sandboxes/:id/exec', { bodyLimit: execBodyLimit }, async (req) => {
     const id = sandboxId(req);
     const b = parse(ExecBody, req.body, 'request body');
     const r = await controller.exec(id, scope(req), b.command, {

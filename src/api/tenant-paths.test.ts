@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { constants } from 'node:fs';
 import { mkdtemp, open, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from './daemon.js';
+import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { call, type Answer } from './testing/http.js';

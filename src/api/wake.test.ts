@@ -12,7 +12,7 @@ import { request } from 'node:http';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startDaemon, type Daemon } from './daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { run } from '../sys/exec.js';

@@ -11,7 +11,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
-import { startDaemon, type Daemon } from './daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { cgroupUsage } from '../sys/cgroup.js';

@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
-import { startDaemon } from '../api/daemon.js';
+import { startDaemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import type { BenchRow, BenchSuite } from './harness.js';

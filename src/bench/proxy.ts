@@ -14,7 +14,7 @@ import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { run, which } from '../sys/exec.js';
-import { startDaemon } from '../api/daemon.js';
+import { startDaemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import type { BenchRow, BenchSuite } from './harness.js';

@@ -6,7 +6,7 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor } from '../api/daemon.js';
+import { startDaemon, stagingDirFor } from '../daemon/daemon.js';
 import { SandboxController } from '../control/sandboxes.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { formatTimings, type OperationTimings } from '../domain/timings.js';

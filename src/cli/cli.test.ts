@@ -10,7 +10,7 @@ import { execFile } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startDaemon, type Daemon } from '../api/daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { DormantClient, type SandboxInfo, type TokenInfo } from '../sdk/client.js';
 import { withProgress } from './progress.js';

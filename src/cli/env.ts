@@ -1,8 +1,26 @@
-/** The environment variables INTERFACE.md promises, resolved in one place. */
-export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
-  return env.DORMANT_DATA_DIR && env.DORMANT_DATA_DIR !== '' ? env.DORMANT_DATA_DIR : '/var/lib/dormant';
+/**
+ * The CLI's environment, read in this one module: where the daemon is (DORMANT_URL), who is
+ * calling (DORMANT_TOKEN) and the data directory the admin token is found in. The daemon's own
+ * variables are read by its configuration (daemon/config.ts).
+ */
+import { DEFAULT_URL } from '../sdk/client.js';
+import { DEFAULT_DATA_DIR } from '../daemon/defaults.js';
+
+/** The process environment; the functions here take another for tests. */
+export function cliEnv(): NodeJS.ProcessEnv {
+  return process.env;
 }
 
-export function daemonUrl(env: NodeJS.ProcessEnv = process.env): string {
-  return env.DORMANT_URL && env.DORMANT_URL !== '' ? env.DORMANT_URL : 'http://127.0.0.1:7420';
+const nonEmpty = (v: string | undefined): string | undefined => (v === undefined || v === '' ? undefined : v);
+
+export function defaultDataDir(env: NodeJS.ProcessEnv = cliEnv()): string {
+  return nonEmpty(env.DORMANT_DATA_DIR) ?? DEFAULT_DATA_DIR;
+}
+
+export function daemonUrl(env: NodeJS.ProcessEnv = cliEnv()): string {
+  return nonEmpty(env.DORMANT_URL) ?? DEFAULT_URL;
+}
+
+export function tokenFromEnvVar(env: NodeJS.ProcessEnv = cliEnv()): string | undefined {
+  return nonEmpty(env.DORMANT_TOKEN);
 }

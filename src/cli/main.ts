@@ -9,12 +9,14 @@ import { registerDoctor } from './commands/doctor.js';
 import { registerVault } from './commands/vault.js';
 import { registerSandboxes } from './commands/sandboxes.js';
 import { registerServe } from './commands/serve.js';
+import { registerConfig } from './commands/config.js';
 import { registerCheckpoint } from './commands/checkpoint.js';
 import { registerCost } from './commands/cost.js';
 import { registerUrl } from './commands/url.js';
 import { registerTokens } from './commands/tokens.js';
 import { registerDashboard } from './commands/dashboard.js';
 import { EXIT_USAGE, reportError } from './output.js';
+import { DEFAULT_URL } from '../sdk/client.js';
 
 export function buildProgram(): Command {
   const program = new Command()
@@ -34,11 +36,13 @@ A session:
   dormant resume agent                              # processes and memory back
   dormant dashboard                                 # the fleet in a browser
 
-Environment: DORMANT_URL (default http://127.0.0.1:7420), DORMANT_TOKEN (default: the
-admin token in $DORMANT_DATA_DIR/admin-token). Every command takes --json.`,
+Environment: DORMANT_URL (default ${DEFAULT_URL}), DORMANT_TOKEN (default: the
+admin token in $DORMANT_DATA_DIR/admin-token). Every command takes --json.
+The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
     )
     .exitOverride();
   registerServe(program);
+  registerConfig(program);
   registerSandboxes(program);
   registerCheckpoint(program);
   registerCost(program);

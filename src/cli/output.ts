@@ -12,7 +12,7 @@ export function printJson(value: unknown): void {
 }
 
 /**
- * Prints an error the way INTERFACE.md promises: code and message (and hint) on stderr, or
+ * Prints an error as every command does: code and message (and hint) on stderr, or
  * `{"error":{...}}` on stdout with --json. Returns the exit code to use.
  */
 export function reportError(e: unknown, json: boolean): number {

@@ -12,7 +12,7 @@ import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
-import { startDaemon, type Daemon } from '../api/daemon.js';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 

@@ -3,7 +3,7 @@
  *
  * @example
  * ```ts
- * const client = new DormantClient({ url: 'http://127.0.0.1:7420', token: process.env.DORMANT_TOKEN });
+ * const client = new DormantClient({ url: DEFAULT_URL, token: 'dmt_...' });
  * const sb = await client.createSandbox({ rootfs: '/srv/rootfs', command: ['sh', '-c', 'sleep infinity'] });
  * await client.hibernate(sb.id);
  * await client.resume(sb.id);
@@ -50,8 +50,11 @@ async function errorOf(res: Response, fallback: string): Promise<DormantApiError
   );
 }
 
+/** Where a daemon listens by default: `dormant serve` on this host. */
+export const DEFAULT_URL = 'http://127.0.0.1:7420';
+
 export interface ClientOptions {
-  /** Default http://127.0.0.1:7420. */
+  /** Default DEFAULT_URL. */
   url?: string;
   token?: string;
   /** Per-request timeout in milliseconds. Default 300 000 (hibernate and resume take seconds). */
@@ -68,7 +71,7 @@ export class DormantClient {
   private readonly timeoutMs: number;
 
   constructor(opts: ClientOptions = {}) {
-    this.url = (opts.url ?? 'http://127.0.0.1:7420').replace(/\/$/, '');
+    this.url = (opts.url ?? DEFAULT_URL).replace(/\/$/, '');
     this.token = opts.token;
     this.timeoutMs = opts.timeoutMs ?? 300_000;
   }

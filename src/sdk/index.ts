@@ -19,6 +19,7 @@ export {
 } from './sandbox.js';
 export {
   DormantClient,
+  DEFAULT_URL,
   type ClientOptions,
   type CallOptions,
   type CreateSandboxOptions,

@@ -15,6 +15,7 @@
  * ```
  */
 import {
+  DEFAULT_URL,
   DormantClient,
   type CallOptions,
   type ExecResult,
@@ -25,7 +26,7 @@ import {
 
 /** Where the daemon is and who is calling. Defaults: `DORMANT_URL`, `DORMANT_TOKEN`. */
 export interface ConnectionOptions {
-  /** The daemon's address. Default `DORMANT_URL`, else http://127.0.0.1:7420. */
+  /** The daemon's address. Default `DORMANT_URL`, else DEFAULT_URL (this host's daemon). */
   url?: string;
   /** An API token (`dmt_...`). Default `DORMANT_TOKEN`. */
   token?: string;
@@ -84,7 +85,7 @@ const env = (name: string): string | undefined => {
 function clientFor(o: ConnectionOptions): DormantClient {
   const token = o.token ?? env('DORMANT_TOKEN');
   return new DormantClient({
-    url: o.url ?? env('DORMANT_URL') ?? 'http://127.0.0.1:7420',
+    url: o.url ?? env('DORMANT_URL') ?? DEFAULT_URL,
     ...(token !== undefined ? { token } : {}),
     ...(o.requestTimeoutMs !== undefined ? { timeoutMs: o.requestTimeoutMs } : {}),
   });

@@ -4,7 +4,7 @@
  * `{"url","token","pid"}` on one line of stdout once it listens; SIGTERM closes it.
  * Usage: node bomb-daemon.js DATA_DIR   (DORMANT_TEST_IMPORT_LIMITS: JSON of importLimits)
  */
-import { startDaemon } from '../daemon.js';
+import { startDaemon } from '../../daemon/daemon.js';
 
 const dataDir = process.argv[2];
 if (dataDir === undefined) {

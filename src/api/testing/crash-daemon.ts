@@ -4,7 +4,7 @@
  * step named by DORMANT_TEST_CRASH_AT. Prints `{"url","token","pid"}` on one line of stdout
  * once it listens. Usage: node crash-daemon.js DATA_DIR
  */
-import { startDaemon } from '../daemon.js';
+import { startDaemon } from '../../daemon/daemon.js';
 
 const dataDir = process.argv[2];
 if (dataDir === undefined) {

@@ -19,7 +19,7 @@ import { writeOciCheckpointImage } from '../../checkpoint/oci.js';
 import { loadRecipients } from '../../checkpoint/encrypt.js';
 import { randomBytes } from 'node:crypto';
 
-/** Exit status of `scan` when it finds anything (INTERFACE.md). */
+/** Exit status of `scan` when it finds anything. */
 export const EXIT_SECRETS_FOUND = 3;
 
 /** A REF that names a file or folder on this machine is read here; anything else is a checkpoint id. */

@@ -1,4 +1,4 @@
-/** The sandbox lifecycle commands of INTERFACE.md, over the HTTP API. */
+/** The sandbox lifecycle commands, over the HTTP API. */
 import { GPU_POLICIES, type GpuPolicy } from '../../domain/gpu.js';
 import { Option, type Command } from '@commander-js/extra-typings';
 import Table from 'cli-table3';

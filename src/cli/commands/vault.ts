@@ -9,30 +9,27 @@ import { join } from 'node:path';
 import { formatBytes, formatDurationMs } from '../../domain/units.js';
 import { openVault, type MasterKeySource, type Vault } from '../../vault/index.js';
 import { EXIT_ERROR, EXIT_OK, printJson } from '../output.js';
+import { loadConfig } from '../../daemon/config.js';
+import { masterKeySource } from '../../daemon/daemon.js';
 
 interface CommonOpts {
   json?: true;
   dataDir?: string;
+  config?: string;
 }
 
-function dataDirOf(opts: CommonOpts, env: NodeJS.ProcessEnv = process.env): string {
-  if (opts.dataDir !== undefined) return opts.dataDir;
-  return env.DORMANT_DATA_DIR !== undefined && env.DORMANT_DATA_DIR !== ''
-    ? env.DORMANT_DATA_DIR
-    : '/var/lib/dormant';
-}
-
-/** Master key: DORMANT_MASTER_KEY_COMMAND (a KMS hook), else DORMANT_MASTER_KEY_FILE, else <data-dir>/master.key. */
-export function masterKeySource(dataDir: string, env: NodeJS.ProcessEnv = process.env): MasterKeySource {
-  const cmd = env.DORMANT_MASTER_KEY_COMMAND;
-  if (cmd !== undefined && cmd !== '') return { command: '/bin/sh', args: ['-c', cmd] };
-  const file = env.DORMANT_MASTER_KEY_FILE;
-  return { file: file !== undefined && file !== '' ? file : join(dataDir, 'master.key') };
+/** The daemon's data directory and master key: its configuration (file, DORMANT_* variables), --data-dir over it. */
+function vaultOf(opts: CommonOpts): { dataDir: string; masterKey: MasterKeySource } {
+  const { config } = loadConfig({
+    ...(opts.config !== undefined ? { file: opts.config } : {}),
+    flags: opts.dataDir !== undefined ? { dataDir: opts.dataDir } : {},
+  });
+  return { dataDir: config.dataDir, masterKey: masterKeySource(config) };
 }
 
 async function withVault<T>(opts: CommonOpts, create: boolean, fn: (v: Vault) => Promise<T>): Promise<T> {
-  const dataDir = dataDirOf(opts);
-  const vault = await openVault({ dir: join(dataDir, 'vault'), masterKey: masterKeySource(dataDir), create });
+  const { dataDir, masterKey } = vaultOf(opts);
+  const vault = await openVault({ dir: join(dataDir, 'vault'), masterKey, create });
   try {
     return await fn(vault);
   } finally {
@@ -53,7 +50,8 @@ export function registerVault(program: Command): void {
     .command('verify')
     .description('decrypt and check every key, index, pack and manifest; name what is broken')
     .option('--json', 'print one JSON value (the verify report)')
-    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .option('--data-dir <dir>', "data directory (default: the daemon's configuration)")
+    .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
     .addHelpText('after', '\nExit status: 0 when everything checks out, 1 when anything is damaged.')
     .action(async (opts) => {
       const report = await withVault(opts, false, (v) => v.verify());
@@ -92,7 +90,8 @@ export function registerVault(program: Command): void {
       'delete what no checkpoint references and leftovers of interrupted writes (safe while writes go on)',
     )
     .option('--json', 'print one JSON value (the gc report)')
-    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .option('--data-dir <dir>', "data directory (default: the daemon's configuration)")
+    .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
     .action(async (opts) => {
       const r = await withVault(opts, false, (v) => v.gc());
       if (opts.json) {
@@ -111,7 +110,8 @@ export function registerVault(program: Command): void {
     .command('stats')
     .description('logical and stored bytes, deduplication and compression ratios')
     .option('--json', 'print one JSON value')
-    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .option('--data-dir <dir>', "data directory (default: the daemon's configuration)")
+    .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
     .action(async (opts) => {
       const s = await withVault(opts, false, (v) => v.stats());
       if (opts.json) {
@@ -153,7 +153,8 @@ export function registerVault(program: Command): void {
     .option('--tenant <tenant>', 'tenant', 'default')
     .option('--sandbox <sandbox>', 'sandbox id (default: the checkpoint id)')
     .option('--json', 'print one JSON value')
-    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .option('--data-dir <dir>', "data directory (default: the daemon's configuration)")
+    .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
     .action(async (dir, opts) => {
       const r = await withVault(opts, true, (v) =>
         v.putCheckpoint({
@@ -179,7 +180,8 @@ export function registerVault(program: Command): void {
     .requiredOption('--out <dir>', 'folder to restore into (new or empty)')
     .option('--tenant <tenant>', 'tenant', 'default')
     .option('--json', 'print one JSON value')
-    .option('--data-dir <dir>', 'data directory (default $DORMANT_DATA_DIR or /var/lib/dormant)')
+    .option('--data-dir <dir>', "data directory (default: the daemon's configuration)")
+    .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
     .action(async (checkpoint, opts) => {
       const r = await withVault(opts, false, (v) =>
         v.restoreCheckpoint({ tenant: opts.tenant, checkpointId: checkpoint, destDir: opts.out }),

@@ -1,0 +1,811 @@
+/**
+ * The daemon's one configuration: a JSON file, DORMANT_* environment variables and `dormant
+ * serve` flags, over the defaults (./defaults.ts). Precedence: flags > environment > file >
+ * defaults. Each layer is validated on its own, so an error names the file and key, the
+ * variable or the flag it came from.
+ *
+ * This is the only module of the daemon that reads the process environment.
+ */
+import { readFileSync } from 'node:fs';
+import { dirname, isAbsolute, resolve } from 'node:path';
+import { z } from 'zod';
+import { DormantError, ErrorCode } from '../domain/errors.js';
+import type { SandboxPolicy } from '../domain/sandbox.js';
+import type { PriceSheet } from '../domain/cost.js';
+import { parseDurationMs, parseSizeBytes } from '../domain/units.js';
+import { DEFAULTS, DEFAULT_CONFIG_FILE, defaultMasterKeyFile, defaultProxyListen } from './defaults.js';
+
+/** The configuration in force: every value set, durations in ms and sizes in bytes. */
+export interface DaemonConfig {
+  /** HOST:PORT of the API; port 0 picks a free one. */
+  listen: string;
+  dataDir: string;
+  /** The vault's master key: a file, or a command (a KMS hook) that prints it. */
+  masterKey: { file: string } | { command: string };
+  /** Log every request to stderr. */
+  log: boolean;
+  /** Debug output: `timings` prints each hibernate, resume and fork step by step. */
+  debug: string[];
+  proxy: {
+    enabled: boolean;
+    listen: string;
+    domain: string;
+    wakeTimeoutMs: number;
+    tcp: 'all' | 'public' | 'off';
+  };
+  policy: {
+    enabled: boolean;
+    intervalMs: number;
+    cpuActiveShare: number;
+    /** The node's defaults under every sandbox's own policy. */
+    defaults: SandboxPolicy;
+    /** Per-tenant defaults, over the node's. */
+    tenants: Record<string, SandboxPolicy>;
+  };
+  sandbox: {
+    /** Host folders a tenant's rootfs, image and archive paths may come from. */
+    allowedSourceRoots: string[];
+    seccompProfile: string;
+    apparmorProfile?: string;
+    /** Disk quota of a sandbox's writable layer when its create names none. */
+    diskBytes: number;
+  };
+  checkpoint: { keep: number; timeoutMs: number };
+  restore: { lazy: boolean; pagesFromVault: boolean; pagesFromVaultAboveBytes: number; timeoutMs: number };
+  importLimits: { maxBytes: number; maxMemberBytes: number; maxEntries: number };
+  api: { bodyLimitBytes: number; execBodyLimitBytes: number; maxUploadBytes: number };
+  meter: { intervalMs: number; prices: Partial<PriceSheet> };
+}
+
+// ---- the file's shape (also what the environment and the flags are parsed into) ----
+
+/** `30s`, `15m`, or a number of milliseconds. */
+const duration = z.union([z.string(), z.number().int().nonnegative()]).transform((v, ctx) => {
+  if (typeof v === 'number') return v;
+  try {
+    return parseDurationMs(v);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: (e as Error).message });
+    return z.NEVER;
+  }
+});
+
+/** `512M`, `10G`, or a number of bytes. */
+const size = z.union([z.string(), z.number().int().nonnegative()]).transform((v, ctx) => {
+  if (typeof v === 'number') return v;
+  try {
+    return parseSizeBytes(v);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: (e as Error).message });
+    return z.NEVER;
+  }
+});
+
+const bool = z.boolean({ error: 'expected true or false' });
+
+const hostPort = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[^\s:[\]]*):\d{1,5}$/, 'expected HOST:PORT');
+
+const policy = z.strictObject({
+  pauseAfter: duration.optional(),
+  hibernateAfter: duration.optional(),
+  archiveAfter: duration.optional(),
+  deleteAfter: duration.optional(),
+  lifetime: duration.optional(),
+});
+
+/** One layer of configuration: everything optional; unknown keys are errors (a typo would else be ignored). */
+const Layer = z.strictObject({
+  listen: hostPort.optional(),
+  dataDir: z.string().min(1).optional(),
+  masterKeyFile: z.string().min(1).optional(),
+  masterKeyCommand: z.string().min(1).optional(),
+  log: bool.optional(),
+  debug: z.array(z.enum(['timings'])).optional(),
+  proxy: z
+    .strictObject({
+      enabled: bool.optional(),
+      listen: hostPort.optional(),
+      domain: z
+        .string()
+        .regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/i, 'expected a DNS name')
+        .optional(),
+      wakeTimeout: duration.optional(),
+      tcp: z.enum(['all', 'public', 'off']).optional(),
+    })
+    .optional(),
+  policy: z
+    .strictObject({
+      enabled: bool.optional(),
+      interval: duration.optional(),
+      cpuActiveShare: z.number().positive().optional(),
+      defaults: policy.optional(),
+      tenants: z.record(z.string().min(1), policy).optional(),
+    })
+    .optional(),
+  sandbox: z
+    .strictObject({
+      allowedSourceRoots: z.array(z.string().min(1)).optional(),
+      seccompProfile: z.string().min(1).optional(),
+      apparmorProfile: z.string().min(1).optional(),
+      diskQuota: size.optional(),
+    })
+    .optional(),
+  checkpoint: z
+    .strictObject({
+      keep: z.number().int().min(1).optional(),
+      timeout: duration.optional(),
+    })
+    .optional(),
+  restore: z
+    .strictObject({
+      lazy: bool.optional(),
+      pagesFromVault: bool.optional(),
+      pagesFromVaultAbove: size.optional(),
+      timeout: duration.optional(),
+    })
+    .optional(),
+  importLimits: z
+    .strictObject({
+      maxBytes: size.optional(),
+      maxMemberBytes: size.optional(),
+      maxEntries: z.number().int().min(1).optional(),
+    })
+    .optional(),
+  api: z
+    .strictObject({
+      bodyLimit: size.optional(),
+      execBodyLimit: size.optional(),
+      maxUpload: size.optional(),
+    })
+    .optional(),
+  meter: z
+    .strictObject({
+      interval: duration.optional(),
+      prices: z
+        .strictObject({
+          currency: z.string().min(1).optional(),
+          nodeCostPerHour: z.number().nonnegative().optional(),
+          nodeVcpus: z.number().positive().optional(),
+          nodeMemory: size.optional(),
+          cpuShare: z.number().min(0).max(1).optional(),
+          storagePerGiBMonth: z.number().nonnegative().optional(),
+        })
+        .optional(),
+    })
+    .optional(),
+});
+type Layer = z.output<typeof Layer>;
+
+// ---- the environment variables and flags, each bound to one key ----
+
+type Kind = 'string' | 'boolean' | 'duration' | 'size' | 'integer' | 'number' | 'list' | 'paths';
+
+export interface Setting {
+  /** Dotted key in the file. */
+  key: string;
+  kind: Kind;
+  env?: string;
+  /** The `dormant serve` flag, as commander spells it (`--wake-timeout <duration>`). */
+  flag?: string;
+  /** For a boolean whose flag turns it off (`--no-proxy`) or, inverted, names the opposite. */
+  flagSets?: boolean;
+  help: string;
+}
+
+/** Every key that has a flag or an environment variable (the maps, policy per tenant and prices, are file-only). */
+export const SETTINGS: readonly Setting[] = [
+  {
+    key: 'listen',
+    kind: 'string',
+    env: 'DORMANT_LISTEN',
+    flag: '--listen <host:port>',
+    help: 'where the API listens',
+  },
+  {
+    key: 'dataDir',
+    kind: 'string',
+    env: 'DORMANT_DATA_DIR',
+    flag: '--data-dir <dir>',
+    help: 'state, vault and keys',
+  },
+  {
+    key: 'masterKeyFile',
+    kind: 'string',
+    env: 'DORMANT_MASTER_KEY_FILE',
+    flag: '--master-key-file <file>',
+    help: "the vault's master key (default <data-dir>/master.key)",
+  },
+  {
+    key: 'masterKeyCommand',
+    kind: 'string',
+    env: 'DORMANT_MASTER_KEY_COMMAND',
+    help: 'a command (run with /bin/sh -c) that prints the master key; wins over masterKeyFile',
+  },
+  {
+    key: 'log',
+    kind: 'boolean',
+    env: 'DORMANT_LOG',
+    flag: '--log',
+    flagSets: true,
+    help: 'log every request to stderr',
+  },
+  {
+    key: 'debug',
+    kind: 'list',
+    env: 'DORMANT_DEBUG',
+    help: '`timings`: print each hibernate, resume and fork step by step to stderr',
+  },
+  {
+    key: 'proxy.enabled',
+    kind: 'boolean',
+    env: 'DORMANT_PROXY',
+    flag: '--no-proxy',
+    flagSets: false,
+    help: 'run without the wake proxy',
+  },
+  {
+    key: 'proxy.listen',
+    kind: 'string',
+    env: 'DORMANT_PROXY_LISTEN',
+    flag: '--proxy-listen <host:port>',
+    help: "the wake proxy's address (default: the API's port + 1)",
+  },
+  {
+    key: 'proxy.domain',
+    kind: 'string',
+    env: 'DORMANT_PROXY_DOMAIN',
+    flag: '--proxy-domain <domain>',
+    help: 'sandbox URLs are PORT-ID.<domain>',
+  },
+  {
+    key: 'proxy.wakeTimeout',
+    kind: 'duration',
+    env: 'DORMANT_PROXY_WAKE_TIMEOUT',
+    flag: '--wake-timeout <duration>',
+    help: 'how long a request is held while its sandbox wakes',
+  },
+  {
+    key: 'proxy.tcp',
+    kind: 'string',
+    env: 'DORMANT_PROXY_TCP',
+    flag: '--proxy-tcp <mode>',
+    help: 'raw TCP listeners for sandbox ports: public (ports declared public), all, off',
+  },
+  {
+    key: 'policy.enabled',
+    kind: 'boolean',
+    env: 'DORMANT_POLICY',
+    flag: '--no-policy',
+    flagSets: false,
+    help: 'run without the idle policy loop (sandboxes sleep only when told)',
+  },
+  {
+    key: 'policy.interval',
+    kind: 'duration',
+    env: 'DORMANT_POLICY_INTERVAL',
+    flag: '--policy-interval <duration>',
+    help: 'time between passes of the idle policy loop',
+  },
+  {
+    key: 'sandbox.allowedSourceRoots',
+    kind: 'paths',
+    env: 'DORMANT_ALLOWED_SOURCE_ROOTS',
+    flag: '--allow-root <dir>',
+    help: "tenants' root filesystems, images and archives may come from this folder (repeatable; without it tenant tokens name no host path, admin tokens any)",
+  },
+  {
+    key: 'sandbox.seccompProfile',
+    kind: 'string',
+    env: 'DORMANT_SECCOMP_PROFILE',
+    flag: '--seccomp-profile <file>',
+    help: "every sandbox's seccomp profile (OCI linux.seccomp JSON)",
+  },
+  {
+    key: 'sandbox.apparmorProfile',
+    kind: 'string',
+    env: 'DORMANT_APPARMOR_PROFILE',
+    flag: '--apparmor-profile <name>',
+    help: 'an AppArmor profile loaded on this host, for every sandbox',
+  },
+  {
+    key: 'sandbox.diskQuota',
+    kind: 'size',
+    env: 'DORMANT_DISK_QUOTA',
+    flag: '--disk <size>',
+    help: "disk quota of a sandbox's writable layer when its create gives none (a sparse ext4 image per sandbox)",
+  },
+  {
+    key: 'checkpoint.keep',
+    kind: 'integer',
+    env: 'DORMANT_KEEP_CHECKPOINTS',
+    flag: '--keep-checkpoints <n>',
+    help: 'committed checkpoints kept per sandbox (older ones are deleted)',
+  },
+  {
+    key: 'checkpoint.timeout',
+    kind: 'duration',
+    env: 'DORMANT_CHECKPOINT_TIMEOUT',
+    flag: '--checkpoint-timeout <duration>',
+    help: "how long CRIU's dump may run before it is ended as hung",
+  },
+  {
+    key: 'restore.lazy',
+    kind: 'boolean',
+    env: 'DORMANT_LAZY_RESTORE',
+    flag: '--no-lazy-restore',
+    flagSets: false,
+    help: 'resume eagerly: every page in memory before the sandbox runs (default: CRIU lazy pages where userfaultfd works)',
+  },
+  {
+    key: 'restore.pagesFromVault',
+    kind: 'boolean',
+    env: 'DORMANT_PAGES_FROM_VAULT',
+    flag: '--stage-lazy-pages',
+    flagSets: false,
+    help: "lazy resume copies the page images to staging and CRIU's lazy-pages daemon reads them there, instead of dormant's page server reading them from the vault",
+  },
+  {
+    key: 'restore.pagesFromVaultAbove',
+    kind: 'size',
+    env: 'DORMANT_PAGES_FROM_VAULT_ABOVE',
+    flag: '--pages-from-vault-above <size>',
+    help: 'only checkpoints bigger than this are served from the vault (0: all)',
+  },
+  {
+    key: 'restore.timeout',
+    kind: 'duration',
+    env: 'DORMANT_RESTORE_TIMEOUT',
+    flag: '--restore-timeout <duration>',
+    help: "how long CRIU's restore may run before it is ended as hung",
+  },
+  {
+    key: 'importLimits.maxBytes',
+    kind: 'size',
+    env: 'DORMANT_IMPORT_MAX_BYTES',
+    flag: '--import-max-bytes <size>',
+    help: 'most bytes an imported archive may unpack to',
+  },
+  {
+    key: 'importLimits.maxMemberBytes',
+    kind: 'size',
+    env: 'DORMANT_IMPORT_MAX_MEMBER_BYTES',
+    flag: '--import-max-member-bytes <size>',
+    help: 'most bytes one member of an imported archive may unpack to',
+  },
+  {
+    key: 'importLimits.maxEntries',
+    kind: 'integer',
+    env: 'DORMANT_IMPORT_MAX_ENTRIES',
+    flag: '--import-max-entries <n>',
+    help: 'most entries an imported archive may hold',
+  },
+  {
+    key: 'api.bodyLimit',
+    kind: 'size',
+    env: 'DORMANT_API_BODY_LIMIT',
+    flag: '--body-limit <size>',
+    help: 'largest request body of every API route but exec',
+  },
+  {
+    key: 'api.execBodyLimit',
+    kind: 'size',
+    env: 'DORMANT_API_EXEC_BODY_LIMIT',
+    flag: '--exec-body-limit <size>',
+    help: 'largest exec request body (its stdin rides in it)',
+  },
+  {
+    key: 'api.maxUpload',
+    kind: 'size',
+    env: 'DORMANT_API_MAX_UPLOAD',
+    flag: '--max-upload <size>',
+    help: 'largest checkpoint archive a client may upload',
+  },
+  {
+    key: 'meter.interval',
+    kind: 'duration',
+    env: 'DORMANT_METER_INTERVAL',
+    flag: '--meter-interval <duration>',
+    help: "how often the meter samples each sandbox's resource use",
+  },
+];
+
+/** The environment variable naming the configuration file. */
+export const CONFIG_ENV = 'DORMANT_CONFIG';
+
+// ---- loading ----
+
+/** Where a value came from, for error messages. */
+type Source = { kind: 'file'; path: string } | { kind: 'env' } | { kind: 'flags' };
+
+function issueText(issue: z.core.$ZodIssue): { key: string; message: string } {
+  const key = issue.path.map(String).join('.');
+  if (issue.code === 'unrecognized_keys') {
+    const prefix = key === '' ? '' : `${key}.`;
+    return {
+      key: issue.keys.map((k) => `${prefix}${k}`).join(', '),
+      message: 'unknown key',
+    };
+  }
+  return { key: key === '' ? '(top level)' : key, message: issue.message };
+}
+
+function where(source: Source, key: string): string {
+  const s = SETTINGS.find((x) => key === x.key || key.startsWith(`${x.key}.`));
+  switch (source.kind) {
+    case 'file':
+      return `${source.path}: ${key}`;
+    case 'env':
+      return `${s?.env ?? key} (${key})`;
+    case 'flags':
+      return `${s?.flag?.split(' ')[0] ?? key} (${key})`;
+  }
+}
+
+function parseLayer(raw: unknown, source: Source, base: string): Layer {
+  const r = Layer.safeParse(raw);
+  if (!r.success) {
+    const lines = r.error.issues.map((i) => {
+      const t = issueText(i);
+      return `${where(source, t.key)}: ${t.message}`;
+    });
+    throw configError(lines);
+  }
+  return resolvePaths(r.data, base);
+}
+
+function configError(lines: string[]): DormantError {
+  return new DormantError(ErrorCode.INVALID_ARGUMENT, `invalid configuration:\n  ${lines.join('\n  ')}`, {
+    hint: 'docs/CONFIG.md lists every key; `dormant config check [FILE]` checks a file',
+  });
+}
+
+/** Relative paths in the file are relative to the file's folder; from flags and environment, to the working directory. */
+function resolvePaths(l: Layer, base: string): Layer {
+  const abs = (p: string): string => (isAbsolute(p) ? p : resolve(base, p));
+  return {
+    ...l,
+    ...(l.dataDir !== undefined ? { dataDir: abs(l.dataDir) } : {}),
+    ...(l.masterKeyFile !== undefined ? { masterKeyFile: abs(l.masterKeyFile) } : {}),
+    ...(l.sandbox
+      ? {
+          sandbox: {
+            ...l.sandbox,
+            ...(l.sandbox.allowedSourceRoots
+              ? { allowedSourceRoots: l.sandbox.allowedSourceRoots.map(abs) }
+              : {}),
+            ...(l.sandbox.seccompProfile !== undefined
+              ? { seccompProfile: abs(l.sandbox.seccompProfile) }
+              : {}),
+          },
+        }
+      : {}),
+  };
+}
+
+/** Sets `value` at the dotted `key` of `into`, making the objects on the way. */
+function setAt(into: Record<string, unknown>, key: string, value: unknown): void {
+  const parts = key.split('.');
+  let o = into;
+  for (const p of parts.slice(0, -1)) {
+    o[p] ??= {};
+    o = o[p] as Record<string, unknown>;
+  }
+  o[parts[parts.length - 1]!] = value;
+}
+
+/** An environment value as the JSON value the file would hold (durations and sizes stay strings, parsed by the schema). */
+function fromEnvText(s: Setting, text: string): unknown {
+  switch (s.kind) {
+    case 'boolean':
+      if (/^(1|true|yes|on)$/i.test(text)) return true;
+      if (/^(0|false|no|off)$/i.test(text)) return false;
+      return text; // the schema names it
+    case 'integer':
+    case 'number':
+      return /^\s*-?\d+(\.\d+)?\s*$/.test(text) ? Number(text) : text;
+    case 'list':
+      return text
+        .split(',')
+        .map((x) => x.trim())
+        .filter((x) => x !== '');
+    case 'paths':
+      return text.split(':').filter((x) => x !== '');
+    default:
+      return text;
+  }
+}
+
+export function envLayerRaw(env: NodeJS.ProcessEnv): Record<string, unknown> {
+  const raw: Record<string, unknown> = {};
+  for (const s of SETTINGS) {
+    const v = s.env !== undefined ? env[s.env] : undefined;
+    if (v !== undefined && v !== '') setAt(raw, s.key, fromEnvText(s, v));
+  }
+  return raw;
+}
+
+/**
+ * The flags `dormant serve` was given, as a layer: `values` are commander's option values and
+ * `given` tells which ones the command line set (commander fills in negated booleans).
+ */
+export function flagLayerRaw(
+  values: Record<string, unknown>,
+  given: (attribute: string) => boolean,
+): Record<string, unknown> {
+  const raw: Record<string, unknown> = {};
+  for (const s of SETTINGS) {
+    if (s.flag === undefined) continue;
+    const attr = flagAttribute(s.flag);
+    if (!given(attr)) continue;
+    const v = values[attr];
+    if (s.kind === 'boolean') {
+      // commander gives `--no-proxy` as proxy: false (and `--proxy` as true); a flag of its own,
+      // `--log` or `--stage-lazy-pages`, sets the value it stands for.
+      setAt(raw, s.key, s.flag.startsWith('--no-') ? v === true : s.flagSets);
+    } else if (s.kind === 'integer' || s.kind === 'number') {
+      setAt(raw, s.key, typeof v === 'string' ? fromEnvText(s, v) : v);
+    } else if (s.kind === 'paths') {
+      if (Array.isArray(v) && v.length > 0) setAt(raw, s.key, v);
+    } else {
+      setAt(raw, s.key, v);
+    }
+  }
+  return raw;
+}
+
+/** commander's attribute name for a flag: `--no-lazy-restore` -> lazyRestore, `--data-dir <d>` -> dataDir. */
+export function flagAttribute(flag: string): string {
+  const name = flag.split(' ')[0]!.replace(/^--(no-)?/, '');
+  return name.replace(/-([a-z])/g, (_, c: string) => c.toUpperCase());
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** `top` over `base`, object by object; arrays and values are replaced whole. */
+function merge<T>(base: T, top: T): T {
+  if (!isObject(base) || !isObject(top)) return top === undefined ? base : top;
+  const out: Record<string, unknown> = { ...base };
+  for (const [k, v] of Object.entries(top)) {
+    if (v !== undefined) out[k] = merge(out[k], v);
+  }
+  return out as T;
+}
+
+function policyOf(p: z.output<typeof policy> | undefined): SandboxPolicy {
+  const out: SandboxPolicy = {};
+  if (p?.pauseAfter !== undefined) out.pauseAfterMs = p.pauseAfter;
+  if (p?.hibernateAfter !== undefined) out.hibernateAfterMs = p.hibernateAfter;
+  if (p?.archiveAfter !== undefined) out.archiveAfterMs = p.archiveAfter;
+  if (p?.deleteAfter !== undefined) out.deleteAfterMs = p.deleteAfter;
+  if (p?.lifetime !== undefined) out.lifetimeMs = p.lifetime;
+  return out;
+}
+
+/** The merged layers over the defaults. */
+function resolveConfig(l: Layer): DaemonConfig {
+  const D = DEFAULTS;
+  const dataDir = l.dataDir ?? D.dataDir;
+  const listen = l.listen ?? D.listen;
+  const prices = l.meter?.prices;
+  return {
+    listen,
+    dataDir,
+    masterKey:
+      l.masterKeyCommand !== undefined
+        ? { command: l.masterKeyCommand }
+        : { file: l.masterKeyFile ?? defaultMasterKeyFile(dataDir) },
+    log: l.log ?? D.log,
+    debug: l.debug ?? [...D.debug],
+    proxy: {
+      enabled: l.proxy?.enabled ?? D.proxy.enabled,
+      listen: l.proxy?.listen ?? defaultProxyListen(listen),
+      domain: l.proxy?.domain ?? D.proxy.domain,
+      wakeTimeoutMs: l.proxy?.wakeTimeout ?? D.proxy.wakeTimeoutMs,
+      tcp: l.proxy?.tcp ?? D.proxy.tcp,
+    },
+    policy: {
+      enabled: l.policy?.enabled ?? D.policy.enabled,
+      intervalMs: l.policy?.interval ?? D.policy.intervalMs,
+      cpuActiveShare: l.policy?.cpuActiveShare ?? D.policy.cpuActiveShare,
+      // The file's node defaults overlay the built-in ones: setting pauseAfter keeps hibernateAfter.
+      defaults: { ...D.policy.defaults, ...policyOf(l.policy?.defaults) },
+      tenants: Object.fromEntries(Object.entries(l.policy?.tenants ?? {}).map(([t, p]) => [t, policyOf(p)])),
+    },
+    sandbox: {
+      allowedSourceRoots: l.sandbox?.allowedSourceRoots ?? [],
+      seccompProfile: l.sandbox?.seccompProfile ?? D.sandbox.seccompProfile,
+      ...(l.sandbox?.apparmorProfile !== undefined ? { apparmorProfile: l.sandbox.apparmorProfile } : {}),
+      diskBytes: l.sandbox?.diskQuota ?? D.sandbox.diskBytes,
+    },
+    checkpoint: {
+      keep: l.checkpoint?.keep ?? D.checkpoint.keep,
+      timeoutMs: l.checkpoint?.timeout ?? D.checkpoint.timeoutMs,
+    },
+    restore: {
+      lazy: l.restore?.lazy ?? D.restore.lazy,
+      pagesFromVault: l.restore?.pagesFromVault ?? D.restore.pagesFromVault,
+      pagesFromVaultAboveBytes: l.restore?.pagesFromVaultAbove ?? D.restore.pagesFromVaultAboveBytes,
+      timeoutMs: l.restore?.timeout ?? D.restore.timeoutMs,
+    },
+    importLimits: {
+      maxBytes: l.importLimits?.maxBytes ?? D.importLimits.maxBytes,
+      maxMemberBytes: l.importLimits?.maxMemberBytes ?? D.importLimits.maxMemberBytes,
+      maxEntries: l.importLimits?.maxEntries ?? D.importLimits.maxEntries,
+    },
+    api: {
+      bodyLimitBytes: l.api?.bodyLimit ?? D.api.bodyLimitBytes,
+      execBodyLimitBytes: l.api?.execBodyLimit ?? D.api.execBodyLimitBytes,
+      maxUploadBytes: l.api?.maxUpload ?? D.api.maxUploadBytes,
+    },
+    meter: {
+      intervalMs: l.meter?.interval ?? D.meter.intervalMs,
+      prices: {
+        ...(prices?.currency !== undefined ? { currency: prices.currency } : {}),
+        ...(prices?.nodeCostPerHour !== undefined ? { nodeCostPerHour: prices.nodeCostPerHour } : {}),
+        ...(prices?.nodeVcpus !== undefined ? { nodeVcpus: prices.nodeVcpus } : {}),
+        ...(prices?.nodeMemory !== undefined ? { nodeMemoryBytes: prices.nodeMemory } : {}),
+        ...(prices?.cpuShare !== undefined ? { cpuShare: prices.cpuShare } : {}),
+        ...(prices?.storagePerGiBMonth !== undefined
+          ? { storagePerGiBMonth: prices.storagePerGiBMonth }
+          : {}),
+      },
+    },
+  };
+}
+
+export interface LoadOptions {
+  /** The file named by `--config` (it must exist). Default: DORMANT_CONFIG, else DEFAULT_CONFIG_FILE when it exists. */
+  file?: string;
+  /** Flags as raw layer values (flagLayerRaw). */
+  flags?: Record<string, unknown>;
+  /** Default: the process environment. */
+  env?: NodeJS.ProcessEnv;
+  /** What relative paths from flags and the environment are relative to. Default: the working directory. */
+  cwd?: string;
+}
+
+export interface LoadedConfig {
+  config: DaemonConfig;
+  /** The file read, if any. */
+  file: string | undefined;
+}
+
+/** Reads the configuration file (if any), the environment and the flags; throws INVALID_ARGUMENT naming every bad key. */
+export function loadConfig(o: LoadOptions = {}): LoadedConfig {
+  const env = o.env ?? process.env;
+  const cwd = o.cwd ?? process.cwd();
+  const named =
+    o.file ?? (env[CONFIG_ENV] !== undefined && env[CONFIG_ENV] !== '' ? env[CONFIG_ENV] : undefined);
+  const path = named !== undefined ? resolve(cwd, named) : DEFAULT_CONFIG_FILE;
+  let text: string | undefined;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    // The default file is optional; one the operator named is not.
+    if (named !== undefined || code !== 'ENOENT')
+      throw configError([`${path}: ${code === 'ENOENT' ? 'no such file' : (e as Error).message}`]);
+  }
+  let fileLayer: Layer = {};
+  if (text !== undefined) {
+    let raw: unknown;
+    try {
+      raw = JSON.parse(text);
+    } catch (e) {
+      throw configError([`${path}: not JSON: ${(e as Error).message}`]);
+    }
+    fileLayer = parseLayer(raw, { kind: 'file', path }, dirname(path));
+  }
+  const envLayer = parseLayer(envLayerRaw(env), { kind: 'env' }, cwd);
+  const flagLayer = parseLayer(o.flags ?? {}, { kind: 'flags' }, cwd);
+  return {
+    config: resolveConfig(merge(merge(fileLayer, envLayer), flagLayer)),
+    file: text !== undefined ? path : undefined,
+  };
+}
+
+// ---- printing ----
+
+function exactDuration(ms: number): string {
+  for (const [unit, n] of [
+    ['d', 86_400_000],
+    ['h', 3_600_000],
+    ['m', 60_000],
+    ['s', 1000],
+  ] as const) {
+    if (ms !== 0 && ms % n === 0) return `${ms / n}${unit}`;
+  }
+  return ms === 0 ? '0s' : `${ms}ms`;
+}
+
+function exactSize(bytes: number): string {
+  for (const [unit, n] of [
+    ['T', 1024 ** 4],
+    ['G', 1024 ** 3],
+    ['M', 1024 ** 2],
+    ['K', 1024],
+  ] as const) {
+    if (bytes !== 0 && bytes % n === 0) return `${bytes / n}${unit}`;
+  }
+  return String(bytes);
+}
+
+function policyText(p: SandboxPolicy): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (p.pauseAfterMs !== undefined) out.pauseAfter = exactDuration(p.pauseAfterMs);
+  if (p.hibernateAfterMs !== undefined) out.hibernateAfter = exactDuration(p.hibernateAfterMs);
+  if (p.archiveAfterMs !== undefined) out.archiveAfter = exactDuration(p.archiveAfterMs);
+  if (p.deleteAfterMs !== undefined) out.deleteAfter = exactDuration(p.deleteAfterMs);
+  if (p.lifetimeMs !== undefined) out.lifetime = exactDuration(p.lifetimeMs);
+  return out;
+}
+
+/**
+ * The configuration in the file's own shape and units (a valid configuration file), with
+ * secrets redacted: the master key command may carry a credential.
+ */
+export function configFileView(c: DaemonConfig): Record<string, unknown> {
+  const p = c.meter.prices;
+  return {
+    listen: c.listen,
+    dataDir: c.dataDir,
+    ...('command' in c.masterKey ? { masterKeyCommand: '<redacted>' } : { masterKeyFile: c.masterKey.file }),
+    log: c.log,
+    debug: c.debug,
+    proxy: {
+      enabled: c.proxy.enabled,
+      listen: c.proxy.listen,
+      domain: c.proxy.domain,
+      wakeTimeout: exactDuration(c.proxy.wakeTimeoutMs),
+      tcp: c.proxy.tcp,
+    },
+    policy: {
+      enabled: c.policy.enabled,
+      interval: exactDuration(c.policy.intervalMs),
+      cpuActiveShare: c.policy.cpuActiveShare,
+      defaults: policyText(c.policy.defaults),
+      tenants: Object.fromEntries(Object.entries(c.policy.tenants).map(([t, x]) => [t, policyText(x)])),
+    },
+    sandbox: {
+      allowedSourceRoots: c.sandbox.allowedSourceRoots,
+      seccompProfile: c.sandbox.seccompProfile,
+      ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
+      diskQuota: exactSize(c.sandbox.diskBytes),
+    },
+    checkpoint: { keep: c.checkpoint.keep, timeout: exactDuration(c.checkpoint.timeoutMs) },
+    restore: {
+      lazy: c.restore.lazy,
+      pagesFromVault: c.restore.pagesFromVault,
+      pagesFromVaultAbove: exactSize(c.restore.pagesFromVaultAboveBytes),
+      timeout: exactDuration(c.restore.timeoutMs),
+    },
+    importLimits: {
+      maxBytes: exactSize(c.importLimits.maxBytes),
+      maxMemberBytes: exactSize(c.importLimits.maxMemberBytes),
+      maxEntries: c.importLimits.maxEntries,
+    },
+    api: {
+      bodyLimit: exactSize(c.api.bodyLimitBytes),
+      execBodyLimit: exactSize(c.api.execBodyLimitBytes),
+      maxUpload: exactSize(c.api.maxUploadBytes),
+    },
+    meter: {
+      interval: exactDuration(c.meter.intervalMs),
+      prices: {
+        ...(p.currency !== undefined ? { currency: p.currency } : {}),
+        ...(p.nodeCostPerHour !== undefined ? { nodeCostPerHour: p.nodeCostPerHour } : {}),
+        ...(p.nodeVcpus !== undefined ? { nodeVcpus: p.nodeVcpus } : {}),
+        ...(p.nodeMemoryBytes !== undefined ? { nodeMemory: exactSize(p.nodeMemoryBytes) } : {}),
+        ...(p.cpuShare !== undefined ? { cpuShare: p.cpuShare } : {}),
+        ...(p.storagePerGiBMonth !== undefined ? { storagePerGiBMonth: p.storagePerGiBMonth } : {}),
+      },
+    },
+  };
+}
+
+/** The defaults alone, for a daemon embedded with its data directory (and address) given in code. */
+export function defaultConfig(o: { dataDir: string; listen?: string }): DaemonConfig {
+  return resolveConfig({ dataDir: o.dataDir, ...(o.listen !== undefined ? { listen: o.listen } : {}) });
+}

@@ -1,0 +1,324 @@
+/**
+ * The composition root: `dormant serve`'s daemon, built from its configuration. SQLite state,
+ * the local vault and a master key under the data directory, the runc runtime, CRIU staging in
+ * /dev/shm, the HTTP API, the meter, the wake proxy and the policy loop. On start it reconciles
+ * every sandbox with what really exists.
+ */
+import { createHash } from 'node:crypto';
+import { chmod, mkdir, rmdir } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { errnoCode } from '../domain/errors.js';
+import type { PriceSheet } from '../domain/cost.js';
+import { formatTimings, type OperationTimings } from '../domain/timings.js';
+import { cgroupUsage } from '../sys/cgroup.js';
+import { cpuFacts, diskFacts, userfaultfdFacts } from '../sys/node-facts.js';
+import { SqliteStateStore } from '../state/sqlite.js';
+import { TenantSecrets, openVault, type MasterKeySource, type Vault } from '../vault/index.js';
+import { criuFeature, getCriu } from '../criu/criu.js';
+import { RuncRuntime, loadSeccompProfile, type RuncRuntimeOptions } from '../runtime/runc.js';
+import { prepareStaging, privateFolder, releaseStaging } from '../runtime/staging.js';
+import { SandboxController, systemClock, type ControllerOptions } from '../control/sandboxes.js';
+import { TrackingController } from '../control/activity.js';
+import { Meter, priceSheet } from '../control/meter.js';
+import { startWakeServices, type PolicyConfig, type ProxyConfig, type WakeServices } from '../api/wake.js';
+import { ADMIN_TENANT, ensureAdminToken, hashToken } from '../api/auth.js';
+import { buildServer, type ServerOptions } from '../api/server.js';
+import { registerCostRoutes } from '../api/routes-cost.js';
+import { defaultConfig, type DaemonConfig } from './config.js';
+
+/** What the daemon hands to the controller as the operator set it (documented on ControllerOptions). */
+const CONTROLLER_SETTINGS = [
+  'readonlyBinds',
+  'defaultDiskBytes',
+  'allowedSourceRoots',
+  'keepCheckpoints',
+  'importLimits',
+  'lazyRestore',
+  'servePagesFromVault',
+  'pagesFromVaultAboveBytes',
+  'lazyRestoreProbe',
+  'onTimings',
+  'failAt',
+  'clock',
+  'gpu',
+] as const satisfies readonly (keyof ControllerOptions)[];
+type ControllerSettings = Pick<ControllerOptions, (typeof CONTROLLER_SETTINGS)[number]>;
+/** ... to the runtime (documented on RuncRuntimeOptions). */
+type RuntimeSettings = Pick<
+  RuncRuntimeOptions,
+  'checkpointTimeoutMs' | 'restoreTimeoutMs' | 'apparmorProfile'
+>;
+/** ... to the API server (documented on ServerOptions). */
+type ServerSettings = Pick<ServerOptions, 'bodyLimitBytes' | 'execBodyLimitBytes' | 'maxUploadBytes'>;
+
+/**
+ * A daemon as code embeds it (tests, the benchmark); `dormant serve` builds these from its
+ * configuration with optionsFromConfig. What is not given is the configuration's default.
+ */
+export interface DaemonOptions extends ControllerSettings, RuntimeSettings, ServerSettings {
+  dataDir: string;
+  /** host:port; port 0 picks a free one. */
+  listen?: string;
+  /** The vault's master key. Default `<dataDir>/master.key`. */
+  masterKey?: MasterKeySource;
+  /** A seccomp profile file (OCI `linux.seccomp` JSON) for every sandbox. */
+  seccompProfile?: string;
+  logger?: boolean;
+  /** Printed warnings (master key generated, ...). Default: stderr. */
+  warn?: (message: string) => void;
+  /** The price sheet over the defaults derived from this node's size (docs/COST.md). */
+  prices?: Partial<PriceSheet>;
+  /** How often the meter samples each sandbox's cgroup. */
+  meterIntervalMs?: number;
+  /** The wake proxy; false: none. */
+  proxy?: ProxyConfig | false;
+  /** The idle policy loop; false: none. */
+  policy?: PolicyConfig | false;
+}
+
+export interface Daemon {
+  url: string;
+  adminToken: string;
+  controller: SandboxController;
+  store: SqliteStateStore;
+  vault: Vault;
+  runtime: RuncRuntime;
+  app: FastifyInstance;
+  /** The wake proxy and the policy loop, when running. */
+  wake: WakeServices;
+  reconciled: { id: string; from: string; to: string }[];
+  meter: Meter;
+  close(): Promise<void>;
+}
+
+/** The vault's master key as the configuration names it (a command runs with /bin/sh -c). */
+export function masterKeySource(c: DaemonConfig): MasterKeySource {
+  return 'command' in c.masterKey ? { command: '/bin/sh', args: ['-c', c.masterKey.command] } : c.masterKey;
+}
+
+/** The one place the configuration becomes the daemon's options. */
+export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
+  return {
+    dataDir: c.dataDir,
+    listen: c.listen,
+    masterKey: masterKeySource(c),
+    logger: c.log,
+    seccompProfile: c.sandbox.seccompProfile,
+    ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
+    allowedSourceRoots: c.sandbox.allowedSourceRoots,
+    defaultDiskBytes: c.sandbox.diskBytes,
+    keepCheckpoints: c.checkpoint.keep,
+    checkpointTimeoutMs: c.checkpoint.timeoutMs,
+    restoreTimeoutMs: c.restore.timeoutMs,
+    lazyRestore: c.restore.lazy,
+    servePagesFromVault: c.restore.pagesFromVault,
+    pagesFromVaultAboveBytes: c.restore.pagesFromVaultAboveBytes,
+    importLimits: c.importLimits,
+    bodyLimitBytes: c.api.bodyLimitBytes,
+    execBodyLimitBytes: c.api.execBodyLimitBytes,
+    maxUploadBytes: c.api.maxUploadBytes,
+    prices: c.meter.prices,
+    meterIntervalMs: c.meter.intervalMs,
+    proxy: c.proxy.enabled
+      ? {
+          listen: c.proxy.listen,
+          domain: c.proxy.domain,
+          wakeTimeoutMs: c.proxy.wakeTimeoutMs,
+          tcp: c.proxy.tcp,
+        }
+      : false,
+    policy: c.policy.enabled
+      ? {
+          intervalMs: c.policy.intervalMs,
+          cpuActiveShare: c.policy.cpuActiveShare,
+          defaults: { node: c.policy.defaults, tenants: c.policy.tenants },
+        }
+      : false,
+    ...(c.debug.includes('timings')
+      ? {
+          onTimings: (t: OperationTimings) => process.stderr.write(`dormant: timings: ${formatTimings(t)}\n`),
+        }
+      : {}),
+  };
+}
+
+/**
+ * `given` over the configuration's defaults: a proxy or policy object given in part keeps the
+ * defaults of the fields it leaves out.
+ */
+function withDefaults(given: DaemonOptions): DaemonOptions {
+  const base = optionsFromConfig(defaultConfig(given));
+  const out: DaemonOptions = { ...base };
+  for (const [k, v] of Object.entries(given) as [keyof DaemonOptions, unknown][]) {
+    if (v !== undefined) (out as unknown as Record<string, unknown>)[k] = v;
+  }
+  if (given.proxy && base.proxy) out.proxy = { ...base.proxy, ...given.proxy };
+  if (given.policy && base.policy) out.policy = { ...base.policy, ...given.policy };
+  return out;
+}
+
+function parseListen(listen: string): { host: string; port: number } {
+  const m = /^(.*):(\d+)$/.exec(listen);
+  if (!m) throw new Error(`--listen ${listen}: expected HOST:PORT`);
+  return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
+}
+
+/** Why CRIU cannot restore lazily on this node, or undefined when it can. */
+async function lazyRestoreProblem(
+  criuPath: string,
+  env: Record<string, string>,
+): Promise<string | undefined> {
+  const uffd = await userfaultfdFacts();
+  if (!uffd.available) return uffd.detail;
+  if (!(await criuFeature(criuPath, 'uffd-noncoop', { env })))
+    return 'criu check --feature uffd-noncoop fails';
+  return undefined;
+}
+
+/**
+ * CRIU images in flight live in memory, one folder per data directory (however its path is
+ * spelled: `data` and `/abs/data/` are the same folder, so a restart finds what a crash left).
+ */
+export function stagingDirFor(dataDir: string): string {
+  return `/dev/shm/dormant-${createHash('sha256').update(resolve(dataDir)).digest('hex').slice(0, 12)}`;
+}
+
+/** The sandboxes' OCI configs (their environment in clear) while runc reads them: memory too. */
+export function bundleDirFor(dataDir: string): string {
+  return `${stagingDirFor(dataDir)}-bundles`;
+}
+
+export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
+  const opts = withDefaults(given);
+  const { dataDir } = opts;
+  const listen = opts.listen!;
+  const warn = opts.warn ?? ((m: string) => process.stderr.write(`dormant: warning: ${m}\n`));
+  // First of all, before the database is even opened: what a daemon killed mid-operation left
+  // in staging (plaintext CRIU images of a hibernate that never committed, a checkpoint
+  // fetched for a resume) is wiped.
+  const stagingDir = stagingDirFor(dataDir);
+  await prepareStaging(stagingDir);
+  // The OCI configs of containers that still run are kept (runc exec reads them); those of
+  // sandboxes gone are removed once the runtime is up.
+  const bundleDir = bundleDirFor(dataDir);
+  await privateFolder(bundleDir);
+  await mkdir(dataDir, { recursive: true, mode: 0o700 });
+  // Private whatever an older version (or the operator's mkdir) made it: it holds tenant data.
+  await chmod(dataDir, 0o700);
+  const store = new SqliteStateStore(join(dataDir, 'state.db'));
+  const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
+  if (!store.listTokens().some((t) => t.hash === hashToken(admin.token))) {
+    store.insertToken({
+      hash: hashToken(admin.token),
+      tenant: ADMIN_TENANT,
+      admin: true,
+      createdAt: Date.now(),
+    });
+  }
+  const masterKey = opts.masterKey!;
+  const vault = await openVault({ dir: join(dataDir, 'vault'), masterKey, onWarning: warn });
+  // --env values are sealed in the database with the tenant's key from the vault.
+  const secrets = await TenantSecrets.open({ store: vault.store, masterKey });
+  const criu = await getCriu();
+  const cpu = await cpuFacts();
+  const runtime = new RuncRuntime({
+    stateDir: join(dataDir, 'runtime'),
+    criuPath: criu.path,
+    criuEnv: criu.env,
+    bundleDir,
+    checkpointTimeoutMs: opts.checkpointTimeoutMs,
+    restoreTimeoutMs: opts.restoreTimeoutMs,
+    seccomp: loadSeccompProfile(opts.seccompProfile!),
+    ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
+  });
+  await runtime.dropStaleConfigs();
+  const settings: Partial<Record<keyof ControllerSettings, unknown>> = {};
+  for (const k of CONTROLLER_SETTINGS) if (opts[k] !== undefined) settings[k] = opts[k];
+  const controller = new TrackingController({
+    ...(settings as ControllerSettings),
+    store,
+    runtime,
+    vault,
+    stagingDir,
+    secrets,
+    imageCacheDir: join(dataDir, 'images'),
+    lazyRestoreProbe: opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env)),
+    warn,
+    // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
+    usage: (id) => cgroupUsage(`/dormant/${id}`),
+    platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
+  });
+  // Rows from before sealing: their values sealed now, and the database rewritten so the old
+  // pages and WAL frames holding them in clear are gone from its files.
+  if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) store.compact();
+  const reconciled = await controller.reconcile();
+  const app = buildServer({
+    controller,
+    store,
+    checkpointVault: vault,
+    logger: opts.logger ?? false,
+    hostPaths: [dataDir, stagingDir],
+    bodyLimitBytes: opts.bodyLimitBytes,
+    execBodyLimitBytes: opts.execBodyLimitBytes,
+    maxUploadBytes: opts.maxUploadBytes,
+  });
+  const clock = opts.clock ?? systemClock;
+  const meter = new Meter({
+    source: controller,
+    store,
+    clock,
+    prices: priceSheet(opts.prices),
+    intervalMs: opts.meterIntervalMs!,
+    freeDiskBytes: async () => (await diskFacts(dataDir)).freeBytes,
+    attribution: () => vault.attribution(),
+  });
+  registerCostRoutes(app, meter);
+  meter.start();
+  const wake = await startWakeServices({
+    controller,
+    store,
+    app,
+    clock,
+    dataDir,
+    apiListen: listen,
+    ...(opts.proxy !== undefined ? { proxy: opts.proxy } : {}),
+    ...(opts.policy !== undefined ? { policy: opts.policy } : {}),
+  });
+  const { host, port } = parseListen(listen);
+  await app.listen({ host, port });
+  const addr = app.server.address();
+  const url =
+    typeof addr === 'object' && addr
+      ? `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`
+      : `http://${host}:${port}`;
+  return {
+    url,
+    adminToken: admin.token,
+    controller,
+    store,
+    vault,
+    runtime,
+    app,
+    wake,
+    meter,
+    reconciled,
+    async close() {
+      // Pages still streaming from the vault's page server: let them finish first.
+      await controller.settleLazyRestores();
+      await meter.close();
+      await wake.close();
+      await app.close();
+      // What answered requests left running (removing a hibernated sandbox's container).
+      await controller.settle();
+      await vault.close();
+      store.close();
+      secrets.close();
+      await releaseStaging(stagingDir);
+      // Empty unless containers still run (their configs stay for runc exec after a restart).
+      await rmdir(bundleDir).catch((e: unknown) => {
+        if (errnoCode(e) !== 'ENOTEMPTY' && errnoCode(e) !== 'ENOENT') throw e;
+      });
+    },
+  };
+}
