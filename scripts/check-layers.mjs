@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Keeps the layer graph of DESIGN.md honest: a module may import only from its own layer
+// Keeps the layer graph honest: a module may import only from its own layer
 // or from layers below it. Layers are the top-level folders of src/.
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, relative, resolve, dirname, sep } from 'node:path';

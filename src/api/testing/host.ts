@@ -3,7 +3,8 @@
  * with a deadline, and a census of what a sandbox may leave on the host (processes, mounts,
  * network namespace, cgroups) so a test can assert that nothing of it remains.
  */
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { request } from 'node:http';
 
 /** GET http://host:port/path; resolves with the body (any status), rejects on a network error. */
@@ -85,6 +86,29 @@ export function leftovers(id: string): string[] {
     }
   }
   return found;
+}
+
+/** Regular files under `root` (not following links) whose raw bytes contain `needle`. */
+export function filesHolding(root: string, needle: string, maxFileBytes = Number.POSITIVE_INFINITY): string[] {
+  const hits: string[] = [];
+  const want = Buffer.from(needle);
+  let entries;
+  try {
+    entries = readdirSync(root, { withFileTypes: true, recursive: true });
+  } catch {
+    return hits;
+  }
+  for (const e of entries) {
+    if (!e.isFile()) continue;
+    const p = join(e.parentPath, e.name);
+    try {
+      if (statSync(p).size > maxFileBytes) continue;
+      if (readFileSync(p).includes(want)) hits.push(p);
+    } catch {
+      // Gone while we looked (another test's staging, say).
+    }
+  }
+  return hits;
 }
 
 /** How the resume of a sandbox with a damaged checkpoint failed. */
