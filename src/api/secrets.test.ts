@@ -103,7 +103,8 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
     const crashed =
       crashData === undefined
         ? undefined
-        : (await startTestDaemon({ dataDir: crashData, readonlyBinds: [], proxy: false, policy: false })).daemon;
+        : (await startTestDaemon({ dataDir: crashData, readonlyBinds: [], proxy: false, policy: false }))
+            .daemon;
     await tearDown(dir, crashed);
   });
 
@@ -355,7 +356,11 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
       for (const f of await readdir(aside)) await rename(join(aside, f), join(crashData, f));
     }
 
-    const { daemon: d2, client: c2 } = await startTestDaemon({ dataDir: crashData, proxy: false, policy: false });
+    const { daemon: d2, client: c2 } = await startTestDaemon({
+      dataDir: crashData,
+      proxy: false,
+      policy: false,
+    });
     try {
       assert.deepEqual(await readdir(staging), []);
       assert.equal((await c2.getSandbox(victim.id)).state, 'running', 'the hibernate never committed');

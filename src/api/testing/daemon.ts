@@ -36,7 +36,10 @@ export async function stopTestDaemon(daemon: Daemon | undefined): Promise<void> 
 }
 
 /** A test's own folder: /tmp/dormant-NAME-XXXXXX, with a busybox rootfs at `rootfs` holding `files`. */
-export async function testFolder(name: string, files?: Record<string, string>): Promise<{ dir: string; rootfs: string }> {
+export async function testFolder(
+  name: string,
+  files?: Record<string, string>,
+): Promise<{ dir: string; rootfs: string }> {
   const dir = await mkdtemp(`/tmp/dormant-${name}-`);
   const rootfs = join(dir, 'rootfs');
   await buildBusyboxRootfs(rootfs, files);

@@ -89,7 +89,11 @@ export function leftovers(id: string): string[] {
 }
 
 /** Regular files under `root` (not following links) whose raw bytes contain `needle`. */
-export function filesHolding(root: string, needle: string, maxFileBytes = Number.POSITIVE_INFINITY): string[] {
+export function filesHolding(
+  root: string,
+  needle: string,
+  maxFileBytes = Number.POSITIVE_INFINITY,
+): string[] {
   const hits: string[] = [];
   const want = Buffer.from(needle);
   let entries;
@@ -109,6 +113,24 @@ export function filesHolding(root: string, needle: string, maxFileBytes = Number
     }
   }
   return hits;
+}
+
+/** Sandbox `id` once it is in state `want` (polled through `client`). */
+export function untilState<S extends { state: string }>(
+  client: { getSandbox(id: string): Promise<S> },
+  id: string,
+  want: string,
+  timeoutMs = 30_000,
+): Promise<S> {
+  return eventually(
+    `${id} ${want}`,
+    async () => {
+      const s = await client.getSandbox(id);
+      if (s.state !== want) throw new Error(`still ${s.state}`);
+      return s;
+    },
+    timeoutMs,
+  );
 }
 
 /** How the resume of a sandbox with a damaged checkpoint failed. */
@@ -145,15 +167,7 @@ export async function resumeDamaged(
     return { late: false, message: x.message, hint: x.hint ?? '' };
   }
   if (running.state !== 'running') throw new Error(`resume answered ${running.state}`);
-  const back = await eventually(
-    'back to hibernated',
-    async () => {
-      const s = await client.getSandbox(id);
-      if (s.state !== 'hibernated') throw new Error(`still ${s.state}`);
-      return s;
-    },
-    30_000,
-  );
+  const back = await untilState(client, id, 'hibernated');
   const m =
     /^lazy restore failed, back to its checkpoint: (.*cannot be read \(VAULT_[A-Z_]+\).*) \((.*)\)$/s.exec(
       back.lastError ?? '',
