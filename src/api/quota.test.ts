@@ -8,11 +8,11 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from './daemon.js';
+import { type Daemon } from './daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { layerHostBytes, layerImage, layerMountPoint } from '../runtime/quota.js';
 import { run, which } from '../sys/exec.js';
 
@@ -77,14 +77,12 @@ describe('disk quota through the daemon', { skip }, () => {
   const secret = `QUOTA-SECRET-${randomBytes(12).toString('hex')}`;
 
   const start = async (): Promise<void> => {
-    daemon = await startDaemon({
+    ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
+      readonlyBinds: [],
       proxy: false,
       policy: false,
-      warn: () => undefined,
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    }));
   };
   const sandboxDir = (id: string) => join(dir, 'data', 'runtime', 'sandboxes', id);
 
@@ -102,18 +100,11 @@ describe('disk quota through the daemon', { skip }, () => {
   const md5 = async (id: string): Promise<string> => (await client.exec(id, ['md5sum', '/kept'])).stdout;
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-quota-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs);
+    ({ dir, rootfs } = await testFolder('quota'));
     await start();
   });
 
-  after(async () => {
-    for (const s of await client.listSandboxes().catch(() => []))
-      await client.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('a quota out of range is a 400 before anything is made', async () => {
     const e = await client.createSandbox({ rootfs, command: ['true'], disk: '1M' }).then(
