@@ -6,6 +6,7 @@
 import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { request } from 'node:http';
+import { createServer } from 'node:net';
 
 /** GET http://host:port/path; resolves with the body (any status), rejects on a network error. */
 export function httpGet(host: string, port: number, path = '/', timeoutMs = 5000): Promise<string> {
@@ -22,6 +23,18 @@ export function httpGet(host: string, port: number, path = '/', timeoutMs = 5000
     req.on('timeout', () => req.destroy(new Error(`GET ${host}:${port}${path}: timeout`)));
     req.on('error', reject);
     req.end();
+  });
+}
+
+/** A TCP port on loopback that was free a moment ago. */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const a = s.address();
+      s.close(() => (typeof a === 'object' && a ? resolve(a.port) : reject(new Error('no port'))));
+    });
   });
 }
 

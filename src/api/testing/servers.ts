@@ -56,9 +56,9 @@ export const COUNTER_SERVER_PY = pythonServer(COUNTER);
 
 /**
  * {@link COUNTER_SERVER_PY} with more: `setup` run first (a file held open, say), `backlog`
- * for many concurrent requests.
+ * for many concurrent requests, `keepAlive` for a load generator.
  */
-export function counterServer(more: { setup?: string; backlog?: number }): string {
+export function counterServer(more: Omit<PythonServer, 'answer'>): string {
   return pythonServer({ ...COUNTER, ...more, setup: `${COUNTER.setup}\n${more.setup ?? ''}` });
 }
 
