@@ -4,10 +4,6 @@
 # CRIU and runc. Run as root on Debian.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  npm ci --no-audit --no-fund
-fi
-npm run --silent build
+bash scripts/prepare.sh
 npm run --silent lint
 exec bash scripts/run-tests.sh "$@"

@@ -6,11 +6,7 @@
 # a demo sandbox. Safe to run again: what is already up is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  npm ci --no-audit --no-fund
-fi
-npm run --silent build
+bash scripts/prepare.sh
 ./bin/dormant doctor
 
 DATA=${DORMANT_DATA_DIR:-/var/lib/dormant}

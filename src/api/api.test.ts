@@ -6,12 +6,11 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import type { Daemon } from '../daemon/daemon.js';
 import { call, openEvents, type Answer } from './testing/http.js';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import {
   CheckpointSchema,
   documentedRoutes,
@@ -44,25 +43,18 @@ describe('the HTTP API', () => {
     call(daemon.url, token, method, path, body);
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-api-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs);
-    daemon = await startDaemon({
+    ({ dir, rootfs } = await testFolder('api'));
+    ({ daemon } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
+      readonlyBinds: [],
       // The tenants here make sandboxes of a rootfs in this folder (serve --allow-root).
       allowedSourceRoots: [rootfs],
-      warn: () => undefined,
       policy: false,
-    });
+    }));
     admin = daemon.adminToken;
   });
 
-  after(async () => {
-    for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('health and the OpenAPI document need no token; the document lists every route', async () => {
     const h = await api(undefined, 'GET', '/v1/health');

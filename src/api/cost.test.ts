@@ -4,11 +4,10 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
+import { type Daemon } from '../daemon/daemon.js';
 import { DormantClient } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { cgroupUsage } from '../sys/cgroup.js';
 
 const HOLDER = `
@@ -44,24 +43,14 @@ let daemon: Daemon;
 let client: DormantClient;
 
 before(async () => {
-  dir = await mkdtemp('/tmp/dormant-cost-');
-  await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/holder.py': HOLDER });
-  daemon = await startDaemon({
+  ({ dir } = await testFolder('cost', { 'srv/holder.py': HOLDER }));
+  ({ daemon, client } = await startTestDaemon({
     dataDir: join(dir, 'data'),
-    listen: '127.0.0.1:0',
-    readonlyBinds: [{ source: '/usr', destination: '/usr' }],
     meterIntervalMs: 60_000,
-    warn: () => undefined,
-  });
-  client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+  }));
 });
 
-after(async () => {
-  for (const s of await client.listSandboxes().catch(() => []))
-    await client.remove(s.id).catch(() => undefined);
-  await daemon.close();
-  await rm(dir, { recursive: true, force: true });
-});
+after(() => tearDown(dir, daemon));
 
 test('cost report on a real run agrees with the cgroups and with vault stats', async () => {
   const cmd = ['/usr/bin/python3', '-u', '/srv/holder.py'];

@@ -14,14 +14,13 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { createWriteStream } from 'node:fs';
 import { Readable } from 'node:stream';
@@ -35,6 +34,7 @@ import {
   serveCounter,
 } from './testing/servers.js';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 
 /** Resident memory of processes `pids`, in MiB (0 for one that is gone). */
 function residentMiB(pids: number[]): number {
@@ -127,23 +127,17 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
   const daemons: Daemon[] = [];
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-crash-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, {
+    ({ dir, rootfs } = await testFolder('crash', {
       'srv/server.py': COUNTER_SERVER_PY,
       'srv/checker.py': MEMORY_CHECKER_PY,
-    });
+    }));
     layout = join(dir, 'layout');
     await writeOciLayout(layout, { layers: [rootfs], tag: 'latest', config: {} });
   });
 
   after(async () => {
     for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-    for (const d of daemons) {
-      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
-      await d.close().catch(() => undefined);
-    }
-    await rm(dir, { recursive: true, force: true });
+    await tearDown(dir, ...daemons);
   });
 
   const create = (client: DormantClient, name: string) =>
@@ -161,16 +155,8 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
    * empty. Returns the daemon and an admin client.
    */
   async function restart(dataDir: string): Promise<{ daemon: Daemon; client: DormantClient }> {
-    const daemon = await startDaemon({
-      dataDir,
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      proxy: false,
-      policy: false,
-      warn: () => undefined,
-    });
+    const { daemon, client } = await startTestDaemon({ dataDir, proxy: false, policy: false });
     daemons.push(daemon);
-    const client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
     assert.deepEqual(await readdir(stagingDirFor(dataDir)), [], 'staging is empty after a restart');
     const v = await daemon.vault.verify();
     assert.equal(v.ok, true, JSON.stringify(v.problems));

@@ -11,34 +11,20 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { eventually, httpGet, leftovers, sandboxProcesses } from './testing/host.js';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
+import { pythonServer } from './testing/servers.js';
 import { readdir } from 'node:fs/promises';
 
 const CYCLES = Number(process.env.DORMANT_TEST_CYCLES ?? '5');
 
-const SERVER = `
-import hashlib, http.server, os
-count = 0
-blob = bytearray(os.urandom(16 * 1024 * 1024))
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, hashlib.sha256(blob).hexdigest())).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
+const SERVER = pythonServer({
+  setup: 'import hashlib, os\nblob = bytearray(os.urandom(16 * 1024 * 1024))',
+  answer: '"%d %s" % (count, hashlib.sha256(blob).hexdigest())',
+});
 
 function stats(xs: number[]): string {
   const s = [...xs].sort((a, b) => a - b);
@@ -53,24 +39,11 @@ describe(`repeated cycles (DORMANT_TEST_CYCLES=${CYCLES}; set it to 50 for the f
   let sb: SandboxInfo | undefined;
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-cycles-');
-    await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/server.py': SERVER });
-    daemon = await startDaemon({
-      dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      proxy: false,
-      policy: false,
-      warn: () => undefined,
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    ({ dir } = await testFolder('cycles', { 'srv/server.py': SERVER }));
+    ({ daemon, client } = await startTestDaemon({ dataDir: join(dir, 'data'), proxy: false, policy: false }));
   });
 
-  after(async () => {
-    if (sb) await client.remove(sb.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test(`${CYCLES} hibernate/resume cycles keep memory and files exactly`, async (t) => {
     sb = await client.createSandbox({

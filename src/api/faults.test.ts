@@ -7,45 +7,24 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, open, readdir, rm, stat } from 'node:fs/promises';
+import { mkdir, open, readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { run } from '../sys/exec.js';
 import { eventually, httpGet, leftovers, resumeDamaged, sandboxProcesses } from './testing/host.js';
+import { apiError, startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
+import { pythonServer } from './testing/servers.js';
 
 /** A counter, a random token, and `MIB` MiB of random bytes, all only in memory. */
-const SERVER = `
-import hashlib, http.server, os
-count = 0
+const SERVER = pythonServer({
+  setup: `
+import hashlib, os
 token = os.urandom(8).hex()
 blob = os.urandom(int(os.environ.get("MIB", "1")) * 1024 * 1024)
-digest = hashlib.sha256(blob).hexdigest()[:16]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s %s" % (count, token, hashlib.sha256(blob).hexdigest()[:16] == digest and digest)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
-
-async function apiError(p: Promise<unknown>): Promise<DormantApiError> {
-  try {
-    await p;
-  } catch (e) {
-    assert.ok(e instanceof DormantApiError, String(e));
-    return e;
-  }
-  assert.fail('expected an API error');
-}
+digest = hashlib.sha256(blob).hexdigest()[:16]`,
+  answer: '"%d %s %s" % (count, token, hashlib.sha256(blob).hexdigest()[:16] == digest and digest)',
+});
 
 /** [counter, "token digest"] from the sandbox's server. */
 async function serve(sb: SandboxInfo): Promise<[number, string]> {
@@ -78,16 +57,9 @@ describe('faults: a failed hibernate keeps the sandbox; a damaged checkpoint is 
     mounts.splice(mounts.indexOf(at), 1);
   };
   const start = async (dataDir: string): Promise<{ daemon: Daemon; client: DormantClient }> => {
-    const daemon = await startDaemon({
-      dataDir,
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      proxy: false,
-      policy: false,
-      warn: () => undefined,
-    });
-    daemons.push(daemon);
-    return { daemon, client: new DormantClient({ url: daemon.url, token: daemon.adminToken }) };
+    const started = await startTestDaemon({ dataDir, proxy: false, policy: false });
+    daemons.push(started.daemon);
+    return started;
   };
   const stop = async (daemon: Daemon, client: DormantClient): Promise<void> => {
     const ids = (await client.listSandboxes()).map((s) => s.id);
@@ -107,9 +79,7 @@ describe('faults: a failed hibernate keeps the sandbox; a damaged checkpoint is 
     });
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-faults-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER });
+    ({ dir, rootfs } = await testFolder('faults', { 'srv/server.py': SERVER }));
   });
 
   after(async () => {
@@ -120,7 +90,7 @@ describe('faults: a failed hibernate keeps the sandbox; a damaged checkpoint is 
     for (const m of [...mounts].reverse())
       await run('umount', ['-l', m], { timeoutMs: 30_000 }).catch(() => undefined);
     for (const d of daemons) await d.close().catch(() => undefined);
-    await rm(dir, { recursive: true, force: true });
+    await tearDown(dir);
   });
 
   test('criu fails (its staging folder is full): the sandbox runs on, and the error carries criu’s log', async (t) => {

@@ -7,11 +7,11 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { copyFile, mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { copyFile, mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
-import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { type Daemon } from '../daemon/daemon.js';
+import { DormantClient, type SandboxInfo } from '../sdk/client.js';
+import { apiError, startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { systemGpuNode, type GpuNode, type GpuSupport } from '../control/gpu.js';
 import type { GpuCheckpointFacts } from '../domain/gpu.js';
 import { eventually, sandboxProcesses } from './testing/host.js';
@@ -34,16 +34,6 @@ const H200: GpuCheckpointFacts = {
   driverVersion: '570.86.15',
   devices: [{ name: 'NVIDIA H200', memoryBytes: 150_000_000_000 }],
 };
-
-async function apiError(p: Promise<unknown>): Promise<DormantApiError> {
-  try {
-    await p;
-  } catch (e) {
-    assert.ok(e instanceof DormantApiError, String(e));
-    return e;
-  }
-  assert.fail('expected an API error');
-}
 
 describe('GPU sandboxes', () => {
   let dir: string;
@@ -72,16 +62,11 @@ describe('GPU sandboxes', () => {
   let failNext: string | undefined;
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-gpu-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/holder.py': HOLDER, 'srv/plain.py': PLAIN });
+    ({ dir, rootfs } = await testFolder('gpu', { 'srv/holder.py': HOLDER, 'srv/plain.py': PLAIN }));
     await mkdir(join(rootfs, 'opt/cuda'), { recursive: true });
     await copyFile('/bin/true', join(rootfs, 'opt/cuda/libcuda.so.1'));
-    daemon = await startDaemon({
+    ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      warn: () => undefined,
       clock,
       proxy: false,
       policy: { intervalMs: 0 },
@@ -92,16 +77,10 @@ describe('GPU sandboxes', () => {
           throw new Error(`injected failure at ${step}`);
         }
       },
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    }));
   });
 
-  after(async () => {
-    for (const s of await client.listSandboxes().catch(() => []))
-      await client.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   const create = async (
     name: string,

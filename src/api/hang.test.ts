@@ -1,6 +1,6 @@
 /**
  * CRIU hangs during hibernate (on VMs whose hardware breakpoints do not fire, an old criu waits
- * forever for a trap; PLATFORM.md). The daemon runs criu through a wrapper that, once a flag
+ * forever for a trap). The daemon runs criu through a wrapper that, once a flag
  * file exists, never answers: the dump must be ended at its timeout with its whole process
  * group, the sandbox thawed and running with its memory, the error saying it hung, and nothing
  * of the hung dump left behind.
@@ -10,31 +10,21 @@ import assert from 'node:assert/strict';
 import { chmod, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { locateCriu } from '../criu/criu.js';
 import { eventually, httpGet, leftovers } from './testing/host.js';
+import { startTestDaemon, tearDown } from './testing/daemon.js';
+import { pythonServer } from './testing/servers.js';
 
-const SERVER = `
-import hashlib, http.server, os
-count = 0
+const SERVER = pythonServer({
+  setup: `
+import hashlib, os
 blob = os.urandom(4 * 1024 * 1024)
-digest = hashlib.sha256(blob).hexdigest()[:16]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, hashlib.sha256(blob).hexdigest()[:16] == digest and digest)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
+digest = hashlib.sha256(blob).hexdigest()[:16]`,
+  answer: '"%d %s" % (count, hashlib.sha256(blob).hexdigest()[:16] == digest and digest)',
+});
 
 describe('faults: criu hangs during hibernate', () => {
   let dir: string;
@@ -58,29 +48,20 @@ describe('faults: criu hangs during hibernate', () => {
     );
     await chmod(wrapper, 0o755);
     process.env.DORMANT_CRIU = wrapper;
-    const rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER });
-    daemon = await startDaemon({
+    await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/server.py': SERVER });
+    ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
       proxy: false,
       policy: false,
       checkpointTimeoutMs: 4000,
-      warn: () => undefined,
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    }));
   });
 
   after(async () => {
     await rm(flag, { force: true });
-    if (daemon) {
-      for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
-      await daemon.close();
-    }
     if (savedCriu === undefined) delete process.env.DORMANT_CRIU;
     else process.env.DORMANT_CRIU = savedCriu;
-    await rm(dir, { recursive: true, force: true });
+    await tearDown(dir, daemon);
   });
 
   const serve = async (sb: SandboxInfo): Promise<[number, string]> => {

@@ -6,11 +6,12 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, readdir, rm, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, symlink, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
+import { type Daemon } from '../daemon/daemon.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { startTestDaemon, tearDown } from './testing/daemon.js';
 import { call, type Answer } from './testing/http.js';
 import { ErrorSchema } from './openapi.js';
 
@@ -78,25 +79,20 @@ describe('hostile input at the API edges', () => {
     await writeFile(join(allowed, 'a-file'), 'not a folder\n');
     await symlink(outside, join(allowed, 'escape'));
     await mkdir(join(dir, 'allowed-evil'));
-    daemon = await startDaemon({
+    ({ daemon } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
+      readonlyBinds: [],
       allowedSourceRoots: [allowed],
       proxy: false,
       policy: false,
-      warn: () => undefined,
-    });
+    }));
     admin = daemon.adminToken;
     const minted = await api('POST', '/v1/tokens', { tenant: 'paths' });
     assert.equal(minted.status, 201, minted.text);
     tenantToken = (minted.body as { token: string }).token;
   });
 
-  after(async () => {
-    for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('names: length, characters and path components are 400 INVALID_ARGUMENT', async () => {
     const names = [

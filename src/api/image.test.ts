@@ -1,11 +1,12 @@
 /** A sandbox from an OCI image layout, through the real daemon: the image's defaults apply. */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
+import { type Daemon } from '../daemon/daemon.js';
 import { DormantClient } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { startTestDaemon, tearDown } from './testing/daemon.js';
 import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 
 let dir: string;
@@ -29,16 +30,10 @@ before(async () => {
       },
     },
   });
-  daemon = await startDaemon({ dataDir: join(dir, 'data'), listen: '127.0.0.1:0', warn: () => undefined });
-  client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+  ({ daemon, client } = await startTestDaemon({ dataDir: join(dir, 'data'), readonlyBinds: [] }));
 });
 
-after(async () => {
-  for (const s of await client.listSandboxes().catch(() => []))
-    await client.remove(s.id).catch(() => undefined);
-  await daemon.close();
-  await rm(dir, { recursive: true, force: true });
-});
+after(() => tearDown(dir, daemon));
 
 test('create --image without a command runs the image entrypoint with its env and workdir, and hibernates', async () => {
   const sb = await client.createSandbox({ image: `${join(dir, 'layout')}:latest`, env: { EXTRA: 'x' } });

@@ -13,9 +13,10 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createWriteStream } from 'node:fs';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { apiError, startTestDaemon, tearDown } from './testing/daemon.js';
 import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { eventually, leftovers } from './testing/host.js';
 import { writeArchive, type ArchiveMember } from '../checkpoint/export.js';
@@ -25,15 +26,6 @@ import { DormantApiError } from '../sdk/errors.js';
 import { isDormantError } from '../domain/errors.js';
 import { COUNTER_SERVER_PY, serveCounter } from './testing/servers.js';
 import { allCapsNoNewPrivs } from '../criu/images/testing/tamper.js';
-
-async function rejection(p: Promise<unknown>): Promise<DormantApiError> {
-  const e = await p.then(
-    () => undefined,
-    (x: unknown) => x,
-  );
-  assert.ok(e instanceof DormantApiError, `expected an API error, got ${String(e)}`);
-  return e;
-}
 
 describe('checkpoint import and export', () => {
   let dir: string;
@@ -58,23 +50,14 @@ describe('checkpoint import and export', () => {
     });
     other = join(dir, 'other');
     await writeOciLayout(other, { layers: [base2], tag: 'latest', config: {} });
-    daemon = await startDaemon({
+    ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
       proxy: false,
       policy: false,
-      warn: () => undefined,
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    }));
   });
 
-  after(async () => {
-    for (const s of await client.listSandboxes().catch(() => []))
-      await client.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   const create = (name: string) =>
     client.createSandbox({
@@ -173,7 +156,7 @@ describe('checkpoint import and export', () => {
 
   test('without --image the base comes from an image dormant holds; a different image is refused', async () => {
     const before = await snapshot();
-    const wrong = await rejection(client.importCheckpoint({ archive: exported, image: `${other}:latest` }));
+    const wrong = await apiError(client.importCheckpoint({ archive: exported, image: `${other}:latest` }));
     assert.equal(wrong.code, 'IMAGE_MISMATCH');
     assert.match(wrong.message, /sha256:[0-9a-f]{64}/, 'the message names the digests');
     await nothingLeft(before);
@@ -257,7 +240,7 @@ describe('checkpoint import and export', () => {
     // The base image is looked for before the images are read: a stand-in pstree.img will do.
     members.splice(4, members.length - 4, { name: 'checkpoint/pstree.img', data: Buffer.alloc(0) });
     await writeArchive(missing, members, { compression: 'none', dirs: ['checkpoint'] });
-    const e = await rejection(client.importCheckpoint({ archive: missing }));
+    const e = await apiError(client.importCheckpoint({ archive: missing }));
     assert.equal(e.code, 'IMAGE_REQUIRED', e.message);
     assert.match(e.message, /localhost\/busybox-py:latest/, 'the message names the image');
     await nothingLeft(before);
@@ -325,7 +308,7 @@ describe('checkpoint import and export', () => {
     cases.push([evil, 'through the link']);
 
     for (const [archive, why] of cases) {
-      const e = await rejection(client.importCheckpoint({ archive, image: `${layout}:latest` }));
+      const e = await apiError(client.importCheckpoint({ archive, image: `${layout}:latest` }));
       assert.equal(e.code, 'CHECKPOINT_ARCHIVE_INVALID', `${archive}: ${e.code} ${e.message}`);
       assert.match(e.message, new RegExp(why), archive);
       assert.equal(existsSync(outside), false, 'nothing was written outside');
@@ -375,9 +358,7 @@ describe('checkpoint import and export', () => {
     await rm(tree, { recursive: true, force: true });
 
     const before = await snapshot();
-    const e = await rejection(
-      tenant.uploadCheckpoint(await readFile(tampered), { fileName: 'tampered.tar' }),
-    );
+    const e = await apiError(tenant.uploadCheckpoint(await readFile(tampered), { fileName: 'tampered.tar' }));
     assert.equal(e.code, 'CHECKPOINT_OUTSIDE_PROFILE', e.message);
     assert.equal(e.status, 422);
     assert.match(e.message, /pid 1 thread 1: capabilities [A-Z_, ]*CAP_SYS_ADMIN[A-Z_, ]* in the effective/);

@@ -9,60 +9,25 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, readdirSync, statSync } from 'node:fs';
-import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
-import { request } from 'node:http';
+import { readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { stagingDirFor, type Daemon, type DaemonOptions } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
-import { sandboxProcesses } from './testing/host.js';
-import { MEMORY_CHECKER_PY, checkMemory, checkerPasses } from './testing/servers.js';
+import { eventually, httpGet, sandboxProcesses, untilState } from './testing/host.js';
+import { MEMORY_CHECKER_PY, checkMemory, checkerPasses, pythonServer } from './testing/servers.js';
+import { startTestDaemon, tearDown, testFolder, type TestDaemon } from './testing/daemon.js';
 import { flipByte } from '../vault/testing/fixtures.js';
 
-const SERVER = `
-import hashlib, http.server, os, sys
-count = 0
-blob = bytearray(os.urandom(int(sys.argv[1] if len(sys.argv) > 1 else 64) * 1024 * 1024))
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, hashlib.sha256(blob).hexdigest())).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
+const SERVER = pythonServer({
+  setup: `
+import hashlib, os, sys
+blob = bytearray(os.urandom(int(sys.argv[1] if len(sys.argv) > 1 else 64) * 1024 * 1024))`,
+  answer: '"%d %s" % (count, hashlib.sha256(blob).hexdigest())',
+});
 
-function get(host: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = request({ host, port: 8080, path: '/', agent: false, timeout: 30_000 }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (body += c));
-      res.on('end', () => resolve(body));
-    });
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.on('error', reject);
-    req.end();
-  });
-}
-
-async function eventually<T>(fn: () => Promise<T>, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      return await fn();
-    } catch (e) {
-      if (Date.now() > deadline) throw e;
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  }
-}
+/** The answer of the server of `sb` ("COUNT DIGEST"), once it answers. */
+const serve = (sb: SandboxInfo): Promise<string> =>
+  eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080, '/', 30_000), 60_000);
 
 /** Host pids of `criu lazy-pages` processes serving sandbox `id`'s restore. */
 function lazyPagesOf(id: string): number[] {
@@ -83,6 +48,7 @@ function lazyPagesOf(id: string): number[] {
 let dir: string;
 let daemon: Daemon;
 let client: DormantClient;
+/** Every daemon these tests started and did not close, the main one first. */
 const others: Daemon[] = [];
 /** Set by a test: the sandbox whose lazy-pages daemon is killed once its restore returned. */
 let killLazyPagesOf: string | undefined;
@@ -109,23 +75,16 @@ function inspectAtRestored(step: string): void {
   Object.assign(inspectStagingOf, stagedPages(inspectStagingOf.dataDir, inspectStagingOf.id));
 }
 
-/** What every daemon of these tests shares. */
-const BASE: Omit<Parameters<typeof startDaemon>[0], 'dataDir'> = {
-  listen: '127.0.0.1:0',
-  readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-  proxy: false,
-  policy: false,
-  warn: () => undefined,
-};
+/** A daemon of these tests on `dataDir` (its sandboxes removed at the end), with its client. */
+async function open(opts: Omit<DaemonOptions, 'listen'>): Promise<TestDaemon> {
+  const started = await startTestDaemon({ proxy: false, policy: false, ...opts });
+  others.push(started.daemon);
+  return started;
+}
 
 before(async () => {
-  dir = await mkdtemp('/tmp/dormant-lazy-');
-  await buildBusyboxRootfs(join(dir, 'rootfs'), {
-    'srv/server.py': SERVER,
-    'srv/checker.py': MEMORY_CHECKER_PY,
-  });
-  daemon = await startDaemon({
-    ...BASE,
+  ({ dir } = await testFolder('lazy', { 'srv/server.py': SERVER, 'srv/checker.py': MEMORY_CHECKER_PY }));
+  ({ daemon, client } = await open({
     dataDir: join(dir, 'data'),
     // Every checkpoint's pages from the vault, the small sandboxes of these tests' too.
     pagesFromVaultAboveBytes: 0,
@@ -138,17 +97,10 @@ before(async () => {
         killed.push(pid);
       }
     },
-  });
-  client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+  }));
 });
 
-after(async () => {
-  for (const d of [daemon, ...others]) {
-    for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
-    await d.close();
-  }
-  await rm(dir, { recursive: true, force: true });
-});
+after(() => tearDown(dir, ...others));
 
 test('lazy resume: memory intact, a hibernate right after waits for the pages, staging wiped', async () => {
   const sb = await client.createSandbox({
@@ -156,7 +108,7 @@ test('lazy resume: memory intact, a hibernate right after waits for the pages, s
     command: ['/usr/bin/python3', '/srv/server.py'],
     ports: [8080],
   });
-  const first = await eventually(() => get(sb.address!));
+  const first = await serve(sb);
   const [, digest] = first.split(' ');
   await client.hibernate(sb.id);
   assert.equal((await client.resume(sb.id)).state, 'running');
@@ -168,11 +120,7 @@ test('lazy resume: memory intact, a hibernate right after waits for the pages, s
   // Straight away: the hibernate queues behind the page copy instead of dumping a half-loaded process.
   assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
   await client.resume(sb.id);
-  assert.equal(
-    await eventually(() => get(sb.address!)),
-    `2 ${digest}`,
-    'counter and 64 MiB of memory intact',
-  );
+  assert.equal(await serve(sb), `2 ${digest}`, 'counter and 64 MiB of memory intact');
   // Once the pages are in, the staging folder is gone.
   await client.pause(sb.id);
   await client.resume(sb.id);
@@ -204,42 +152,30 @@ test('memory shared with a forked worker (MAP_SHARED) comes back whole from a la
 
 test('lazy pages come straight from the vault: staging never holds the memory; servePagesFromVault false, or a checkpoint below pagesFromVaultAboveBytes (default 256 MiB), stages it', async () => {
   const staged: Record<string, { size: number; allocated: number; steps: string[] }> = {};
-  const other = await startDaemon({
-    ...BASE,
+  const other = await open({
     dataDir: join(dir, 'staged'),
     servePagesFromVault: false,
     failAt: inspectAtRestored,
   });
-  others.push(other);
   // The defaults: this 64 MiB sandbox's checkpoint is under the threshold.
-  const small = await startDaemon({
-    ...BASE,
-    dataDir: join(dir, 'small'),
-    failAt: inspectAtRestored,
-  });
-  others.push(small);
-  for (const [name, d, dataDir] of [
-    ['vault', daemon, join(dir, 'data')],
+  const small = await open({ dataDir: join(dir, 'small'), failAt: inspectAtRestored });
+  for (const [name, { daemon: d, client: c }, dataDir] of [
+    ['vault', { daemon, client }, join(dir, 'data')],
     ['staged', other, join(dir, 'staged')],
     ['small', small, join(dir, 'small')],
   ] as const) {
-    const c = new DormantClient({ url: d.url, token: d.adminToken });
     const sb = await c.createSandbox({
       rootfs: join(dir, 'rootfs'),
       command: ['/usr/bin/python3', '/srv/server.py'],
       ports: [8080],
     });
-    const [, digest] = (await eventually(() => get(sb.address!))).split(' ');
+    const [, digest] = (await serve(sb)).split(' ');
     await c.hibernate(sb.id);
     inspectStagingOf = { id: sb.id, dataDir, size: 0, allocated: 0 };
     assert.equal((await c.resume(sb.id)).state, 'running');
     const seen = inspectStagingOf;
     inspectStagingOf = undefined;
-    assert.equal(
-      await eventually(() => get(sb.address!)),
-      `2 ${digest}`,
-      'counter and 64 MiB of memory intact',
-    );
+    assert.equal(await serve(sb), `2 ${digest}`, 'counter and 64 MiB of memory intact');
     await c.pause(sb.id);
     const steps = d.controller.lastTimings(sb.id, 'resume')?.steps.map((x) => x.step) ?? [];
     staged[name] = { size: seen.size, allocated: seen.allocated, steps };
@@ -264,7 +200,7 @@ test('a page that fails authentication while it streams in is never served: back
     command: ['/usr/bin/python3', '/srv/server.py'],
     ports: [8080],
   });
-  const [, digest] = (await eventually(() => get(sb.address!))).split(' ');
+  const [, digest] = (await serve(sb)).split(' ');
   const packs = join(dir, 'data', 'vault', 'data', sb.tenant, 'packs');
   const before = new Set(await readdir(packs).catch(() => []));
   const ck = (await client.hibernate(sb.id)).checkpointId!;
@@ -285,11 +221,7 @@ test('a page that fails authentication while it streams in is never served: back
     'running',
     'the damage is in a lazy page: found while they stream in',
   );
-  const back = await eventually(async () => {
-    const s = await client.getSandbox(sb.id);
-    if (s.state !== 'hibernated') throw new Error(`still ${s.state}`);
-    return s;
-  }, 30_000);
+  const back = await untilState(client, sb.id, 'hibernated');
   assert.equal(back.checkpointId, ck);
   assert.match(
     back.lastError ?? '',
@@ -301,20 +233,20 @@ test('a page that fails authentication while it streams in is never served: back
   // Repaired (a replica, say): the checkpoint was never lost.
   await flip();
   assert.equal((await client.resume(sb.id)).state, 'running');
-  assert.equal(await eventually(() => get(sb.address!)), `2 ${digest}`);
+  assert.equal(await serve(sb), `2 ${digest}`);
   await client.remove(sb.id);
 });
 
 test('a daemon shut down while pages stream in from the vault waits for them: the sandbox runs on, whole', async () => {
   const data = join(dir, 'shutdown');
-  const open = () =>
-    startDaemon({
-      ...BASE,
-      dataDir: data,
-      pagesFromVaultAboveBytes: 0,
-    });
-  const d = await open();
-  const c = new DormantClient({ url: d.url, token: d.adminToken });
+  // Not in `others` until it is opened again: this test closes it.
+  const d = await startTestDaemon({
+    dataDir: data,
+    proxy: false,
+    policy: false,
+    pagesFromVaultAboveBytes: 0,
+  });
+  const c = d.client;
   // 256 MiB: the copy is still going when resume answers.
   const sb = await c.createSandbox({
     rootfs: join(dir, 'rootfs'),
@@ -322,19 +254,18 @@ test('a daemon shut down while pages stream in from the vault waits for them: th
     ports: [8080],
     memory: '768M',
   });
-  const [, digest] = (await eventually(() => get(sb.address!))).split(' ');
+  const [, digest] = (await serve(sb)).split(' ');
   await c.hibernate(sb.id);
   assert.equal((await c.resume(sb.id)).state, 'running');
   assert.ok(
     lazyPagesOf(sb.id).length > 0,
     'the pages are still streaming in when the daemon is told to close',
   );
-  await d.close();
+  await d.daemon.close();
   // Its page server lived until the last page was in: nothing serves the sandbox any more.
   assert.deepEqual(lazyPagesOf(sb.id), [], 'the lazy-pages daemon finished before the daemon closed');
-  assert.equal(await eventually(() => get(sb.address!)), `2 ${digest}`, 'memory intact');
-  const again = await open();
-  others.push(again);
+  assert.equal(await serve(sb), `2 ${digest}`, 'memory intact');
+  const { daemon: again } = await open({ dataDir: data, pagesFromVaultAboveBytes: 0 });
   assert.equal(again.controller.get(sb.id).state, 'running');
   await again.controller.remove(sb.id);
 });
@@ -347,7 +278,7 @@ test('the lazy-pages daemon dies while pages stream in: the sandbox goes back to
     ports: [8080],
     memory: '768M',
   });
-  const [first, digest] = (await eventually(() => get(sb.address!))).split(' ');
+  const [first, digest] = (await serve(sb)).split(' ');
   let n = Number(first);
   let back: SandboxInfo | undefined;
   // Should the copy have finished before the kill (a fast moment), the resume simply worked:
@@ -359,15 +290,11 @@ test('the lazy-pages daemon dies while pages stream in: the sandbox goes back to
     const running = await client.resume(sb.id).finally(() => (killLazyPagesOf = undefined));
     assert.equal(running.state, 'running', 'the sandbox runs before its pages are in');
     if (killed.length === 0) {
-      assert.equal(await eventually(() => get(sb.address!)), `${++n} ${digest}`);
+      assert.equal(await serve(sb), `${++n} ${digest}`);
       continue;
     }
     // Noticed while the daemon lives: back to hibernated on the same checkpoint, saying why.
-    back = await eventually(async () => {
-      const s = await client.getSandbox(sb.id);
-      if (s.state !== 'hibernated') throw new Error(`still ${s.state}`);
-      return s;
-    }, 30_000);
+    back = await untilState(client, sb.id, 'hibernated');
     assert.equal(back.checkpointId, ck, 'the checkpoint it was restored from is still the current one');
   }
   assert.ok(back, 'the lazy-pages daemon was caught copying in one of three resumes');
@@ -380,21 +307,19 @@ test('the lazy-pages daemon dies while pages stream in: the sandbox goes back to
   assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'the images were wiped');
   // Nothing lost: the next resume carries on from the checkpoint.
   assert.equal((await client.resume(sb.id)).state, 'running');
-  assert.equal(await eventually(() => get(sb.address!)), `${n + 1} ${digest}`);
+  assert.equal(await serve(sb), `${n + 1} ${digest}`);
   await client.remove(sb.id);
 });
 
 test('no userfaultfd on the node: resumes are eager, with one warning; lazyRestore false is eager, silently', async () => {
-  const make = async (name: string, opts: Partial<Parameters<typeof startDaemon>[0]>) => {
+  const make = async (name: string, opts: Partial<DaemonOptions>) => {
     const warnings: string[] = [];
-    const d = await startDaemon({
-      ...BASE,
+    const { daemon: d, client: c } = await open({
       dataDir: join(dir, name),
       warn: (m) => warnings.push(m),
       ...opts,
     });
-    others.push(d);
-    return { d, c: new DormantClient({ url: d.url, token: d.adminToken }), warnings };
+    return { d, c, warnings };
   };
   const cases = [
     await make('no-uffd', { lazyRestoreProbe: () => Promise.resolve('kernel has no userfaultfd') }),
@@ -406,14 +331,14 @@ test('no userfaultfd on the node: resumes are eager, with one warning; lazyResto
       command: ['/usr/bin/python3', '/srv/server.py'],
       ports: [8080],
     });
-    const [n, digest] = (await eventually(() => get(sb.address!))).split(' ');
+    const [n, digest] = (await serve(sb)).split(' ');
     for (let round = 1; round <= 2; round++) {
       await c.hibernate(sb.id);
       assert.equal((await c.resume(sb.id)).state, 'running');
       const steps = d.controller.lastTimings(sb.id, 'resume')?.steps.map((x) => x.step) ?? [];
       assert.ok(steps.includes('restore'), steps.join(', '));
       assert.ok(!steps.includes('lazy-pages start') && !steps.includes('pages loaded'), steps.join(', '));
-      assert.equal(await eventually(() => get(sb.address!)), `${Number(n) + round} ${digest}`);
+      assert.equal(await serve(sb), `${Number(n) + round} ${digest}`);
     }
     const said = warnings.filter((w) => /lazy restore/.test(w));
     if (i === 0) {

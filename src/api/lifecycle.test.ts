@@ -6,57 +6,16 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
-import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { COUNTER_SERVER_PY } from './testing/servers.js';
-import { eventually, httpGet, resumeDamaged } from './testing/host.js';
+import { eventually, filesHolding, httpGet, resumeDamaged, sandboxProcesses } from './testing/host.js';
+import { apiError, startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 
-async function apiError(p: Promise<unknown>): Promise<DormantApiError> {
-  try {
-    await p;
-  } catch (e) {
-    assert.ok(e instanceof DormantApiError, String(e));
-    return e;
-  }
-  assert.fail('expected an API error');
-}
-
-/** Regular files under `root` whose bytes contain `needle` (a grep of the raw bytes). */
-function filesHolding(root: string, needle: string): string[] {
-  const hits: string[] = [];
-  const want = Buffer.from(needle);
-  for (const e of readdirSync(root, { withFileTypes: true, recursive: true })) {
-    if (!e.isFile()) continue;
-    const p = join(e.parentPath, e.name);
-    try {
-      if (readFileSync(p).includes(want)) hits.push(p);
-    } catch {
-      // Gone while we looked.
-    }
-  }
-  return hits;
-}
-
-/** Live processes (zombies hold no memory and are not counted) in the sandbox's cgroup. */
-function hostPids(sandboxCgroupMatch: string): number[] {
-  const pids: number[] = [];
-  for (const p of readdirSync('/proc')) {
-    if (!/^\d+$/.test(p)) continue;
-    try {
-      const zombie = /^State:\s+Z/m.test(readFileSync(`/proc/${p}/status`, 'utf8'));
-      if (!zombie && readFileSync(`/proc/${p}/cgroup`, 'utf8').includes(sandboxCgroupMatch))
-        pids.push(Number(p));
-    } catch {
-      // Gone while we looked.
-    }
-  }
-  return pids;
-}
 describe('sandbox lifecycle through the daemon', () => {
   let dir: string;
   let rootfs: string;
@@ -66,34 +25,23 @@ describe('sandbox lifecycle through the daemon', () => {
   let failNext: string | undefined;
 
   const start = async (): Promise<void> => {
-    daemon = await startDaemon({
+    ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      warn: () => undefined,
       failAt: (step) => {
         if (step === failNext) {
           failNext = undefined;
           throw new Error(`injected failure at ${step}`);
         }
       },
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    }));
   };
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-lifecycle-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': COUNTER_SERVER_PY });
+    ({ dir, rootfs } = await testFolder('lifecycle', { 'srv/server.py': COUNTER_SERVER_PY }));
     await start();
   });
 
-  after(async () => {
-    for (const s of await client.listSandboxes().catch(() => []))
-      await client.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('create: the sandbox runs, serves on its declared port, and shows up in ls', async () => {
     sb = await client.createSandbox({
@@ -128,7 +76,7 @@ describe('sandbox lifecycle through the daemon', () => {
     assert.equal(h.state, 'hibernated');
     assert.equal(h.memoryBytes, 0);
     assert.ok(h.checkpointId);
-    assert.deepEqual(hostPids(sb.id), [], 'no process of the sandbox runs while it is hibernated');
+    assert.deepEqual(sandboxProcesses(sb.id), [], 'no process of the sandbox runs while it is hibernated');
     await assert.rejects(httpGet(sb.address!, 8080), 'nothing answers while hibernated');
     const cks = await client.listCheckpoints(sb.id);
     assert.equal(cks.length, 1);
@@ -286,7 +234,7 @@ describe('sandbox lifecycle through the daemon', () => {
       ['filesystem'],
       'only the filesystem diff is kept, in the vault',
     );
-    assert.deepEqual(hostPids(sb.id), [], 'its processes ended');
+    assert.deepEqual(sandboxProcesses(sb.id), [], 'its processes ended');
     assert.deepEqual(filesHolding(join(dir, 'data'), secret), [], 'the file is nowhere in plaintext');
     await client.resume(sb.id);
     assert.match(
@@ -330,7 +278,7 @@ describe('sandbox lifecycle through the daemon', () => {
     await client.hibernate(sb.id);
     await client.remove(sb.id);
     assert.equal((await apiError(client.getSandbox(sb.id))).status, 404);
-    assert.deepEqual(hostPids(sb.id), []);
+    assert.deepEqual(sandboxProcesses(sb.id), []);
     assert.equal(existsSync(join(dir, 'data', 'runtime', 'sandboxes', sb.id)), false);
   });
 });

@@ -7,65 +7,19 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
+import { type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { layerHostBytes, layerImage, layerMountPoint } from '../runtime/quota.js';
-import { run, which } from '../sys/exec.js';
+import { run } from '../sys/exec.js';
+import { cannotRun, loopsLeft, loopsUnder, mountsUnder } from '../runtime/testing/host.js';
 
 const MIB = 1024 * 1024;
 const QUOTA = 64 * MIB;
-const skip = await (async (): Promise<string | false> => {
-  if (process.getuid?.() !== 0) return 'needs root';
-  if ((await which('runc')) === undefined) return 'runc not installed';
-  if ((await which('mkfs.ext4')) === undefined) return 'mkfs.ext4 not installed (e2fsprogs)';
-  return false;
-})();
-
-async function loopsUnder(dir: string): Promise<string[]> {
-  const { stdout } = await run('losetup', ['-a'], { timeoutMs: 10_000 });
-  return stdout.split('\n').filter((l) => l.includes(dir));
-}
-
-/**
- * The loop devices under `dir` once they are gone, or those left after 20 s, each with the
- * processes whose mount table still shows a mount under `dir` (the diagnosis when one stays):
- * a mount namespace another container is being made in holds a copy of the mount (and so the
- * loop device) for a moment, until that runc detaches the host's mounts.
- */
-async function loopsLeft(dir: string): Promise<string[]> {
-  const deadline = Date.now() + 20_000;
-  for (;;) {
-    const left = await loopsUnder(dir);
-    if (left.length === 0) return left;
-    if (Date.now() > deadline) return [...left, ...holders(dir)];
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-function holders(dir: string): string[] {
-  const out: string[] = [];
-  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
-    try {
-      const lines = readFileSync(`/proc/${pid}/mountinfo`, 'utf8')
-        .split('\n')
-        .filter((l) => l.includes(dir));
-      if (lines.length === 0) continue;
-      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ').slice(0, 120);
-      out.push(`held by pid ${pid} (${readlinkSync(`/proc/${pid}/ns/mnt`)}: ${cmd}): ${lines.join(' | ')}`);
-    } catch {
-      // The process ended meanwhile.
-    }
-  }
-  return out;
-}
-
-async function mountsUnder(dir: string): Promise<string[]> {
-  return (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((l) => l.includes(dir));
-}
+const skip = await cannotRun('mkfs.ext4');
 
 describe('disk quota through the daemon', { skip }, () => {
   let dir: string;
@@ -77,14 +31,12 @@ describe('disk quota through the daemon', { skip }, () => {
   const secret = `QUOTA-SECRET-${randomBytes(12).toString('hex')}`;
 
   const start = async (): Promise<void> => {
-    daemon = await startDaemon({
+    ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
+      readonlyBinds: [],
       proxy: false,
       policy: false,
-      warn: () => undefined,
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    }));
   };
   const sandboxDir = (id: string) => join(dir, 'data', 'runtime', 'sandboxes', id);
 
@@ -102,18 +54,11 @@ describe('disk quota through the daemon', { skip }, () => {
   const md5 = async (id: string): Promise<string> => (await client.exec(id, ['md5sum', '/kept'])).stdout;
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-quota-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs);
+    ({ dir, rootfs } = await testFolder('quota'));
     await start();
   });
 
-  after(async () => {
-    for (const s of await client.listSandboxes().catch(() => []))
-      await client.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('a quota out of range is a 400 before anything is made', async () => {
     const e = await client.createSandbox({ rootfs, command: ['true'], disk: '1M' }).then(
@@ -163,7 +108,7 @@ describe('disk quota through the daemon', { skip }, () => {
     assert.equal(await md5(fork.id), kept);
     await overfill(fork.id, 'fork');
     await client.remove(fork.id);
-    assert.deepEqual(await loopsLeft(sandboxDir(fork.id)), []);
+    assert.deepEqual(await loopsLeft(sandboxDir(fork.id), 20_000), []);
 
     assert.equal((await client.archive(sb.id)).state, 'archived');
     assert.equal((await client.resume(sb.id)).state, 'running');
@@ -186,7 +131,7 @@ describe('disk quota through the daemon', { skip }, () => {
     );
     // What a reboot does to it: the image is no longer mounted.
     await run('umount', [layerMountPoint(sandboxDir(sb.id))], { timeoutMs: 10_000 });
-    assert.deepEqual(await loopsLeft(sandboxDir(sb.id)), []);
+    assert.deepEqual(await loopsLeft(sandboxDir(sb.id), 20_000), []);
     await start();
     assert.equal((await client.resume(sb.id)).state, 'running');
     assert.equal(await md5(sb.id), kept);
@@ -197,7 +142,7 @@ describe('disk quota through the daemon', { skip }, () => {
     const sdir = sandboxDir(sb.id);
     assert.equal((await loopsUnder(sdir)).length, 1);
     await client.remove(sb.id);
-    assert.deepEqual(await loopsLeft(sdir), []);
+    assert.deepEqual(await loopsLeft(sdir, 20_000), []);
     assert.deepEqual(await mountsUnder(sdir), []);
     assert.ok(!existsSync(sdir));
   });

@@ -14,36 +14,17 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, readdirSync, statSync, truncateSync, writeFileSync } from 'node:fs';
-import { mkdtemp, readFile, rename, rm, stat } from 'node:fs/promises';
+import { readFile, rename, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantApiError, DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { run } from '../sys/exec.js';
 import { leftovers, readOr } from './testing/host.js';
-import { serveCounter } from './testing/servers.js';
+import { counterServer, serveCounter } from './testing/servers.js';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 
 /** The counter server, holding a file of the rootfs open (CRIU records and reopens it). */
-const HOLDING_SERVER_PY = `
-import http.server, os
-held = open("/srv/held.txt")
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-print("serving", flush=True)
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
+const HOLDING_SERVER_PY = counterServer({ setup: 'held = open("/srv/held.txt")' });
 
 /** Well under runc's 120 s restore timeout, which a wedged restore used to run into. */
 const FAIL_FAST_MS = 30_000;
@@ -114,9 +95,10 @@ describe('a restore CRIU refuses leaves nothing behind, and the sandbox resumes 
   let damage: ((images: string) => void) | undefined;
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-restore-failure-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': HOLDING_SERVER_PY, 'srv/held.txt': 'held\n' });
+    ({ dir, rootfs } = await testFolder('restore-failure', {
+      'srv/server.py': HOLDING_SERVER_PY,
+      'srv/held.txt': 'held\n',
+    }));
     ({ client } = await start(join(dir, 'data')));
   });
 
@@ -126,13 +108,10 @@ describe('a restore CRIU refuses leaves nothing behind, and the sandbox resumes 
     data: string,
     extra: { pagesFromVaultAboveBytes?: number } = {},
   ): Promise<{ daemon: Daemon; client: DormantClient }> {
-    const d = await startDaemon({
+    const started = await startTestDaemon({
       dataDir: data,
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
       proxy: false,
       policy: false,
-      warn: () => undefined,
       ...extra,
       failAt: (step) => {
         if (step !== 'resume:fetched' || damage === undefined) return;
@@ -144,17 +123,11 @@ describe('a restore CRIU refuses leaves nothing behind, and the sandbox resumes 
         fn(join(staging, restore, 'images'));
       },
     });
-    daemons.push(d);
-    return { daemon: d, client: new DormantClient({ url: d.url, token: d.adminToken }) };
+    daemons.push(started.daemon);
+    return started;
   }
 
-  after(async () => {
-    for (const d of daemons) {
-      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
-      await d.close().catch(() => undefined);
-    }
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, ...daemons));
 
   const create = (name: string, c = client) =>
     c.createSandbox({

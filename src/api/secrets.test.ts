@@ -11,8 +11,8 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, lstatSync, readFileSync, readdirSync, statSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { existsSync, lstatSync, readdirSync, statSync } from 'node:fs';
+import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
@@ -21,7 +21,8 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { bundleDirFor, startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { filesHolding } from './testing/host.js';
+import { startTestDaemon, stopTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { SEALED_VALUE_PREFIX } from '../vault/index.js';
 
 const CRASH_DAEMON = fileURLToPath(new URL('./testing/crash-daemon.js', import.meta.url));
@@ -29,29 +30,6 @@ const SQLITE_MODULE = createRequire(import.meta.url).resolve('better-sqlite3');
 
 /** A 32-character random marker: a value that can only be on disk if dormant put it there. */
 const marker = (): string => randomBytes(16).toString('hex');
-
-/** Regular files under `root` (not following links) whose raw bytes contain `needle`. */
-function filesHolding(root: string, needle: string, maxFileBytes = Number.POSITIVE_INFINITY): string[] {
-  const hits: string[] = [];
-  const want = Buffer.from(needle);
-  let entries;
-  try {
-    entries = readdirSync(root, { withFileTypes: true, recursive: true });
-  } catch {
-    return hits;
-  }
-  for (const e of entries) {
-    if (!e.isFile()) continue;
-    const p = join(e.parentPath, e.name);
-    try {
-      if (statSync(p).size > maxFileBytes) continue;
-      if (readFileSync(p).includes(want)) hits.push(p);
-    } catch {
-      // Gone while we looked (another test's staging, say).
-    }
-  }
-  return hits;
-}
 
 /**
  * Everywhere dormant may write: the test's folder (data dir, with the runc state root and the
@@ -96,15 +74,7 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
   let crashData: string | undefined;
 
   const start = async (): Promise<void> => {
-    daemon = await startDaemon({
-      dataDir: data,
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      proxy: false,
-      policy: false,
-      warn: () => undefined,
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    ({ daemon, client } = await startTestDaemon({ dataDir: data, proxy: false, policy: false }));
   };
   const stop = async (): Promise<void> => {
     await daemon?.close();
@@ -120,25 +90,22 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
   const config = (id: string, dataDir = data): string => join(bundleDirFor(dataDir), id, 'config.json');
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-secrets-');
+    ({ dir, rootfs } = await testFolder('secrets'));
     data = join(dir, 'data');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, {});
     await start();
   });
 
   after(async () => {
     for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
     if (daemon === undefined) await start().catch(() => undefined);
-    for (const s of await client.listSandboxes().catch(() => []))
-      await client.remove(s.id).catch(() => undefined);
-    await stop().catch(() => undefined);
-    if (crashData !== undefined) {
-      const d = await startDaemon({ dataDir: crashData, listen: '127.0.0.1:0', proxy: false, policy: false });
-      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
-      await d.close();
-    }
-    await rm(dir, { recursive: true, force: true });
+    await stopTestDaemon(daemon).catch(() => undefined);
+    daemon = undefined;
+    const crashed =
+      crashData === undefined
+        ? undefined
+        : (await startTestDaemon({ dataDir: crashData, readonlyBinds: [], proxy: false, policy: false }))
+            .daemon;
+    await tearDown(dir, crashed);
   });
 
   test('create --env: the sandbox sees the value; the database holds it sealed; GET does not show it', async () => {
@@ -389,16 +356,12 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
       for (const f of await readdir(aside)) await rename(join(aside, f), join(crashData, f));
     }
 
-    const d2 = await startDaemon({
+    const { daemon: d2, client: c2 } = await startTestDaemon({
       dataDir: crashData,
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
       proxy: false,
       policy: false,
-      warn: () => undefined,
     });
     try {
-      const c2 = new DormantClient({ url: d2.url, token: d2.adminToken });
       assert.deepEqual(await readdir(staging), []);
       assert.equal((await c2.getSandbox(victim.id)).state, 'running', 'the hibernate never committed');
       const r = await c2.exec(victim.id, ['printenv', 'PLANTED']);

@@ -7,10 +7,10 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { constants } from 'node:fs';
-import { mkdtemp, open, readdir, rm } from 'node:fs/promises';
+import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { call, type Answer } from './testing/http.js';
 import { ErrorSchema } from './openapi.js';
@@ -31,29 +31,22 @@ describe('tenant tokens on a daemon with no allowed folders', () => {
     call(daemon.url, token, method, path, body);
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-tenant-paths-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs);
+    ({ dir, rootfs } = await testFolder('tenant-paths'));
     layout = join(dir, 'layout');
     await writeOciLayout(layout, { layers: [rootfs], tag: 'latest', config: {} });
-    daemon = await startDaemon({
+    ({ daemon } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
+      readonlyBinds: [],
       proxy: false,
       policy: false,
-      warn: () => undefined,
-    });
+    }));
     admin = daemon.adminToken;
     const minted = await api(admin, 'POST', '/v1/tokens', { tenant: 'default' });
     assert.equal(minted.status, 201, minted.text);
     tenant = (minted.body as { token: string }).token;
   });
 
-  after(async () => {
-    for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('rootfs, image and archive paths of a tenant are 403 HOST_PATH_FORBIDDEN', async () => {
     const cases: [string, Record<string, unknown>][] = [

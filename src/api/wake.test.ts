@@ -7,58 +7,26 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, rm } from 'node:fs/promises';
 import { request } from 'node:http';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
+import type { Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import { eventually, untilState as sandboxInState } from './testing/host.js';
+import { counterServer } from './testing/servers.js';
+import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { run } from '../sys/exec.js';
 
 const BIN = fileURLToPath(new URL('../../bin/dormant', import.meta.url));
 
-const SERVER = `
-import http.server, os
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-class S(http.server.HTTPServer):
-    request_queue_size = 256
-print("serving", flush=True)
-S(("0.0.0.0", 8080), H).serve_forever()
-`;
+/** The counter, with room for 100 concurrent connections in its listen backlog. */
+const SERVER = counterServer({ backlog: 256 });
 
 interface Res {
   status: number;
   body: string;
   retryAfter: string | undefined;
-}
-
-async function eventually<T>(what: string, fn: () => Promise<T>, timeoutMs = 20_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  while (Date.now() < deadline) {
-    try {
-      return await fn();
-    } catch (e) {
-      last = e;
-      await new Promise((r) => setTimeout(r, 100));
-    }
-  }
-  throw new Error(`${what}: not after ${timeoutMs} ms: ${String(last)}`);
 }
 
 describe('idle policy and wake proxy through the daemon', () => {
@@ -72,11 +40,8 @@ describe('idle policy and wake proxy through the daemon', () => {
   let memToken = '';
 
   const start = async (wakeTimeoutMs?: number): Promise<void> => {
-    daemon = await startDaemon({
+    ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      warn: () => undefined,
       policy: { intervalMs: 200 },
       proxy: {
         domain: 'dormant.test',
@@ -84,8 +49,7 @@ describe('idle policy and wake proxy through the daemon', () => {
         tcp: 'all',
         ...(wakeTimeoutMs !== undefined ? { wakeTimeoutMs } : {}),
       },
-    });
-    client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+    }));
     token = daemon.adminToken;
   };
 
@@ -124,15 +88,7 @@ describe('idle policy and wake proxy through the daemon', () => {
 
   const state = async (): Promise<string> => (await client.getSandbox(sb.id)).state;
 
-  const untilState = (want: string, timeoutMs = 20_000) =>
-    eventually(
-      `state ${want}`,
-      async () => {
-        const s = await state();
-        if (s !== want) throw new Error(`still ${s}`);
-      },
-      timeoutMs,
-    );
+  const untilState = (want: string, timeoutMs = 20_000) => sandboxInState(client, sb.id, want, timeoutMs);
 
   /** The counter answers with the next count and the same in-memory token. */
   const expectNext = (r: Res, n = 1): void => {
@@ -144,18 +100,11 @@ describe('idle policy and wake proxy through the daemon', () => {
   };
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-wake-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER });
+    ({ dir, rootfs } = await testFolder('wake', { 'srv/server.py': SERVER }));
     await start();
   });
 
-  after(async () => {
-    for (const s of await client.listSandboxes().catch(() => []))
-      await client.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('a sandbox with a short idle policy hibernates by itself; a request wakes it with its memory', async () => {
     sb = await client.createSandbox({

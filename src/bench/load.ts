@@ -7,13 +7,13 @@
  */
 import { spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { request } from 'node:http';
 import { join } from 'node:path';
-import { startDaemon } from '../daemon/daemon.js';
-import { DormantClient, type SandboxInfo } from '../sdk/client.js';
+import type { SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import type { BenchRow, BenchSuite } from './harness.js';
 import { COUNTER_SERVER_PY } from '../api/testing/servers.js';
+import { startTestDaemon } from '../api/testing/daemon.js';
+import { eventually, httpGet } from '../api/testing/host.js';
 
 /** The poller: a separate node process, so its timings are not the daemon's event loop's. */
 const POLLER = `
@@ -33,34 +33,6 @@ process.on('SIGTERM', () => { stop = true; });
   process.stdout.write(JSON.stringify({ lat, errors }));
 })();
 `;
-
-function get(host: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = request({ host, port: 8080, path: '/', agent: false, timeout: 5000 }, (res) => {
-      let b = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (b += c));
-      res.on('end', () => {
-        resolve(b);
-      });
-    });
-    req.on('error', reject);
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.end();
-  });
-}
-
-async function until<T>(fn: () => Promise<T>, timeoutMs = 120_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      return await fn();
-    } catch (e) {
-      if (Date.now() > deadline) throw e;
-      await new Promise((r) => setTimeout(r, 100));
-    }
-  }
-}
 
 /** Runs `work` over `items`, at most `limit` at a time. */
 async function pool<T>(items: T[], limit: number, work: (item: T) => Promise<void>): Promise<void> {
@@ -98,15 +70,11 @@ export const loadSuite: BenchSuite = {
     const count = quick ? 8 : 50;
     const concurrency = 4;
     const dir = await mkdtemp('/tmp/dormant-bench-load-');
-    const d = await startDaemon({
+    const { daemon: d, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
       proxy: false,
       policy: false,
-      warn: () => undefined,
     });
-    const client = new DormantClient({ url: d.url, token: d.adminToken });
     const created: SandboxInfo[] = [];
     try {
       await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/server.py': COUNTER_SERVER_PY });
@@ -130,14 +98,14 @@ export const loadSuite: BenchSuite = {
                 memory: '64M',
               });
               created.push(sb);
-              const first = await until(() => get(sb.address!));
+              const first = await eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080), 120_000);
               times.create.push(performance.now() - t0);
               t0 = performance.now();
               await client.hibernate(sb.id);
               times.hibernate.push(performance.now() - t0);
               t0 = performance.now();
               await client.resume(sb.id);
-              const after = await until(() => get(sb.address!));
+              const after = await eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080), 120_000);
               times.resume.push(performance.now() - t0);
               const [n, token] = first.split(' ');
               if (after !== `${Number(n) + 1} ${token}`) wrong++;

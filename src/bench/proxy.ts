@@ -9,36 +9,19 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
-import { createServer } from 'node:net';
 import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { run, which } from '../sys/exec.js';
-import { startDaemon } from '../daemon/daemon.js';
-import { DormantClient, type SandboxInfo } from '../sdk/client.js';
+import type { SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import type { BenchRow, BenchSuite } from './harness.js';
+import { startTestDaemon } from '../api/testing/daemon.js';
+import { freePort } from '../api/testing/host.js';
+import { counterServer } from '../api/testing/servers.js';
 
-const PY = `
-import http.server, os
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-class S(http.server.ThreadingHTTPServer):
-    request_queue_size = 256
-S(("0.0.0.0", 8080), H).serve_forever()
-`;
+/** The counter, keeping connections open, as a load generator's client wants. */
+const PY = counterServer({ keepAlive: true, backlog: 256 });
 
 const NODE = `
 import { createServer } from 'node:http';
@@ -100,18 +83,6 @@ async function load(
   const l = JSON.parse(r.stdout) as Omit<Load, 'relayCpuUs'>;
   const used = cpu ? (await cpu()) - before : 0;
   return { ...l, relayCpuUs: l.total > 0 ? used / l.total : 0 };
-}
-
-/** A free TCP port on loopback (for the peer's listeners). */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const a = s.address();
-      s.close(() => resolve(typeof a === 'object' && a ? a.port : 0));
-    });
-  });
 }
 
 interface PeerProxy {
@@ -256,15 +227,11 @@ export const proxySuite: BenchSuite = {
     const dir = await mkdtemp('/tmp/dormant-bench-proxy-');
     const rootfs = join(dir, 'rootfs');
     await buildBusyboxRootfs(rootfs, { 'srv/server.py': PY, 'srv/server.mjs': NODE });
-    const daemon = await startDaemon({
+    const { daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
-      warn: () => undefined,
       policy: false,
       proxy: { domain: 'dormant.bench' },
     });
-    const client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
     const rows: BenchRow[] = [];
     const notes: string[] = [];
     const durationMs = quick ? 2000 : 5000;

@@ -4,58 +4,29 @@
  * dormant's vault (chunking, compression, encryption, fsync) and bookkeeping cost.
  */
 import { mkdtemp, rm } from 'node:fs/promises';
-import { request } from 'node:http';
 import { join } from 'node:path';
-import { startDaemon, stagingDirFor } from '../daemon/daemon.js';
+import { stagingDirFor } from '../daemon/daemon.js';
 import { SandboxController } from '../control/sandboxes.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { formatTimings, type OperationTimings } from '../domain/timings.js';
 import type { BenchRow, BenchSuite } from './harness.js';
+import { startTestDaemon } from '../api/testing/daemon.js';
+import { eventually, httpGet } from '../api/testing/host.js';
+import { pythonServer } from '../api/testing/servers.js';
 
-const HOLDER = `
-import http.server, os, sys
+const HOLDER = pythonServer({
+  setup: `
+import os, sys
 mib = int(sys.argv[1])
 # Half random, half a repeated pattern per MiB: partly compressible, like a real heap.
 blob = bytearray()
 for i in range(mib):
-    blob += os.urandom(1 << 19) + bytes([i & 255]) * (1 << 19)
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = str(len(blob)).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
-`;
+    blob += os.urandom(1 << 19) + bytes([i & 255]) * (1 << 19)`,
+  answer: 'str(len(blob))',
+});
 
-function ping(host: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = request({ host, port: 8080, path: '/', agent: false, timeout: 5000 }, (res) => {
-      let b = '';
-      res.on('data', (c: Buffer) => (b += c.toString()));
-      res.on('end', () => resolve(b));
-    });
-    req.on('error', reject);
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.end();
-  });
-}
-
-async function until(fn: () => Promise<unknown>, timeoutMs = 120_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      await fn();
-      return;
-    } catch (e) {
-      if (Date.now() > deadline) throw e;
-      await new Promise((r) => setTimeout(r, 100));
-    }
-  }
-}
+/** Once the holder in the sandbox at `host` answers (polled every 100 ms). */
+const answers = (host: string): Promise<string> => eventually('holder', () => httpGet(host, 8080), 120_000);
 
 /** The steps of one operation, for a note: `freeze 60@1, runc checkpoint 850@62, ...`. */
 function stepLine(t: OperationTimings): string {
@@ -74,13 +45,10 @@ export const sandboxSuite: BenchSuite = {
     const dir = await mkdtemp('/tmp/dormant-bench-sandbox-');
     const rows: BenchRow[] = [];
     const notes: string[] = [];
-    const d = await startDaemon({
+    const { daemon: d } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
       // The daemon's controller resumes eagerly; the second one below lazily.
       lazyRestore: false,
-      warn: () => undefined,
     });
     // A second controller over the same store, runtime and vault that resumes lazily.
     const lazy = new SandboxController({
@@ -101,7 +69,7 @@ export const sandboxSuite: BenchSuite = {
           ports: [{ port: 8080, public: false }],
           memoryBytes: (mib + 512) * 1024 * 1024,
         });
-        await until(() => ping(sb.address!));
+        await answers(sb.address!);
         const resident = (await d.controller.usage(sb.id))?.memoryBytes ?? 0;
 
         // Peer: runc checkpoint / restore of the same sandbox, images on tmpfs, no vault.
@@ -113,7 +81,7 @@ export const sandboxSuite: BenchSuite = {
         await d.runtime.restore(sb.id, { imagesDir: join(images, 'img'), workDir: join(images, 'work2') });
         const rawRs = performance.now() - t0;
         await rm(images, { recursive: true, force: true });
-        await until(() => ping(sb.address!));
+        await answers(sb.address!);
 
         t0 = performance.now();
         await d.controller.hibernate(sb.id);
@@ -123,13 +91,13 @@ export const sandboxSuite: BenchSuite = {
         await d.controller.resume(sb.id);
         const res = performance.now() - t0;
         const resSteps = d.controller.lastTimings(sb.id, 'resume');
-        await until(() => ping(sb.address!));
+        await answers(sb.address!);
         // The same resume with CRIU's lazy pages: answered once the processes run.
         await d.controller.hibernate(sb.id);
         t0 = performance.now();
         await lazy.resume(sb.id);
         const lazyRes = performance.now() - t0;
-        await until(() => ping(sb.address!));
+        await answers(sb.address!);
         // Let the pages finish arriving (the sandbox's lock is held until then).
         await lazy.pause(sb.id);
         await lazy.resume(sb.id);

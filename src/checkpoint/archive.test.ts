@@ -11,6 +11,7 @@ import { gzipSync } from 'node:zlib';
 import { DormantError } from '../domain/errors.js';
 import { extractArchive } from './archive.js';
 import { TAR_END, tarHeader, tarPadding } from './tar.js';
+import { rng } from '../sys/testing/rng.js';
 
 function entry(name: string, body: string | Buffer, typeflag = '0', linkName = ''): Buffer {
   const b = Buffer.isBuffer(body) ? body : Buffer.from(body);
@@ -153,15 +154,7 @@ describe('hostile checkpoint archives', () => {
       entry('spec.dump', '{}'),
       TAR_END,
     ]);
-    let x = 7;
-    const r = (): number => {
-      x ^= x << 13;
-      x >>>= 0;
-      x ^= x >>> 17;
-      x ^= x << 5;
-      x >>>= 0;
-      return x / 0x100000000;
-    };
+    const r = rng(7);
     for (let i = 0; i < 300; i++) {
       const b = Buffer.from(src);
       for (let k = 0; k < 1 + Math.floor(r() * 6); k++) b[Math.floor(r() * b.length)] = Math.floor(r() * 256);

@@ -55,6 +55,18 @@ export async function makeStagingDir(base = DEFAULT_STAGING_DIR, prefix = 'dorma
   return mkdtemp(join(base, prefix));
 }
 
+/** {@link makeStagingDir}, with a close that removes it (once, however often it is called). */
+async function ownStaging(base?: string): Promise<{ staging: string; close: () => Promise<void> }> {
+  const staging = await makeStagingDir(base);
+  let closed = false;
+  const close = async (): Promise<void> => {
+    if (closed) return;
+    closed = true;
+    await rm(staging, { recursive: true, force: true });
+  };
+  return { staging, close };
+}
+
 function layoutOf(dir: string): Promise<{ imagesDir: string; rootDir?: string }> {
   return (async () => {
     if (await isDir(join(dir, 'checkpoint'))) return { imagesDir: join(dir, 'checkpoint'), rootDir: dir };
@@ -89,13 +101,7 @@ export async function openCheckpointPath(
     const l = await layoutOf(ref);
     return { kind: 'folder', ref, ...l, sizeBytes: 0, close: () => Promise.resolve() };
   }
-  const staging = await makeStagingDir(opts.stagingDir);
-  let closed = false;
-  const close = async (): Promise<void> => {
-    if (closed) return;
-    closed = true;
-    await rm(staging, { recursive: true, force: true });
-  };
+  const { staging, close } = await ownStaging(opts.stagingDir);
   try {
     const r = await extractArchive(ref, staging, opts);
     const l = await layoutOf(staging);
@@ -127,13 +133,7 @@ export async function openDormantCheckpoint(o: {
   stagingDir?: string;
   signal?: AbortSignal;
 }): Promise<OpenedCheckpoint> {
-  const staging = await makeStagingDir(o.stagingDir);
-  let closed = false;
-  const close = async (): Promise<void> => {
-    if (closed) return;
-    closed = true;
-    await rm(staging, { recursive: true, force: true });
-  };
+  const { staging, close } = await ownStaging(o.stagingDir);
   try {
     const dest = join(staging, 'images');
     await o.vault.restoreCheckpoint({

@@ -7,13 +7,12 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtemp, rm } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import type { Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo, type TokenInfo } from '../sdk/client.js';
 import { withProgress } from './progress.js';
+import { startTestDaemon, tearDown, testFolder } from '../api/testing/daemon.js';
 
 const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'dormant');
 
@@ -43,22 +42,15 @@ describe('the CLI', () => {
     });
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-cli-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs);
-    daemon = await startDaemon({
+    ({ dir, rootfs } = await testFolder('cli'));
+    ({ daemon } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      warn: () => undefined,
+      readonlyBinds: [],
       policy: false,
-    });
+    }));
   });
 
-  after(async () => {
-    for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('token create / ls / revoke: JSON shapes, the token printed once, refused after revoke', async () => {
     const created = await dormant(['token', 'create', '--tenant', 'acme', '--json']);

@@ -7,32 +7,20 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { mkdtemp, rm, readdir } from 'node:fs/promises';
 import { readFileSync } from 'node:fs';
-import { request } from 'node:http';
-import { createServer } from 'node:net';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { criuEnvironment, dumpProcess, getCriu, restoreProcess } from './criu.js';
+import { eventually, freePort, httpGet } from '../api/testing/host.js';
+import { pythonServer } from '../api/testing/servers.js';
 
 const PYTHON = '/usr/bin/python3';
 
 /** A tiny HTTP server whose state lives only in its memory: a counter and a random token. */
-const SERVER = `
-import http.server, os, sys
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s %d\\n" % (count, token, os.getpid())).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-`;
+const SERVER = pythonServer({
+  setup: 'import os, sys\ntoken = os.urandom(8).hex()',
+  answer: '"%d %s %d\\n" % (count, token, os.getpid())',
+  host: '"127.0.0.1"',
+  port: 'int(sys.argv[1])',
+});
 
 function alive(pid: number): boolean {
   try {
@@ -42,43 +30,8 @@ function alive(pid: number): boolean {
   }
 }
 
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const addr = s.address();
-      s.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no port'))));
-    });
-  });
-}
-
-function get(port: number): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = request({ host: '127.0.0.1', port, path: '/', agent: false, timeout: 5000 }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (body += c));
-      res.on('end', () => resolve(body.trim()));
-    });
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.on('error', reject);
-    req.end();
-  });
-}
-
-async function waitFor<T>(what: string, fn: () => Promise<T>, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  while (Date.now() < deadline) {
-    try {
-      return await fn();
-    } catch (e) {
-      last = e;
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  }
-  throw new Error(`${what}: not ready after ${timeoutMs} ms (${String(last)})`);
-}
+/** The server's answer, without its newline. */
+const get = async (port: number): Promise<string> => (await httpGet('127.0.0.1', port)).trim();
 
 describe('criu through dormant', () => {
   const pids: number[] = [];
@@ -104,7 +57,7 @@ describe('criu through dormant', () => {
     pids.push(pid);
     child.unref();
 
-    const first = await waitFor('server', () => get(port));
+    const first = await eventually('server', () => get(port), 10_000);
     const [, token, pidInside] = first.split(' ');
     assert.equal(first.split(' ')[0], '1');
     assert.equal(await get(port), `2 ${token} ${pidInside}`);
@@ -128,7 +81,7 @@ describe('criu through dormant', () => {
     assert.equal(restored.pid, pid, 'CRIU restores the same PID');
     assert.ok(alive(pid));
     // The counter and the random token were only ever in the process's memory.
-    assert.equal(await waitFor('restored server', () => get(port)), `4 ${token} ${pidInside}`);
+    assert.equal(await eventually('restored server', () => get(port), 10_000), `4 ${token} ${pidInside}`);
     assert.equal(await get(port), `5 ${token} ${pidInside}`);
   });
 

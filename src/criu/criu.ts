@@ -144,7 +144,10 @@ export async function readLogTail(file: string, bytes = 3000): Promise<string> {
 export interface DumpOptions {
   /** Root of the process tree to dump. */
   pid: number;
-  /** Where the images go. Should be a private memory-backed folder: the images are memory dumps. */
+  /**
+   * Where the images go. Should be a private memory-backed folder: they are the process's
+   * memory, unencrypted, and should not reach a disk.
+   */
   imagesDir: string;
   /** Keep the processes running after the dump (a copy, not a move). Default false. */
   leaveRunning?: boolean;

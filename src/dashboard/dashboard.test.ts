@@ -8,13 +8,13 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, rm } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium, type Browser, type Page } from 'playwright-core';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import type { Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
+import { startTestDaemon, tearDown, testFolder } from '../api/testing/daemon.js';
 
 const CHROMIUM = '/usr/bin/chromium';
 const ARTIFACTS = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'test-artifacts');
@@ -74,15 +74,12 @@ describe(
     const row = (id: string) => page.locator(`tr[data-sandbox="${id}"]`);
 
     before(async () => {
-      dir = await mkdtemp('/tmp/dormant-dashboard-');
-      await buildBusyboxRootfs(join(dir, 'rootfs'));
-      daemon = await startDaemon({
+      ({ dir } = await testFolder('dashboard'));
+      ({ daemon, client } = await startTestDaemon({
         dataDir: join(dir, 'data'),
-        listen: '127.0.0.1:0',
-        warn: () => undefined,
+        readonlyBinds: [],
         policy: false,
-      });
-      client = new DormantClient({ url: daemon.url, token: daemon.adminToken });
+      }));
       sb = await client.createSandbox({
         name: 'web-agent',
         rootfs: join(dir, 'rootfs'),
@@ -107,9 +104,7 @@ describe(
         process.kill(proc.pid, 'SIGTERM');
         await exited;
       }
-      for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
-      await daemon.close();
-      await rm(dir, { recursive: true, force: true });
+      await tearDown(dir, daemon);
     });
 
     test('without a token it asks for one; a bad one is refused', async () => {

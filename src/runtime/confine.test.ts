@@ -7,22 +7,14 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { existsSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { which } from '../sys/exec.js';
 import { RuncRuntime } from './runc.js';
 import { buildBusyboxRootfs } from './testing/rootfs.js';
+import { cannotRun, CRIU } from './testing/host.js';
 
-const CRIU = '/usr/local/bin/criu';
-const skip = await (async (): Promise<string | false> => {
-  if (process.getuid?.() !== 0) return 'needs root';
-  if ((await which('runc')) === undefined) return 'runc not installed';
-  if ((await which(CRIU)) === undefined) return 'criu not installed (scripts/setup.sh)';
-  if (!existsSync('/usr/bin/python3')) return 'python3 not installed';
-  return false;
-})();
+const skip = await cannotRun('criu', 'python3');
 
 /**
  * Prints `name errno` for each call the profile must refuse (0: it went through), with the

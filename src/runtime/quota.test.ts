@@ -8,44 +8,16 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, readlink, rm } from 'node:fs/promises';
+import { mkdtemp, readlink, rm } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { run, which } from '../sys/exec.js';
 import { cgroupUsage } from '../sys/cgroup.js';
 import { layerHostBytes, layerImage } from './quota.js';
 import { RuncRuntime } from './runc.js';
 import { buildBusyboxRootfs } from './testing/rootfs.js';
+import { cannotRun, CRIU, loopsLeft, loopsUnder, mountsUnder } from './testing/host.js';
 
-const CRIU = '/usr/local/bin/criu';
 const MIB = 1024 * 1024;
-const skip = await (async (): Promise<string | false> => {
-  if (process.getuid?.() !== 0) return 'needs root';
-  if ((await which('runc')) === undefined) return 'runc not installed';
-  if ((await which(CRIU)) === undefined) return 'criu not installed (scripts/setup.sh)';
-  if ((await which('mkfs.ext4')) === undefined) return 'mkfs.ext4 not installed (e2fsprogs)';
-  return false;
-})();
-
-/** The loop devices whose backing file is under `dir` (`losetup -a` on the host). */
-async function loopsUnder(dir: string): Promise<string[]> {
-  const { stdout } = await run('losetup', ['-a'], { timeoutMs: 10_000 });
-  return stdout.split('\n').filter((l) => l.includes(dir));
-}
-
-/** As loopsUnder, once they are gone or after 5 s (another runc's new mount namespace holds
- * a copy of the mount, and so the loop device, until it detaches the host's mounts). */
-async function loopsLeft(dir: string): Promise<string[]> {
-  const deadline = Date.now() + 5000;
-  for (;;) {
-    const left = await loopsUnder(dir);
-    if (left.length === 0 || Date.now() > deadline) return left;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-async function mountsUnder(dir: string): Promise<string[]> {
-  return (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((l) => l.includes(dir));
-}
+const skip = await cannotRun('criu', 'mkfs.ext4');
 
 describe('what a sandbox sees of the host, and its disk quota (real runc + CRIU)', { skip }, () => {
   let tmp: string;
@@ -158,7 +130,7 @@ describe('what a sandbox sees of the host, and its disk quota (real runc + CRIU)
     assert.ok(existsSync(layerImage(dir)));
     assert.equal((await loopsUnder(dir)).length, 1, 'one loop device while it exists');
     await rt.destroy(id);
-    assert.deepEqual(await loopsLeft(dir), [], 'no loop device left');
+    assert.deepEqual(await loopsLeft(dir, 5000), [], 'no loop device left');
     assert.deepEqual(await mountsUnder(dir), [], 'no mount left');
     assert.ok(!existsSync(dir));
   });

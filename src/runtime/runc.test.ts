@@ -13,20 +13,14 @@ import { connect, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDormantError, ErrorCode } from '../domain/errors.js';
-import { run, which } from '../sys/exec.js';
+import { run } from '../sys/exec.js';
 import { findCollector, stopCollector } from './log-collector.js';
 import { findSlot, tearDownNetwork } from './network.js';
 import { RuncRuntime } from './runc.js';
 import { buildBusyboxRootfs } from './testing/rootfs.js';
+import { cannotRun, CRIU } from './testing/host.js';
 
-const CRIU = '/usr/local/bin/criu';
-const skip = await (async (): Promise<string | false> => {
-  if (process.getuid?.() !== 0) return 'needs root';
-  if ((await which('runc')) === undefined) return 'runc not installed';
-  if ((await which(CRIU)) === undefined) return 'criu not installed (scripts/setup.sh)';
-  if (!existsSync('/usr/bin/python3')) return 'python3 not installed';
-  return false;
-})();
+const skip = await cannotRun('criu', 'python3');
 
 const SERVER_PY = `
 import http.server, os, sys, threading, socketserver

@@ -6,10 +6,9 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { startDaemon, type Daemon } from '../daemon/daemon.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import type { Daemon } from '../daemon/daemon.js';
+import { startTestDaemon, tearDown, testFolder } from '../api/testing/daemon.js';
 import {
   AuthenticationError,
   ConflictError,
@@ -44,23 +43,16 @@ describe('SDK: Sandbox against a running daemon', () => {
   const counter = async (s: Sandbox): Promise<number> => Number((await s.exec('cat /tmp/n')).stdout.trim());
 
   before(async () => {
-    dir = await mkdtemp('/tmp/dormant-sdk-');
-    rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs);
-    daemon = await startDaemon({
+    ({ dir, rootfs } = await testFolder('sdk'));
+    ({ daemon } = await startTestDaemon({
       dataDir: join(dir, 'data'),
-      listen: '127.0.0.1:0',
-      warn: () => undefined,
+      readonlyBinds: [],
       policy: false,
-    });
+    }));
     conn = { url: daemon.url, token: daemon.adminToken };
   });
 
-  after(async () => {
-    for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
-    await daemon.close();
-    await rm(dir, { recursive: true, force: true });
-  });
+  after(() => tearDown(dir, daemon));
 
   test('create, exec, list', async () => {
     sb = await Sandbox.create({

@@ -4,7 +4,7 @@
  * `{"url","token","pid"}` on one line of stdout once it listens; SIGTERM closes it.
  * Usage: node bomb-daemon.js DATA_DIR   (DORMANT_TEST_IMPORT_LIMITS: JSON of importLimits)
  */
-import { startDaemon } from '../../daemon/daemon.js';
+import { startTestDaemon } from './daemon.js';
 
 const dataDir = process.argv[2];
 if (dataDir === undefined) {
@@ -12,12 +12,11 @@ if (dataDir === undefined) {
   process.exit(2);
 }
 const limits = process.env.DORMANT_TEST_IMPORT_LIMITS;
-const daemon = await startDaemon({
+const { daemon } = await startTestDaemon({
   dataDir,
-  listen: '127.0.0.1:0',
+  readonlyBinds: [],
   proxy: false,
   policy: false,
-  warn: () => undefined,
   ...(limits ? { importLimits: JSON.parse(limits) as Record<string, number> } : {}),
 });
 process.stdout.write(`${JSON.stringify({ url: daemon.url, token: daemon.adminToken, pid: process.pid })}\n`);

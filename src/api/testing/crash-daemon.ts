@@ -4,7 +4,7 @@
  * step named by DORMANT_TEST_CRASH_AT. Prints `{"url","token","pid"}` on one line of stdout
  * once it listens. Usage: node crash-daemon.js DATA_DIR
  */
-import { startDaemon } from '../../daemon/daemon.js';
+import { startTestDaemon } from './daemon.js';
 
 const dataDir = process.argv[2];
 if (dataDir === undefined) {
@@ -13,13 +13,10 @@ if (dataDir === undefined) {
 }
 const crashAt = process.env.DORMANT_TEST_CRASH_AT;
 
-const daemon = await startDaemon({
+const { daemon } = await startTestDaemon({
   dataDir,
-  listen: '127.0.0.1:0',
-  readonlyBinds: [{ source: '/usr', destination: '/usr' }],
   proxy: false,
   policy: false,
-  warn: () => undefined,
   // Every lazy resume serves its pages from the vault, the tests' small sandboxes' too; with
   // DORMANT_TEST_STAGE_LAZY_PAGES=1 every one stages them (CRIU's own daemon reads them).
   ...(process.env.DORMANT_TEST_STAGE_LAZY_PAGES === '1'

@@ -3,8 +3,10 @@
  * with a deadline, and a census of what a sandbox may leave on the host (processes, mounts,
  * network namespace, cgroups) so a test can assert that nothing of it remains.
  */
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { request } from 'node:http';
+import { createServer } from 'node:net';
 
 /** GET http://host:port/path; resolves with the body (any status), rejects on a network error. */
 export function httpGet(host: string, port: number, path = '/', timeoutMs = 5000): Promise<string> {
@@ -21,6 +23,18 @@ export function httpGet(host: string, port: number, path = '/', timeoutMs = 5000
     req.on('timeout', () => req.destroy(new Error(`GET ${host}:${port}${path}: timeout`)));
     req.on('error', reject);
     req.end();
+  });
+}
+
+/** A TCP port on loopback that was free a moment ago. */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const a = s.address();
+      s.close(() => (typeof a === 'object' && a ? resolve(a.port) : reject(new Error('no port'))));
+    });
   });
 }
 
@@ -87,6 +101,51 @@ export function leftovers(id: string): string[] {
   return found;
 }
 
+/** Regular files under `root` (not following links) whose raw bytes contain `needle`. */
+export function filesHolding(
+  root: string,
+  needle: string,
+  maxFileBytes = Number.POSITIVE_INFINITY,
+): string[] {
+  const hits: string[] = [];
+  const want = Buffer.from(needle);
+  let entries;
+  try {
+    entries = readdirSync(root, { withFileTypes: true, recursive: true });
+  } catch {
+    return hits;
+  }
+  for (const e of entries) {
+    if (!e.isFile()) continue;
+    const p = join(e.parentPath, e.name);
+    try {
+      if (statSync(p).size > maxFileBytes) continue;
+      if (readFileSync(p).includes(want)) hits.push(p);
+    } catch {
+      // Gone while we looked (another test's staging, say).
+    }
+  }
+  return hits;
+}
+
+/** Sandbox `id` once it is in state `want` (polled through `client`). */
+export function untilState<S extends { state: string }>(
+  client: { getSandbox(id: string): Promise<S> },
+  id: string,
+  want: string,
+  timeoutMs = 30_000,
+): Promise<S> {
+  return eventually(
+    `${id} ${want}`,
+    async () => {
+      const s = await client.getSandbox(id);
+      if (s.state !== want) throw new Error(`still ${s.state}`);
+      return s;
+    },
+    timeoutMs,
+  );
+}
+
 /** How the resume of a sandbox with a damaged checkpoint failed. */
 export interface DamagedResume {
   /** True when the damage was found as the pages streamed in from the vault (lazy resume). */
@@ -121,15 +180,7 @@ export async function resumeDamaged(
     return { late: false, message: x.message, hint: x.hint ?? '' };
   }
   if (running.state !== 'running') throw new Error(`resume answered ${running.state}`);
-  const back = await eventually(
-    'back to hibernated',
-    async () => {
-      const s = await client.getSandbox(id);
-      if (s.state !== 'hibernated') throw new Error(`still ${s.state}`);
-      return s;
-    },
-    30_000,
-  );
+  const back = await untilState(client, id, 'hibernated');
   const m =
     /^lazy restore failed, back to its checkpoint: (.*cannot be read \(VAULT_[A-Z_]+\).*) \((.*)\)$/s.exec(
       back.lastError ?? '',

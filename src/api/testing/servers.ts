@@ -1,34 +1,66 @@
 /**
- * The agent stand-in the sandbox tests and benches run: a python HTTP server on port 8080
- * whose answer is "COUNT TOKEN": a counter and a random token that live only in its memory, so
- * a restore that lost memory (or a fresh start) shows. Prints "serving" when it listens.
+ * The agent stand-ins the sandbox tests and benches run: python HTTP servers whose answers come
+ * from state that lives only in their memory, so a restore that lost memory (or a fresh start)
+ * shows. The plainest answers "COUNT TOKEN": a counter and a random token.
  */
 import assert from 'node:assert/strict';
 import type { SandboxInfo } from '../../sdk/client.js';
 import { eventually, httpGet } from './host.js';
 
-/** The end of both servers: `body` answered with a 200 on port 8080, without logging. */
-const ANSWER_AND_SERVE = `        self.send_response(200)
+/** What a {@link pythonServer} holds and answers. */
+export interface PythonServer {
+  /** Python run once before it serves: its own imports and the state `answer` reads. */
+  setup?: string;
+  /** A python expression (a str), the answer to each GET, read after the global `count` went up. */
+  answer: string;
+  /** Python expressions for the address it listens on; default "0.0.0.0" and 8080. */
+  host?: string;
+  port?: string;
+  /** Its listen backlog (python's default is 5); a burst of concurrent connections wants more. */
+  backlog?: number;
+  /** Keeps connections open (HTTP/1.1) with a thread per connection, as a load test's client wants. */
+  keepAlive?: boolean;
+}
+
+/**
+ * The python source of an HTTP server that answers every GET with a 200 and `answer`, counting
+ * the requests in the global `count`, without logging them. Prints "serving" when it starts.
+ */
+export function pythonServer(s: PythonServer): string {
+  return `
+import http.server
+${s.setup ?? ''}
+count = 0
+class H(http.server.BaseHTTPRequestHandler):
+${s.keepAlive ? '    protocol_version = "HTTP/1.1"\n' : ''}    def do_GET(self):
+        global count
+        count += 1
+        body = (${s.answer}).encode()
+        self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
+${s.keepAlive ? '' : '        self.send_header("Connection", "close")\n'}        self.end_headers()
         self.wfile.write(body)
     def log_message(self, *a):
         pass
+class S(http.server.${s.keepAlive ? 'ThreadingHTTPServer' : 'HTTPServer'}):
+    request_queue_size = ${String(s.backlog ?? 5)}
 print("serving", flush=True)
-http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+S((${s.host ?? '"0.0.0.0"'}, ${s.port ?? '8080'}), H).serve_forever()
 `;
+}
 
-export const COUNTER_SERVER_PY = `
-import http.server, os
-count = 0
-token = os.urandom(8).hex()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        global count
-        count += 1
-        body = ("%d %s" % (count, token)).encode()
-${ANSWER_AND_SERVE}`;
+/** The counter and its random token, only in memory, as "COUNT TOKEN". */
+const COUNTER = { setup: 'import os\ntoken = os.urandom(8).hex()', answer: '"%d %s" % (count, token)' };
+
+export const COUNTER_SERVER_PY = pythonServer(COUNTER);
+
+/**
+ * {@link COUNTER_SERVER_PY} with more: `setup` run first (a file held open, say), `backlog`
+ * for many concurrent requests, `keepAlive` for a load generator.
+ */
+export function counterServer(more: Omit<PythonServer, 'answer'>): string {
+  return pythonServer({ ...COUNTER, ...more, setup: `${COUNTER.setup}\n${more.setup ?? ''}` });
+}
 
 /** [counter, token] from the counter server of sandbox `sb`, waiting for it to answer. */
 export async function serveCounter(sb: SandboxInfo): Promise<[number, string]> {
@@ -46,8 +78,9 @@ export async function serveCounter(sb: SandboxInfo): Promise<[number, string]> {
  * /tmp/memory-damaged, so memory that came back wrong (zeros from a lazy restore that lost its
  * page server, say) leaves a mark in the writable layer. GET answers "PASSES BAD TOKEN".
  */
-export const MEMORY_CHECKER_PY = `
-import hashlib, http.server, mmap, os, threading, time
+export const MEMORY_CHECKER_PY = pythonServer({
+  setup: `
+import hashlib, mmap, os, threading, time
 MIB = 1 << 20
 n = int(os.environ.get("BLOCKS", "96"))
 # One anonymous mapping, apart from the interpreter's own objects: private (what CRIU restores
@@ -75,10 +108,9 @@ def check():
         seen["bad"] = len(bad)
         time.sleep(float(os.environ.get("PAUSE", "0.2")))
 threading.Thread(target=check, daemon=True).start()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = ("%d %d %s" % (seen["passes"], seen["bad"], token)).encode()
-${ANSWER_AND_SERVE}`;
+`,
+  answer: '"%d %d %s" % (seen["passes"], seen["bad"], token)',
+});
 
 interface MemoryCheck {
   passes: number;

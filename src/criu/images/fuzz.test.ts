@@ -29,6 +29,7 @@ import {
 import { readCriuImages } from './reader.js';
 import { readProfileImages } from '../../checkpoint/profile-check-io.js';
 import { encodeFields, sub, uint } from './testing/tamper.js';
+import { rng } from '../../sys/testing/rng.js';
 
 // dist/criu/images -> src/criu/images/testdata
 const CORPUS = join(
@@ -57,19 +58,6 @@ const DECODERS: Record<string, [number, (b: Uint8Array) => unknown]> = {
   'seccomp.img': [Magic.SECCOMP, decodeSeccomp],
   'userns-20.img': [Magic.USERNS, decodeUserns],
 };
-
-/** xorshift32: small, seeded, reproducible. */
-function rng(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x >>>= 0;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    x >>>= 0;
-    return x / 0x100000000;
-  };
-}
 
 function mutate(src: Buffer, r: () => number): Buffer {
   const b = Buffer.from(src);

@@ -1,0 +1,64 @@
+/**
+ * A daemon for a test, the way most tests run one: on a free loopback port, the host's /usr
+ * bound read-only into every sandbox (the python the test servers run on; see
+ * runtime/testing/rootfs.ts), warnings kept quiet; an admin client for it; and its teardown.
+ */
+import assert from 'node:assert/strict';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { startDaemon, type Daemon, type DaemonOptions } from '../../daemon/daemon.js';
+import { DormantApiError, DormantClient } from '../../sdk/client.js';
+import { buildBusyboxRootfs } from '../../runtime/testing/rootfs.js';
+
+/** The options every test daemon starts with, unless the test says otherwise. */
+export const TEST_DAEMON = {
+  listen: '127.0.0.1:0',
+  readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+  warn: () => undefined,
+} satisfies Partial<DaemonOptions>;
+
+export interface TestDaemon {
+  daemon: Daemon;
+  client: DormantClient;
+}
+
+/** A daemon on `opts.dataDir` with {@link TEST_DAEMON} under `opts`, and an admin client. */
+export async function startTestDaemon(opts: DaemonOptions): Promise<TestDaemon> {
+  const daemon = await startDaemon({ ...TEST_DAEMON, ...opts });
+  return { daemon, client: new DormantClient({ url: daemon.url, token: daemon.adminToken }) };
+}
+
+/** Removes every sandbox `daemon` still has (as cleanup: errors are ignored), then closes it. */
+export async function stopTestDaemon(daemon: Daemon | undefined): Promise<void> {
+  if (daemon === undefined) return;
+  for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
+  await daemon.close();
+}
+
+/** A test's own folder: /tmp/dormant-NAME-XXXXXX, with a busybox rootfs at `rootfs` holding `files`. */
+export async function testFolder(
+  name: string,
+  files?: Record<string, string>,
+): Promise<{ dir: string; rootfs: string }> {
+  const dir = await mkdtemp(`/tmp/dormant-${name}-`);
+  const rootfs = join(dir, 'rootfs');
+  await buildBusyboxRootfs(rootfs, files);
+  return { dir, rootfs };
+}
+
+/** {@link stopTestDaemon} for each of `daemons`, then the test's folder `dir` removed. */
+export async function tearDown(dir: string | undefined, ...daemons: (Daemon | undefined)[]): Promise<void> {
+  for (const d of daemons) await stopTestDaemon(d);
+  if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+}
+
+/** The API error that `p` fails with; fails the test when `p` succeeds or fails otherwise. */
+export async function apiError(p: Promise<unknown>): Promise<DormantApiError> {
+  try {
+    await p;
+  } catch (e) {
+    assert.ok(e instanceof DormantApiError, String(e));
+    return e;
+  }
+  assert.fail('expected an API error');
+}

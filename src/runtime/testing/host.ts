@@ -1,0 +1,75 @@
+/**
+ * Test helpers for the tests that drive the real runc and CRIU: whether this machine can run
+ * them at all, and what a sandbox's disk layer leaves on the host (mounts, loop devices).
+ */
+import { existsSync, readFileSync, readdirSync, readlinkSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { run, which } from '../../sys/exec.js';
+
+/** Where the tests look for the CRIU that scripts/setup.sh installs. */
+export const CRIU = '/usr/local/bin/criu';
+
+/**
+ * Why these tests cannot run here (for node:test's `skip`), or false: they need root and runc,
+ * and each of `needs`: `criu` ({@link CRIU}), `python3` (/usr/bin/python3, for the test
+ * servers) or any other tool on the PATH (`mkfs.ext4` for the disk quota, say).
+ */
+export async function cannotRun(...needs: string[]): Promise<string | false> {
+  if (process.getuid?.() !== 0) return 'needs root';
+  if ((await which('runc')) === undefined) return 'runc not installed';
+  for (const n of needs) {
+    if (n === 'criu') {
+      if ((await which(CRIU)) === undefined) return 'criu not installed (scripts/setup.sh)';
+    } else if (n === 'python3') {
+      if (!existsSync('/usr/bin/python3')) return 'python3 not installed';
+    } else if ((await which(n)) === undefined) {
+      return n === 'mkfs.ext4' ? 'mkfs.ext4 not installed (e2fsprogs)' : `${n} not installed`;
+    }
+  }
+  return false;
+}
+
+/** The loop devices whose backing file is under `dir` (`losetup -a` on the host). */
+export async function loopsUnder(dir: string): Promise<string[]> {
+  const { stdout } = await run('losetup', ['-a'], { timeoutMs: 10_000 });
+  return stdout.split('\n').filter((l) => l.includes(dir));
+}
+
+/**
+ * The loop devices under `dir` once they are gone, or those left after `timeoutMs`, each with
+ * the processes whose mount table still shows a mount under `dir` (the diagnosis when one
+ * stays): a mount namespace another container is being made in holds a copy of the mount (and
+ * so the loop device) for a moment, until that runc detaches the host's mounts.
+ */
+export async function loopsLeft(dir: string, timeoutMs: number): Promise<string[]> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const left = await loopsUnder(dir);
+    if (left.length === 0) return left;
+    if (Date.now() > deadline) return [...left, ...mountHolders(dir)];
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** The processes whose mount table shows a mount under `dir`, with those mounts. */
+function mountHolders(dir: string): string[] {
+  const out: string[] = [];
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      const lines = readFileSync(`/proc/${pid}/mountinfo`, 'utf8')
+        .split('\n')
+        .filter((l) => l.includes(dir));
+      if (lines.length === 0) continue;
+      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ').slice(0, 120);
+      out.push(`held by pid ${pid} (${readlinkSync(`/proc/${pid}/ns/mnt`)}: ${cmd}): ${lines.join(' | ')}`);
+    } catch {
+      // The process ended meanwhile.
+    }
+  }
+  return out;
+}
+
+/** The lines of this process's mount table that name `dir`. */
+export async function mountsUnder(dir: string): Promise<string[]> {
+  return (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((l) => l.includes(dir));
+}
