@@ -44,7 +44,6 @@ function hostPathForbidden(what: string, path: string, roots: readonly string[] 
       ? `${what} ${shown}: a tenant token cannot name host paths on this node`
       : `${what} ${shown} is outside the allowed folders`,
     {
-      status: 403,
       hint:
         roots.length === 0
           ? 'the operator can allow folders with `dormant serve --allow-root DIR`; checkpoint archives can be uploaded (`dormant checkpoint import FILE` sends the file)'
@@ -60,7 +59,7 @@ async function insideRoots(path: string, roots: readonly string[]): Promise<bool
 }
 
 export function invalid(message: string, hint?: string): DormantError {
-  return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { status: 400, ...(hint ? { hint } : {}) });
+  return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { ...(hint ? { hint } : {}) });
 }
 
 export class LifecycleContext {
@@ -129,7 +128,6 @@ export class LifecycleContext {
       (ID_PATTERN.test(id) ? undefined : this.store.listSandboxes(tenant).find((x) => x.name === id));
     if (!s || (tenant !== undefined && s.tenant !== tenant)) {
       throw new DormantError('SANDBOX_NOT_FOUND', `no sandbox ${id.slice(0, 80)}`, {
-        status: 404,
         hint: 'dormant ls shows the sandboxes you can see',
       });
     }
@@ -292,7 +290,6 @@ export class LifecycleContext {
       'CHECKPOINT_DAMAGED',
       `checkpoint ${used ?? '?'} of sandbox ${id} cannot be read (${e.code}): ${e.message.split('\n')[0] ?? ''}; ${outcome}`,
       {
-        status: 409,
         cause: e,
         hint: older
           ? `resume from the previous checkpoint (losing what changed since): dormant resume ${id} --from ${older.id}`

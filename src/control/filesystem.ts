@@ -38,7 +38,6 @@ export async function packFilesystem(upperDir: string, tarPath: string, signal?:
     );
   } catch (e) {
     throw new DormantError('FILESYSTEM_PACK_FAILED', `could not pack the filesystem diff ${upperDir}`, {
-      status: 500,
       cause: e,
     });
   }
@@ -86,10 +85,7 @@ export async function unpackFilesystem(
     throw new DormantError(
       'FILESYSTEM_UNPACK_FAILED',
       `could not unpack the filesystem diff into ${upperDir}`,
-      {
-        status: 500,
-        cause: e,
-      },
+      { cause: e },
     );
   }
 }

@@ -62,7 +62,6 @@ export function systemGpuNode(env: NodeJS.ProcessEnv = process.env): GpuNode {
     const h = await locateCudaHelper(env);
     if (h === undefined)
       throw new DormantError('GPU_CHECKPOINT_UNSUPPORTED', 'the dormant-cuda-ckpt helper is not built', {
-        status: 409,
         hint: 'npm run build, or scripts/setup.sh, builds it',
       });
     return h;

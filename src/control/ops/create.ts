@@ -91,7 +91,7 @@ export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxI
   const id = newId('sb', randomBytes);
   const name = validateName(input.name ?? id);
   if (ctx.store.listSandboxes(input.tenant).some((s) => s.name === name)) {
-    throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`, { status: 409 });
+    throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`);
   }
   const ports = (input.ports ?? []).map((p) => (typeof p === 'number' ? { port: p, public: false } : p));
   for (const p of ports)

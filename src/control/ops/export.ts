@@ -32,11 +32,12 @@ export async function exportArchive(
 ): Promise<{ file: string; sizeBytes: number; findings: number; close(): Promise<void> }> {
   const c = ctx.store.getCheckpoint(ckId);
   if (!c || (tenant !== undefined && c.tenant !== tenant))
-    throw new DormantError('CHECKPOINT_NOT_FOUND', `no checkpoint ${ckId.slice(0, 80)}`, { status: 404 });
+    throw new DormantError('CHECKPOINT_NOT_FOUND', `no checkpoint ${ckId.slice(0, 80)}`);
   if (c.kind !== 'memory')
-    throw new DormantError('INVALID_ARGUMENT', `checkpoint ${ckId} holds only a filesystem (no processes)`, {
-      status: 409,
-    });
+    throw new DormantError(
+      'CHECKPOINT_FILESYSTEM_ONLY',
+      `checkpoint ${ckId} holds only a filesystem (no processes)`,
+    );
   const s = ctx.store.getSandbox(c.sandboxId);
   const dir = ctx.staging(`${ckId}-export-${randomBytes(4).toString('hex')}`);
   await mkdir(dir, { recursive: true, mode: 0o700 });

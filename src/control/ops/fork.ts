@@ -27,7 +27,7 @@ export async function forkSandbox(
   const forkId = newId('sb', randomBytes);
   const name = validateName(opts.name ?? forkId);
   if (ctx.store.listSandboxes(src.tenant).some((x) => x.name === name)) {
-    throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`, { status: 409 });
+    throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`);
   }
   const now = ctx.clock.now();
   const sandbox: Sandbox = {
@@ -75,9 +75,7 @@ export async function forkSandbox(
         if (rec?.meta[FS_META] !== 'tar') await copyFilesystem(ctx, ctx.runtime.upperDir(src.id), forkId);
       }
       if (ck === undefined)
-        throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${src.id} has no checkpoint to fork`, {
-          status: 409,
-        });
+        throw new DormantError('NO_CHECKPOINT', `sandbox ${src.id} has no checkpoint to fork`);
       return ck;
     });
     return await ctx.locks.run(forkId, async () => {

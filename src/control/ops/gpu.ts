@@ -39,11 +39,7 @@ export async function gpuDevices(
     throw new DormantError(
       'GPU_UNAVAILABLE',
       `cannot create a sandbox with GPUs (${gpus}): ${asError(e).message}`,
-      {
-        status: 409,
-        cause: e,
-        hint: 'ls /dev/nvidia* shows the GPUs this node has; --gpus all takes every one',
-      },
+      { cause: e, hint: 'ls /dev/nvidia* shows the GPUs this node has; --gpus all takes every one' },
     );
   }
 }
@@ -55,10 +51,7 @@ export async function checkGpusAvailable(ctx: LifecycleContext, gpus: string): P
     throw new DormantError(
       'GPU_UNAVAILABLE',
       `cannot create a sandbox with GPUs (${gpus}): this node has no NVIDIA driver (/proc/driver/nvidia/version is missing)`,
-      {
-        status: 409,
-        hint: 'create it without --gpus, or on a node where dormant doctor shows an NVIDIA driver',
-      },
+      { hint: 'create it without --gpus, or on a node where dormant doctor shows an NVIDIA driver' },
     );
   }
 }
@@ -89,7 +82,6 @@ export async function gpuGate(
       : `was created with GPUs (${s.gpus ?? ''})`;
   if (op === 'fork' && holders.length > 0) {
     throw new DormantError('GPU_FORK_UNSUPPORTED', `cannot fork sandbox ${s.id}: it ${what}`, {
-      status: 409,
       hint: 'two copies of one CUDA process cannot share its GPU state; fork it while no process uses the GPU',
     });
   }
@@ -99,7 +91,6 @@ export async function gpuGate(
       'GPU_KEEP_RUNNING',
       `sandbox ${s.id} ${what} and its GPU policy is keep-running: it is not hibernated`,
       {
-        status: 409,
         hint: `it keeps running; to stop it keeping only its files: dormant archive ${s.id}. GPU sandboxes created with --gpu-policy checkpoint hibernate where dormant doctor shows CUDA checkpointing`,
         details: { sandboxId: s.id, gpuPolicy: policy, pids: holders.map((h) => h.nsPid) },
       },
@@ -110,7 +101,6 @@ export async function gpuGate(
       'GPU_FILESYSTEM_ONLY',
       `sandbox ${s.id} ${what} and its GPU policy is filesystem-only: its processes are not checkpointed`,
       {
-        status: 409,
         hint: `archive it instead (its files are kept, its processes end): dormant archive ${s.id}`,
         details: { sandboxId: s.id, gpuPolicy: policy, pids: holders.map((h) => h.nsPid) },
       },
@@ -123,7 +113,6 @@ export async function gpuGate(
       'GPU_CHECKPOINT_UNSUPPORTED',
       `sandbox ${s.id} ${what} and its GPU policy is checkpoint, but ${why}: it is not hibernated`,
       {
-        status: 409,
         hint: 'dormant doctor shows the GPU rows; the sandbox keeps running',
         details: { sandboxId: s.id, gpuPolicy: policy, pids: holders.map((h) => h.nsPid) },
       },
@@ -167,10 +156,7 @@ export async function cudaRestore(ctx: LifecycleContext, id: string, meta: GpuMe
     throw new DormantError(
       'GPU_RESTORE_FAILED',
       `CUDA restore of sandbox ${id} failed: ${asError(e).message}`,
-      {
-        status: 500,
-        cause: e,
-      },
+      { cause: e },
     );
   }
 }

@@ -80,11 +80,7 @@ export async function hibernate(
       throw new DormantError(
         'HIBERNATE_FAILED',
         `hibernate of sandbox ${id} failed; it is ${before} again: ${asError(e).message}${undo}`,
-        {
-          status: 500,
-          cause: e,
-          hint: 'dormant doctor shows what this node supports',
-        },
+        { cause: e, hint: 'dormant doctor shows what this node supports' },
       );
     }
     // Committed: the processes end (and the writable layer, whose diff is in the
@@ -152,11 +148,7 @@ async function afterUnendedHibernate(
   throw new DormantError(
     'HIBERNATE_FAILED',
     `hibernate of sandbox ${id} failed; it is running again: ${why}`,
-    {
-      status: 500,
-      cause,
-      hint: `the checkpoint stays; dormant hibernate ${id} tries again`,
-    },
+    { cause, hint: `the checkpoint stays; dormant hibernate ${id} tries again` },
   );
 }
 

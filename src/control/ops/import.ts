@@ -140,7 +140,6 @@ export async function importUpload(
             new DormantError(
               ErrorCode.CHECKPOINT_ARCHIVE_TOO_LARGE,
               `the uploaded archive is larger than this node accepts (${maxBytes} bytes)`,
-              { status: 413 },
             ),
           );
         else done(null, chunk);
@@ -165,7 +164,7 @@ async function importFrom(
   if (input.name !== undefined) {
     const n = validateName(input.name);
     if (ctx.store.listSandboxes(input.tenant).some((s) => s.name === n))
-      throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${n} already exists`, { status: 409 });
+      throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${n} already exists`);
   }
   const id = newId('sb', randomBytes);
   const dir = ctx.staging(`${id}-import`);

@@ -57,7 +57,6 @@ export async function checkCompatible(
       'RESTORE_INCOMPATIBLE',
       `checkpoint ${ck.id} of sandbox ${sandboxId} cannot be restored here: ${problems.join('; ')}`,
       {
-        status: 409,
         hint: 'resume it on a node of the same kind (dormant doctor shows this one), or archive it and start it afresh',
       },
     );
@@ -74,8 +73,7 @@ export async function restoreFromVault(
   ckId: string | undefined,
   t: StepTimer,
 ): Promise<{ pagesLoaded: Promise<void> | undefined }> {
-  if (ckId === undefined)
-    throw new DormantError('CHECKPOINT_NOT_FOUND', `sandbox ${s.id} has no checkpoint`, { status: 409 });
+  if (ckId === undefined) throw new DormantError('NO_CHECKPOINT', `sandbox ${s.id} has no checkpoint`);
   // One restore per sandbox at a time (its lock), so the sandbox names the folder.
   const dir = ctx.staging(`${s.id}-restore`);
   let keep = false;

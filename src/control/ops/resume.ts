@@ -54,20 +54,14 @@ async function resumeLocked(
         throw new DormantError(
           'CHECKPOINT_NOT_FOUND',
           `sandbox ${s.id} has no checkpoint ${opts.from.slice(0, 80)}`,
-          {
-            status: 404,
-            hint: `dormant checkpoint ls ${s.id} lists its checkpoints`,
-          },
+          { hint: `dormant checkpoint ls ${s.id} lists its checkpoints` },
         );
       }
       if (s.state !== 'hibernated') {
         throw new DormantError(
           'ILLEGAL_TRANSITION',
           `cannot resume sandbox ${s.id} from a checkpoint: it is ${s.state}`,
-          {
-            status: 409,
-            hint: 'only a hibernated sandbox resumes from a checkpoint',
-          },
+          { hint: 'only a hibernated sandbox resumes from a checkpoint' },
         );
       }
     }
@@ -106,7 +100,6 @@ async function resumeLocked(
         'RESUME_FAILED',
         `resume of sandbox ${id} failed; it is still ${from}${from === 'hibernated' ? ' and its checkpoint is intact' : ''}: ${asError(e).message}`,
         {
-          status: 500,
           cause: e,
           hint: `dormant doctor shows what this node supports; dormant logs ID shows its output${typeof criuLog === 'string' ? `; criu's log of the failed restore: ${criuLog}` : ''}`,
           ...(typeof criuLog === 'string' ? { details: { criuLog } } : {}),

@@ -208,15 +208,11 @@ export class FakeHost {
 }
 
 function notFound(id: string): DormantError {
-  return new DormantError(ErrorCode.RUNTIME_SANDBOX_NOT_FOUND, `sandbox ${id} does not exist on this node`, {
-    status: 404,
-  });
+  return new DormantError(ErrorCode.RUNTIME_SANDBOX_NOT_FOUND, `sandbox ${id} does not exist on this node`);
 }
 
 function invalidState(id: string, op: string, status: SandboxStatus): DormantError {
-  return new DormantError(ErrorCode.RUNTIME_INVALID_STATE, `cannot ${op} sandbox ${id}: it is ${status}`, {
-    status: 409,
-  });
+  return new DormantError(ErrorCode.RUNTIME_INVALID_STATE, `cannot ${op} sandbox ${id}: it is ${status}`);
 }
 
 /** The checkpoint image the fake writes: the processes' memory. */
@@ -563,9 +559,6 @@ export class FakeVault implements VaultPort {
       throw new DormantError(
         ErrorCode.CHECKPOINT_NOT_FOUND,
         `no checkpoint ${checkpointId} of tenant ${tenant}`,
-        {
-          status: 404,
-        },
       );
     return c;
   }
@@ -576,9 +569,7 @@ export class FakeVault implements VaultPort {
       async () => {
         const m = this.data.tenants.get(o.tenant) ?? new Map<string, StoredCheckpoint>();
         if (m.has(o.checkpointId))
-          throw new DormantError(ErrorCode.CHECKPOINT_EXISTS, `checkpoint ${o.checkpointId} exists`, {
-            status: 409,
-          });
+          throw new DormantError(ErrorCode.CHECKPOINT_EXISTS, `checkpoint ${o.checkpointId} exists`);
         // The real vault reads the folder while it grows, and fails with the writer.
         await o.growing;
         const files = await filesUnder(o.srcDir);
@@ -606,9 +597,6 @@ export class FakeVault implements VaultPort {
           throw new DormantError(
             ErrorCode.VAULT_CORRUPT,
             `checkpoint ${o.checkpointId}: a chunk failed to authenticate`,
-            {
-              status: 500,
-            },
           );
         await mkdir(o.destDir, { recursive: true, mode: 0o700 });
         for (const [path, data] of c.files) {
