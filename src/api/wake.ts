@@ -170,6 +170,7 @@ export async function startWakeServices(o: {
       ...(o.policy?.defaults !== undefined ? { defaults: o.policy.defaults } : {}),
       ...(o.policy?.cpuActiveShare !== undefined ? { cpuActiveShare: o.policy.cpuActiveShare } : {}),
       ...(o.policy?.onStep !== undefined ? { onStep: o.policy.onStep } : {}),
+      ...(o.warn !== undefined ? { warn: o.warn } : {}),
     };
     policy = new PolicyLoop(lo);
     policy.start();

@@ -14,6 +14,7 @@ import {
   type PriceSheet,
 } from '../domain/cost.js';
 import type { StateStore } from '../state/store.js';
+import { asError } from '../domain/errors.js';
 import type { Clock } from './options.js';
 
 export interface MeterSource {
@@ -57,8 +58,23 @@ export class Meter {
       freeDiskBytes?: () => Promise<number>;
       /** Stored bytes per live checkpoint with shared chunks split among their users (the vault's). */
       attribution?: () => Promise<{ checkpointId: string; storedBytes: number }[]>;
+      /** Told once when sampling starts failing (again after a pass that worked). */
+      warn?: (message: string) => void;
     },
   ) {}
+
+  private failing = false;
+
+  /** A timed pass: its failure is told once per run of failures, never thrown. */
+  private tick(): void {
+    this.sample().then(
+      () => (this.failing = false),
+      (e: unknown) => {
+        if (!this.failing) this.opts.warn?.(`metering: a sampling pass failed: ${asError(e).message}`);
+        this.failing = true;
+      },
+    );
+  }
 
   /** Takes one sample of every sandbox whose processes exist. Returns how many were sampled. */
   sample(): Promise<number> {
@@ -88,16 +104,15 @@ export class Meter {
   start(): void {
     if (this.timer) return;
     const every = this.opts.intervalMs ?? 15_000;
-    this.timer = setInterval(() => {
-      this.sample().catch(() => undefined);
-    }, every);
+    this.timer = setInterval(() => this.tick(), every);
     this.timer.unref();
-    void this.sample().catch(() => undefined);
+    this.tick();
   }
 
   async close(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
+    // The pass's failure, if any, was told by tick(); closing only waits for it.
     await this.running?.catch(() => undefined);
   }
 
@@ -122,6 +137,7 @@ export class Meter {
     // Live checkpoints are charged what they occupy now, shared chunks split among their users;
     // deleted ones what they added when they were written.
     const attributed = new Map<string, number>();
+    // Without the vault's split (it failed), each checkpoint is counted at its own stored bytes.
     for (const a of (await this.opts.attribution?.().catch(() => [])) ?? [])
       attributed.set(a.checkpointId, a.storedBytes);
     const history = this.opts.store.checkpointHistory().filter((c) => ids.has(c.sandboxId));

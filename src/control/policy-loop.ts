@@ -45,6 +45,8 @@ export interface PolicyLoopOptions {
    * as active (a build or a test run with nobody connected). Default 0.05.
    */
   cpuActiveShare?: number;
+  /** Told once when passes start failing (again after a pass that worked). */
+  warn?: (message: string) => void;
   /** Steps applied at once (each hibernate is a CRIU dump and a vault write). Default 2. */
   maxConcurrent?: number;
   /** First wait after a failed step; doubles per failure up to 30 minutes. Default 60 s. */
@@ -78,6 +80,7 @@ export class PolicyLoop {
   private running = 0;
   private closed = false;
   private looking = false;
+  private failing = false;
 
   constructor(opts: PolicyLoopOptions) {
     this.opts = opts;
@@ -90,7 +93,14 @@ export class PolicyLoop {
     this.timer = setInterval(() => {
       // A pass still looking is not doubled; steps in flight do not hold the next pass back
       // (a hibernate takes seconds, and other sandboxes may be due meanwhile).
-      if (!this.looking) void this.look().catch(() => undefined);
+      if (!this.looking)
+        this.look().then(
+          () => (this.failing = false),
+          (e: unknown) => {
+            if (!this.failing) this.opts.warn?.(`policy: a pass failed: ${asError(e).message}`);
+            this.failing = true;
+          },
+        );
     }, every);
     this.timer.unref();
   }
@@ -159,6 +169,7 @@ export class PolicyLoop {
       this.cpu.delete(s.id);
       return;
     }
+    // No usage (its cgroup just went away): nothing to judge this tick.
     const u = await this.opts.target.usage(s.id).catch(() => undefined);
     if (!u) return;
     const now = this.clock.now();

@@ -63,12 +63,14 @@ export class SandboxController {
   async withUsage(s: Sandbox): Promise<Sandbox> {
     const usage = this.ctx.opts.usage;
     if ((s.state !== 'running' && s.state !== 'paused') || !usage) return { ...s, memoryBytes: 0 };
+    // No cgroup (its processes just ended): it holds no memory.
     const u = await usage(s.id).catch(() => undefined);
     return { ...s, memoryBytes: u?.memoryBytes ?? 0 };
   }
 
   /** Resource use of the sandbox's cgroup now; undefined when it has no processes. */
   async usage(id: string): Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined> {
+    // No cgroup (its processes just ended): no usage, as the return type says.
     return this.ctx.opts.usage ? this.ctx.opts.usage(id).catch(() => undefined) : undefined;
   }
 

@@ -272,6 +272,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     intervalMs: opts.meterIntervalMs!,
     freeDiskBytes: async () => (await diskFacts(dataDir)).freeBytes,
     attribution: () => vault.attribution(),
+    warn,
   });
   registerCostRoutes(app, meter);
   meter.start();
@@ -284,6 +285,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     apiListen: listen,
     ...(opts.proxy !== undefined ? { proxy: opts.proxy } : {}),
     ...(opts.policy !== undefined ? { policy: opts.policy } : {}),
+    warn,
   });
   const { host, port } = parseListen(listen);
   await app.listen({ host, port });

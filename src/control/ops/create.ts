@@ -141,7 +141,7 @@ export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxI
       });
       return ctx.get(id);
     } catch (e) {
-      await ctx.runtime.destroy(id).catch(() => undefined);
+      await ctx.runtime.destroy(id).catch((x: unknown) => ctx.warnCleanup(id, 'destroy', x));
       ctx.store.transition(id, 'creating', 'failed', 'create failed', ctx.clock.now(), {
         lastError: asError(e).message,
       });

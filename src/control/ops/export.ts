@@ -56,6 +56,7 @@ export async function exportArchive(
       const src = s.spec.source;
       if (src.kind === 'image') {
         annotations[ANNOTATION_MANIFEST] = src.digest;
+        // An image no longer in the cache: the export goes out without its image's facts.
         const img = await unpackImage(
           src.tag !== undefined ? `${src.path}:${src.tag}` : src.path,
           ctx.opts.imageCacheDir ?? join(ctx.opts.stagingDir, 'images'),

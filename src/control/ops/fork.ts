@@ -105,7 +105,7 @@ export async function forkSandbox(
     });
   } catch (e) {
     if (ctx.store.getSandbox(forkId)) {
-      await ctx.runtime.destroy(forkId).catch(() => undefined);
+      await ctx.runtime.destroy(forkId).catch((x: unknown) => ctx.warnCleanup(forkId, 'destroy', x));
       ctx.store.transition(forkId, 'creating', 'failed', 'fork failed', ctx.clock.now(), {
         lastError: asError(e).message,
       });

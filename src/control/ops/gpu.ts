@@ -152,7 +152,7 @@ export async function cudaRestore(ctx: LifecycleContext, id: string, meta: GpuMe
     ctx.step('resume:gpu-restored');
   } catch (e) {
     // Half-restored GPU processes are of no use: end them; the checkpoint stays.
-    await ctx.runtime.stop(id).catch(() => undefined);
+    await ctx.runtime.stop(id).catch((x: unknown) => ctx.warnCleanup(id, 'end half-restored processes', x));
     throw new DormantError(
       'GPU_RESTORE_FAILED',
       `CUDA restore of sandbox ${id} failed: ${asError(e).message}`,

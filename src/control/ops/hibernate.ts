@@ -69,10 +69,12 @@ export async function hibernate(
       // Not committed: the sandbox goes back to what it was, running or paused, its CUDA
       // state back on the GPU.
       let undo = '';
-      if (before === 'running' || cudaDone.length > 0) await ctx.runtime.thaw(id).catch(() => undefined);
+      if (before === 'running' || cudaDone.length > 0)
+        await ctx.runtime.thaw(id).catch((x: unknown) => ctx.warnCleanup(id, 'thaw', x));
       if (cudaDone.length > 0) {
         undo = await cudaUndo(ctx, cudaDone);
-        if (before === 'paused') await ctx.runtime.freeze(id).catch(() => undefined);
+        if (before === 'paused')
+          await ctx.runtime.freeze(id).catch((x: unknown) => ctx.warnCleanup(id, 'freeze again', x));
       }
       ctx.store.transition(id, 'hibernating', before, 'hibernate failed', ctx.clock.now(), {
         lastError: `${asError(e).message}${undo}`,
@@ -131,9 +133,10 @@ async function afterUnendedHibernate(
   ckId: string,
   cause: unknown,
 ): Promise<void> {
+  // No state (the container is gone): nothing runs that could need thawing.
   const st = await ctx.runtime.state(id).catch(() => undefined);
   if (st?.status !== 'running' && st?.status !== 'paused') return;
-  await ctx.runtime.thaw(id).catch(() => undefined);
+  await ctx.runtime.thaw(id).catch((e: unknown) => ctx.warnCleanup(id, 'thaw', e));
   const why = `checkpoint ${ckId} is stored, but the processes could not be ended: ${asError(cause).message}`;
   ctx.store.transition(
     id,

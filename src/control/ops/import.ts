@@ -89,6 +89,7 @@ async function importBase(
     const ref = src.tag !== undefined ? `${src.path}:${src.tag}` : src.path;
     if (seen.has(ref)) continue;
     seen.add(ref);
+    // An image gone from the cache cannot be the one the archive names.
     const d = await describe(ref).catch(() => undefined);
     if (!d) continue;
     const byId =
@@ -304,7 +305,9 @@ async function importFrom(
 
 /** Removes every trace of an import that did not finish: runtime side, vault data, the row. */
 async function undoImport(ctx: LifecycleContext, id: string, tenant: string): Promise<void> {
-  await ctx.runtime.destroy(id).catch(() => undefined);
-  await ctx.vault.destroySandboxKey({ tenant, sandboxId: id }).catch(() => undefined);
+  await ctx.runtime.destroy(id).catch((e: unknown) => ctx.warnCleanup(id, 'destroy', e));
+  await ctx.vault
+    .destroySandboxKey({ tenant, sandboxId: id })
+    .catch((e: unknown) => ctx.warnCleanup(id, 'shred its vault key', e));
   ctx.store.deleteSandbox(id, 'import failed', ctx.clock.now());
 }

@@ -70,7 +70,7 @@ async function afterLazyRestoreNow(
   // missing pages with zeros.
   await endPageServer(ctx, s.id);
   // Seen hibernated only once no image of it is left in staging.
-  await ctx.wipe(images).catch(() => undefined);
+  await ctx.wipe(images).catch((e: unknown) => ctx.warnCleanup(s.id, 'staging', e));
   ctx.store.transition(s.id, 'running', 'hibernated', why, ctx.clock.now(), {
     lastError: why,
     memoryBytes: 0,
@@ -154,6 +154,6 @@ export async function endPageServer(ctx: LifecycleContext, id: string): Promise<
   ctx.pageServers.delete(id);
   p.ended.now = true;
   await Promise.all(p.keepers.map((k) => k.release()));
-  await p.server.close().catch(() => undefined);
-  await p.reader.close().catch(() => undefined);
+  await p.server.close().catch((e: unknown) => ctx.warnCleanup(id, 'page server', e));
+  await p.reader.close().catch((e: unknown) => ctx.warnCleanup(id, 'checkpoint reader', e));
 }

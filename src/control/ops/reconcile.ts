@@ -43,11 +43,15 @@ export async function reconcileAll(
  */
 async function dropUnrecordedCheckpoints(ctx: LifecycleContext): Promise<void> {
   const live = new Set(ctx.store.listCheckpoints().map((c) => c.id));
-  for (const c of await ctx.vault.listCheckpoints().catch(() => [])) {
+  const stored = await ctx.vault.listCheckpoints().catch((e: unknown) => {
+    ctx.warnCleanup('*', 'list the vault for orphaned checkpoints', e);
+    return [];
+  });
+  for (const c of stored) {
     if (live.has(c.checkpointId)) continue;
     await ctx.vault
       .deleteCheckpoint({ tenant: c.tenant, checkpointId: c.checkpointId })
-      .catch(() => undefined);
+      .catch((e: unknown) => ctx.warnCleanup(c.checkpointId, 'delete an orphaned checkpoint', e));
   }
 }
 

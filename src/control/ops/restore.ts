@@ -50,6 +50,7 @@ export async function checkCompatible(
     const why = checkpointUnsupported(await ctx.gpu.support());
     if (why !== undefined) problems.push(`the checkpoint holds CUDA state and ${why}`);
     else
+      // The node's CUDA facts unknown (no driver answers): the checkpoint's own are held to none.
       problems.push(...gpuRestoreProblems(gpuMeta, await ctx.gpu.checkpointFacts().catch(() => undefined)));
   }
   if (problems.length > 0) {
@@ -118,12 +119,13 @@ export async function restoreFromVault(
     ]);
     if (fetched.status === 'rejected') {
       // A hibernated sandbox's rootfs stays unmounted (archivable, nothing holding it).
-      if (prepared.status === 'fulfilled') await ctx.runtime.stop(s.id).catch(() => undefined);
+      if (prepared.status === 'fulfilled')
+        await ctx.runtime.stop(s.id).catch((e: unknown) => ctx.warnCleanup(s.id, 'unmount', e));
       throw fetched.reason;
     }
     if (prepared.status === 'rejected') throw prepared.reason;
     await ctx.checkImported(images, ck).catch(async (e: unknown) => {
-      await ctx.runtime.stop(s.id).catch(() => undefined);
+      await ctx.runtime.stop(s.id).catch((x: unknown) => ctx.warnCleanup(s.id, 'unmount', x));
       throw e;
     });
     ctx.step('resume:fetched');
@@ -170,6 +172,8 @@ export async function restoreFromVault(
 
 /** Ends what runs of `id` (unmounting its overlay) and empties its writable layer. */
 export async function unmountAndEmpty(ctx: LifecycleContext, id: string): Promise<void> {
-  await ctx.runtime.stop(id).catch(() => undefined);
-  await emptyFolder(ctx.runtime.upperDir(id)).catch(() => undefined);
+  await ctx.runtime.stop(id).catch((e: unknown) => ctx.warnCleanup(id, 'unmount', e));
+  await emptyFolder(ctx.runtime.upperDir(id)).catch((e: unknown) =>
+    ctx.warnCleanup(id, 'empty the writable layer', e),
+  );
 }
