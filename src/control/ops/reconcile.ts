@@ -122,7 +122,9 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
     case 'resuming':
       if (status === 'running') return 'running';
       if (status !== 'absent') await ctx.runtime.stop(s.id);
-      return s.checkpointId ? 'hibernated' : 'archived';
+      // Back to what it resumed from: a memory checkpoint, or (an archived sandbox whose fresh
+      // start was cut short) its filesystem: a files-only checkpoint is never 'hibernated'.
+      return fallback(ctx, s);
     case 'running':
       // Frozen while recorded running: a hibernate or fork froze it and the daemon died.
       if (status === 'paused') await ctx.runtime.thaw(s.id);
