@@ -1,0 +1,235 @@
+/**
+ * The configuration's environment variables and `dormant serve` flags, each bound to one key
+ * of the file (config.ts reads them; docs/CONFIG.md lists them).
+ */
+
+export type Kind = 'string' | 'boolean' | 'duration' | 'size' | 'integer' | 'number' | 'list' | 'paths';
+
+export interface Setting {
+  /** Dotted key in the file. */
+  key: string;
+  kind: Kind;
+  env?: string;
+  /** The `dormant serve` flag, as commander spells it (`--wake-timeout <duration>`). */
+  flag?: string;
+  /** For a boolean whose flag turns it off (`--no-proxy`) or, inverted, names the opposite. */
+  flagSets?: boolean;
+  help: string;
+}
+
+/** Every key that has a flag or an environment variable (the maps, policy per tenant and prices, are file-only). */
+export const SETTINGS: readonly Setting[] = [
+  {
+    key: 'listen',
+    kind: 'string',
+    env: 'DORMANT_LISTEN',
+    flag: '--listen <host:port>',
+    help: 'where the API listens',
+  },
+  {
+    key: 'dataDir',
+    kind: 'string',
+    env: 'DORMANT_DATA_DIR',
+    flag: '--data-dir <dir>',
+    help: 'state, vault and keys',
+  },
+  {
+    key: 'masterKeyFile',
+    kind: 'string',
+    env: 'DORMANT_MASTER_KEY_FILE',
+    flag: '--master-key-file <file>',
+    help: "the vault's master key (default <data-dir>/master.key)",
+  },
+  {
+    key: 'masterKeyCommand',
+    kind: 'string',
+    env: 'DORMANT_MASTER_KEY_COMMAND',
+    help: 'a command (run with /bin/sh -c) that prints the master key; wins over masterKeyFile',
+  },
+  {
+    key: 'log',
+    kind: 'boolean',
+    env: 'DORMANT_LOG',
+    flag: '--log',
+    flagSets: true,
+    help: 'log every request to stderr',
+  },
+  {
+    key: 'debug',
+    kind: 'list',
+    env: 'DORMANT_DEBUG',
+    help: '`timings`: print each hibernate, resume and fork step by step to stderr',
+  },
+  {
+    key: 'proxy.enabled',
+    kind: 'boolean',
+    env: 'DORMANT_PROXY',
+    flag: '--no-proxy',
+    flagSets: false,
+    help: 'run without the wake proxy',
+  },
+  {
+    key: 'proxy.listen',
+    kind: 'string',
+    env: 'DORMANT_PROXY_LISTEN',
+    flag: '--proxy-listen <host:port>',
+    help: "the wake proxy's address (default: the API's port + 1)",
+  },
+  {
+    key: 'proxy.domain',
+    kind: 'string',
+    env: 'DORMANT_PROXY_DOMAIN',
+    flag: '--proxy-domain <domain>',
+    help: 'sandbox URLs are PORT-ID.<domain>',
+  },
+  {
+    key: 'proxy.wakeTimeout',
+    kind: 'duration',
+    env: 'DORMANT_PROXY_WAKE_TIMEOUT',
+    flag: '--wake-timeout <duration>',
+    help: 'how long a request is held while its sandbox wakes',
+  },
+  {
+    key: 'proxy.tcp',
+    kind: 'string',
+    env: 'DORMANT_PROXY_TCP',
+    flag: '--proxy-tcp <mode>',
+    help: 'raw TCP listeners for sandbox ports: public (ports declared public), all, off',
+  },
+  {
+    key: 'policy.enabled',
+    kind: 'boolean',
+    env: 'DORMANT_POLICY',
+    flag: '--no-policy',
+    flagSets: false,
+    help: 'run without the idle policy loop (sandboxes sleep only when told)',
+  },
+  {
+    key: 'policy.interval',
+    kind: 'duration',
+    env: 'DORMANT_POLICY_INTERVAL',
+    flag: '--policy-interval <duration>',
+    help: 'time between passes of the idle policy loop',
+  },
+  {
+    key: 'sandbox.allowedSourceRoots',
+    kind: 'paths',
+    env: 'DORMANT_ALLOWED_SOURCE_ROOTS',
+    flag: '--allow-root <dir>',
+    help: "tenants' root filesystems, images and archives may come from this folder (repeatable; without it tenant tokens name no host path, admin tokens any)",
+  },
+  {
+    key: 'sandbox.seccompProfile',
+    kind: 'string',
+    env: 'DORMANT_SECCOMP_PROFILE',
+    flag: '--seccomp-profile <file>',
+    help: "every sandbox's seccomp profile (OCI linux.seccomp JSON)",
+  },
+  {
+    key: 'sandbox.apparmorProfile',
+    kind: 'string',
+    env: 'DORMANT_APPARMOR_PROFILE',
+    flag: '--apparmor-profile <name>',
+    help: 'an AppArmor profile loaded on this host, for every sandbox',
+  },
+  {
+    key: 'sandbox.diskQuota',
+    kind: 'size',
+    env: 'DORMANT_DISK_QUOTA',
+    flag: '--disk <size>',
+    help: "disk quota of a sandbox's writable layer when its create gives none (a sparse ext4 image per sandbox)",
+  },
+  {
+    key: 'checkpoint.keep',
+    kind: 'integer',
+    env: 'DORMANT_KEEP_CHECKPOINTS',
+    flag: '--keep-checkpoints <n>',
+    help: 'committed checkpoints kept per sandbox (older ones are deleted)',
+  },
+  {
+    key: 'checkpoint.timeout',
+    kind: 'duration',
+    env: 'DORMANT_CHECKPOINT_TIMEOUT',
+    flag: '--checkpoint-timeout <duration>',
+    help: "how long CRIU's dump may run before it is ended as hung",
+  },
+  {
+    key: 'restore.lazy',
+    kind: 'boolean',
+    env: 'DORMANT_LAZY_RESTORE',
+    flag: '--no-lazy-restore',
+    flagSets: false,
+    help: 'resume eagerly: every page in memory before the sandbox runs (default: CRIU lazy pages where userfaultfd works)',
+  },
+  {
+    key: 'restore.pagesFromVault',
+    kind: 'boolean',
+    env: 'DORMANT_PAGES_FROM_VAULT',
+    flag: '--stage-lazy-pages',
+    flagSets: false,
+    help: "lazy resume copies the page images to staging and CRIU's lazy-pages daemon reads them there, instead of dormant's page server reading them from the vault",
+  },
+  {
+    key: 'restore.pagesFromVaultAbove',
+    kind: 'size',
+    env: 'DORMANT_PAGES_FROM_VAULT_ABOVE',
+    flag: '--pages-from-vault-above <size>',
+    help: 'only checkpoints bigger than this are served from the vault (0: all)',
+  },
+  {
+    key: 'restore.timeout',
+    kind: 'duration',
+    env: 'DORMANT_RESTORE_TIMEOUT',
+    flag: '--restore-timeout <duration>',
+    help: "how long CRIU's restore may run before it is ended as hung",
+  },
+  {
+    key: 'importLimits.maxBytes',
+    kind: 'size',
+    env: 'DORMANT_IMPORT_MAX_BYTES',
+    flag: '--import-max-bytes <size>',
+    help: 'most bytes an imported archive may unpack to',
+  },
+  {
+    key: 'importLimits.maxMemberBytes',
+    kind: 'size',
+    env: 'DORMANT_IMPORT_MAX_MEMBER_BYTES',
+    flag: '--import-max-member-bytes <size>',
+    help: 'most bytes one member of an imported archive may unpack to',
+  },
+  {
+    key: 'importLimits.maxEntries',
+    kind: 'integer',
+    env: 'DORMANT_IMPORT_MAX_ENTRIES',
+    flag: '--import-max-entries <n>',
+    help: 'most entries an imported archive may hold',
+  },
+  {
+    key: 'api.bodyLimit',
+    kind: 'size',
+    env: 'DORMANT_API_BODY_LIMIT',
+    flag: '--body-limit <size>',
+    help: 'largest request body of every API route but exec',
+  },
+  {
+    key: 'api.execBodyLimit',
+    kind: 'size',
+    env: 'DORMANT_API_EXEC_BODY_LIMIT',
+    flag: '--exec-body-limit <size>',
+    help: 'largest exec request body (its stdin rides in it)',
+  },
+  {
+    key: 'api.maxUpload',
+    kind: 'size',
+    env: 'DORMANT_API_MAX_UPLOAD',
+    flag: '--max-upload <size>',
+    help: 'largest checkpoint archive a client may upload',
+  },
+  {
+    key: 'meter.interval',
+    kind: 'duration',
+    env: 'DORMANT_METER_INTERVAL',
+    flag: '--meter-interval <duration>',
+    help: "how often the meter samples each sandbox's resource use",
+  },
+];
