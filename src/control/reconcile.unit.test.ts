@@ -21,8 +21,8 @@ const KNOWN: Record<string, string> = {
   'resume (hibernated, lazy) | #3 store.updateSandbox': LEFT_IN_LAYER,
   'resume (archived) | #1 runtime.stop': ARCHIVE_TO_HIBERNATED,
   'resume (archived) | #2 vault.restoreCheckpoint': ARCHIVE_TO_HIBERNATED,
-  'resume (archived) | #3 runtime.create': ARCHIVE_TO_HIBERNATED,
-  'resume (archived) | #4 runtime.start': ARCHIVE_TO_HIBERNATED,
+  'resume (archived) | #3 runtime.create': `${ARCHIVE_TO_HIBERNATED}; and the files it unpacked into the writable layer stay there`,
+  'resume (archived) | #4 runtime.start': `${ARCHIVE_TO_HIBERNATED}; and the files it unpacked into the writable layer stay there`,
 };
 
 const worlds: World[] = [];
