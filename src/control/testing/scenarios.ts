@@ -6,6 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import type { SandboxState } from '../../domain/sandbox.js';
+import type { ControllerOptions } from '../sandboxes.js';
 import { World } from './world.js';
 
 export interface Scenario {
@@ -26,6 +27,8 @@ export interface Scenario {
   retryFrom?: SandboxState;
   /** The processes' memory does not survive it (a resume from an archive starts afresh). */
   freshStart?: boolean;
+  /** Controller options of its world (lazy restore). */
+  options?: Partial<ControllerOptions>;
   /** Finds the sandbox to check after a failure (create: by name). */
   find?(w: World): string | undefined;
   /** Brings a sandbox at rest back to running with what it had, for the user's check. */
@@ -121,6 +124,15 @@ export const SCENARIOS: Scenario[] = [
   },
   {
     name: 'resume (hibernated, eager)',
+    from: 'hibernated',
+    to: 'running',
+    codes: ['RESUME_FAILED'],
+    setup: hibernated,
+    op: async (w, id) => (await w.controller.resume(id!)).id,
+  },
+  {
+    name: 'resume (hibernated, lazy)',
+    options: { lazyRestore: true },
     from: 'hibernated',
     to: 'running',
     codes: ['RESUME_FAILED'],
@@ -252,7 +264,8 @@ export async function assertUserData(
     if (s.state === 'running') await w.remember(id);
     return;
   }
-  const got = sc.freshStart ? 'files' : await backToRunning(w, id);
+  const back = await backToRunning(w, id);
+  const got = sc.freshStart && back === 'memory' ? 'files' : back;
   if (got === 'memory') await w.assertRemembers(id, 'v1', what);
   else if (got === 'files')
     assert.equal(await w.exec(id, 'cat', 'notes/a.txt'), 'file v1', `${what}: files kept`);
