@@ -178,7 +178,7 @@ type Layer = z.output<typeof Layer>;
 
 // ---- the environment variables and flags, each bound to one key ----
 
-type Kind = 'string' | 'boolean' | 'duration' | 'size' | 'integer' | 'number' | 'list' | 'paths';
+type Kind = 'string' | 'boolean' | 'duration' | 'size' | 'integer' | 'list' | 'paths';
 
 export interface Setting {
   /** Dotted key in the file. */
@@ -187,7 +187,10 @@ export interface Setting {
   env?: string;
   /** The `dormant serve` flag, as commander spells it (`--wake-timeout <duration>`). */
   flag?: string;
-  /** For a boolean whose flag turns it off (`--no-proxy`) or, inverted, names the opposite. */
+  /**
+   * The value a boolean's own flag sets: `--log` true, `--stage-lazy-pages` false. A `--no-X`
+   * flag needs none: commander gives its value (and serve adds the `--X` that undoes it).
+   */
   flagSets?: boolean;
   help: string;
 }
@@ -240,7 +243,6 @@ export const SETTINGS: readonly Setting[] = [
     kind: 'boolean',
     env: 'DORMANT_PROXY',
     flag: '--no-proxy',
-    flagSets: false,
     help: 'run without the wake proxy',
   },
   {
@@ -276,7 +278,6 @@ export const SETTINGS: readonly Setting[] = [
     kind: 'boolean',
     env: 'DORMANT_POLICY',
     flag: '--no-policy',
-    flagSets: false,
     help: 'run without the idle policy loop (sandboxes sleep only when told)',
   },
   {
@@ -333,7 +334,6 @@ export const SETTINGS: readonly Setting[] = [
     kind: 'boolean',
     env: 'DORMANT_LAZY_RESTORE',
     flag: '--no-lazy-restore',
-    flagSets: false,
     help: 'resume eagerly: every page in memory before the sandbox runs (default: CRIU lazy pages where userfaultfd works)',
   },
   {
@@ -501,8 +501,7 @@ function fromEnvText(s: Setting, text: string): unknown {
       if (/^(0|false|no|off)$/i.test(text)) return false;
       return text; // the schema names it
     case 'integer':
-    case 'number':
-      return /^\s*-?\d+(\.\d+)?\s*$/.test(text) ? Number(text) : text;
+      return /^\s*-?\d+\s*$/.test(text) ? Number(text) : text;
     case 'list':
       return text
         .split(',')
@@ -515,7 +514,7 @@ function fromEnvText(s: Setting, text: string): unknown {
   }
 }
 
-export function envLayerRaw(env: NodeJS.ProcessEnv): Record<string, unknown> {
+function envLayerRaw(env: NodeJS.ProcessEnv): Record<string, unknown> {
   const raw: Record<string, unknown> = {};
   for (const s of SETTINGS) {
     const v = s.env !== undefined ? env[s.env] : undefined;
@@ -542,7 +541,7 @@ export function flagLayerRaw(
       // commander gives `--no-proxy` as proxy: false (and `--proxy` as true); a flag of its own,
       // `--log` or `--stage-lazy-pages`, sets the value it stands for.
       setAt(raw, s.key, s.flag.startsWith('--no-') ? v === true : s.flagSets);
-    } else if (s.kind === 'integer' || s.kind === 'number') {
+    } else if (s.kind === 'integer') {
       setAt(raw, s.key, typeof v === 'string' ? fromEnvText(s, v) : v);
     } else if (s.kind === 'paths') {
       if (Array.isArray(v) && v.length > 0) setAt(raw, s.key, v);
