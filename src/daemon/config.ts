@@ -271,8 +271,7 @@ function fromEnvText(s: Setting, text: string): unknown {
       if (/^(0|false|no|off)$/i.test(text)) return false;
       return text; // the schema names it
     case 'integer':
-    case 'number':
-      return /^\s*-?\d+(\.\d+)?\s*$/.test(text) ? Number(text) : text;
+      return /^\s*-?\d+\s*$/.test(text) ? Number(text) : text;
     case 'list':
       return text
         .split(',')
@@ -285,7 +284,7 @@ function fromEnvText(s: Setting, text: string): unknown {
   }
 }
 
-export function envLayerRaw(env: NodeJS.ProcessEnv): Record<string, unknown> {
+function envLayerRaw(env: NodeJS.ProcessEnv): Record<string, unknown> {
   const raw: Record<string, unknown> = {};
   for (const s of SETTINGS) {
     const v = s.env !== undefined ? env[s.env] : undefined;
@@ -312,7 +311,7 @@ export function flagLayerRaw(
       // commander gives `--no-proxy` as proxy: false (and `--proxy` as true); a flag of its own,
       // `--log` or `--stage-lazy-pages`, sets the value it stands for.
       setAt(raw, s.key, s.flag.startsWith('--no-') ? v === true : s.flagSets);
-    } else if (s.kind === 'integer' || s.kind === 'number') {
+    } else if (s.kind === 'integer') {
       setAt(raw, s.key, typeof v === 'string' ? fromEnvText(s, v) : v);
     } else if (s.kind === 'paths') {
       if (Array.isArray(v) && v.length > 0) setAt(raw, s.key, v);

@@ -3,7 +3,7 @@
  * of the file (config.ts reads them; docs/CONFIG.md lists them).
  */
 
-export type Kind = 'string' | 'boolean' | 'duration' | 'size' | 'integer' | 'number' | 'list' | 'paths';
+export type Kind = 'string' | 'boolean' | 'duration' | 'size' | 'integer' | 'list' | 'paths';
 
 export interface Setting {
   /** Dotted key in the file. */
@@ -12,7 +12,10 @@ export interface Setting {
   env?: string;
   /** The `dormant serve` flag, as commander spells it (`--wake-timeout <duration>`). */
   flag?: string;
-  /** For a boolean whose flag turns it off (`--no-proxy`) or, inverted, names the opposite. */
+  /**
+   * The value a boolean's own flag sets: `--log` true, `--stage-lazy-pages` false. A `--no-X`
+   * flag needs none: commander gives its value (and serve adds the `--X` that undoes it).
+   */
   flagSets?: boolean;
   help: string;
 }
@@ -65,7 +68,6 @@ export const SETTINGS: readonly Setting[] = [
     kind: 'boolean',
     env: 'DORMANT_PROXY',
     flag: '--no-proxy',
-    flagSets: false,
     help: 'run without the wake proxy',
   },
   {
@@ -101,7 +103,6 @@ export const SETTINGS: readonly Setting[] = [
     kind: 'boolean',
     env: 'DORMANT_POLICY',
     flag: '--no-policy',
-    flagSets: false,
     help: 'run without the idle policy loop (sandboxes sleep only when told)',
   },
   {
@@ -158,7 +159,6 @@ export const SETTINGS: readonly Setting[] = [
     kind: 'boolean',
     env: 'DORMANT_LAZY_RESTORE',
     flag: '--no-lazy-restore',
-    flagSets: false,
     help: 'resume eagerly: every page in memory before the sandbox runs (default: CRIU lazy pages where userfaultfd works)',
   },
   {
