@@ -7,12 +7,15 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { RuncRuntime } from './runc.js';
-import { buildBusyboxRootfs } from './testing/rootfs.js';
-import { cannotRun, CRIU } from './testing/host.js';
+import {
+  cannotRun,
+  CRIU,
+  removeRuntimeFolders,
+  runtimeFolders,
+  type RuntimeFolders,
+} from './testing/host.js';
 
 const skip = await cannotRun('criu', 'python3');
 
@@ -79,18 +82,14 @@ describe('confinement of a sandbox (real runc + CRIU)', { skip }, () => {
   const suffix = randomBytes(3).toString('hex');
   const runtimes: RuncRuntime[] = [];
 
+  let folders: RuntimeFolders;
+
   before(async () => {
-    tmp = await mkdtemp(join(tmpdir(), 'dormant-confine-'));
-    shm = await mkdtemp('/dev/shm/dormant-confine-');
-    rootfs = join(tmp, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/probe.py': PROBE_PY });
+    folders = await runtimeFolders('confine', { 'srv/probe.py': PROBE_PY });
+    ({ tmp, shm, rootfs } = folders);
   });
 
-  after(async () => {
-    for (const rt of runtimes) for (const id of await rt.list()) await rt.destroy(id);
-    await rm(tmp, { recursive: true, force: true });
-    await rm(shm, { recursive: true, force: true });
-  });
+  after(() => removeRuntimeFolders(folders, runtimes));
 
   const spec = (id: string) => ({
     id,

@@ -8,13 +8,21 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readlink, rm } from 'node:fs/promises';
+import { readlink } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { cgroupUsage } from '../sys/cgroup.js';
 import { layerHostBytes, layerImage } from './quota.js';
 import { RuncRuntime } from './runc.js';
-import { buildBusyboxRootfs } from './testing/rootfs.js';
-import { cannotRun, CRIU, loopsLeft, loopsUnder, mountsUnder } from './testing/host.js';
+import {
+  cannotRun,
+  CRIU,
+  loopsLeft,
+  loopsUnder,
+  mountsUnder,
+  removeRuntimeFolders,
+  runtimeFolders,
+  type RuntimeFolders,
+} from './testing/host.js';
 
 const MIB = 1024 * 1024;
 const skip = await cannotRun('criu', 'mkfs.ext4');
@@ -26,20 +34,16 @@ describe('what a sandbox sees of the host, and its disk quota (real runc + CRIU)
   let rt: RuncRuntime;
   const suffix = randomBytes(3).toString('hex');
 
+  let folders: RuntimeFolders;
+
   before(async () => {
     // Distinctive names, to look for inside the sandbox.
-    tmp = await mkdtemp('/tmp/dormant-hostview-');
-    shm = await mkdtemp('/dev/shm/dormant-hostview-');
-    rootfs = join(tmp, `rootfs-${suffix}`);
-    await buildBusyboxRootfs(rootfs);
+    folders = await runtimeFolders('hostview', {}, `rootfs-${suffix}`);
+    ({ tmp, shm, rootfs } = folders);
     rt = new RuncRuntime({ stateDir: join(tmp, 'state'), criuPath: CRIU });
   });
 
-  after(async () => {
-    for (const id of await rt.list()) await rt.destroy(id);
-    await rm(tmp, { recursive: true, force: true });
-    await rm(shm, { recursive: true, force: true });
-  });
+  after(() => removeRuntimeFolders(folders, [rt]));
 
   test('inside: /proc/self/cgroup ends in /, mountinfo names no host folder; the host still reads the cgroup; so after checkpoint and restore', async () => {
     const id = `view-${suffix}`;

@@ -6,19 +6,23 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { cp, mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { cp, mkdir, readFile } from 'node:fs/promises';
 import { once } from 'node:events';
 import { createServer } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDormantError, ErrorCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
 import { findCollector, stopCollector } from './log-collector.js';
 import { findSlot, tearDownNetwork } from './network.js';
 import { RuncRuntime } from './runc.js';
-import { buildBusyboxRootfs } from './testing/rootfs.js';
-import { cannotRun, CRIU } from './testing/host.js';
+import {
+  cannotRun,
+  CRIU,
+  removeRuntimeFolders,
+  runtimeFolders,
+  type RuntimeFolders,
+} from './testing/host.js';
 
 const skip = await cannotRun('criu', 'python3');
 
@@ -68,19 +72,15 @@ describe('RuncRuntime (real runc + CRIU)', { skip }, () => {
   let rt: RuncRuntime;
   const suffix = randomBytes(3).toString('hex');
 
+  let folders: RuntimeFolders;
+
   before(async () => {
-    tmp = await mkdtemp(join(tmpdir(), 'dormant-rt-'));
-    shm = await mkdtemp('/dev/shm/dormant-rt-');
-    rootfs = join(tmp, 'rootfs');
-    await buildBusyboxRootfs(rootfs, { 'srv/server.py': SERVER_PY });
+    folders = await runtimeFolders('rt', { 'srv/server.py': SERVER_PY });
+    ({ tmp, shm, rootfs } = folders);
     rt = new RuncRuntime({ stateDir: join(tmp, 'state'), criuPath: CRIU });
   });
 
-  after(async () => {
-    for (const id of await rt.list()) await rt.destroy(id);
-    await rm(tmp, { recursive: true, force: true });
-    await rm(shm, { recursive: true, force: true });
-  });
+  after(() => removeRuntimeFolders(folders, [rt]));
 
   test('create, exec, logs, isolation, limits, freeze/thaw, destroy', async () => {
     const id = `basic-${suffix}`;

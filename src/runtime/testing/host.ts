@@ -3,8 +3,11 @@
  * them at all, and what a sandbox's disk layer leaves on the host (mounts, loop devices).
  */
 import { existsSync, readFileSync, readdirSync, readlinkSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import { run, which } from '../../sys/exec.js';
+import type { RuncRuntime } from '../runc.js';
+import { buildBusyboxRootfs } from './rootfs.js';
 
 /** Where the tests look for the CRIU that scripts/setup.sh installs. */
 export const CRIU = '/usr/local/bin/criu';
@@ -72,4 +75,34 @@ function mountHolders(dir: string): string[] {
 /** The lines of this process's mount table that name `dir`. */
 export async function mountsUnder(dir: string): Promise<string[]> {
   return (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((l) => l.includes(dir));
+}
+
+/** The folders of a runtime test. */
+export interface RuntimeFolders {
+  /** /tmp/dormant-NAME-XXXXXX: the rootfs and the runtimes' state. */
+  tmp: string;
+  /** /dev/shm/dormant-NAME-XXXXXX: memory-backed, for checkpoint images. */
+  shm: string;
+  /** A busybox rootfs in `tmp`. */
+  rootfs: string;
+}
+
+/** Makes the folders of a runtime test, with a busybox rootfs named `rootfsName` holding `files`. */
+export async function runtimeFolders(
+  name: string,
+  files?: Record<string, string>,
+  rootfsName = 'rootfs',
+): Promise<RuntimeFolders> {
+  const tmp = await mkdtemp(`/tmp/dormant-${name}-`);
+  const shm = await mkdtemp(`/dev/shm/dormant-${name}-`);
+  const rootfs = join(tmp, rootfsName);
+  await buildBusyboxRootfs(rootfs, files);
+  return { tmp, shm, rootfs };
+}
+
+/** Destroys every container of `runtimes`, then removes the test's folders. */
+export async function removeRuntimeFolders(f: RuntimeFolders, runtimes: RuncRuntime[]): Promise<void> {
+  for (const rt of runtimes) for (const id of await rt.list()) await rt.destroy(id);
+  await rm(f.tmp, { recursive: true, force: true });
+  await rm(f.shm, { recursive: true, force: true });
 }
