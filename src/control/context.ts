@@ -22,8 +22,7 @@ import { assertWithinProfile } from '../checkpoint/profile-check-io.js';
 import { SANDBOX_CAPABILITIES } from '../runtime/oci.js';
 import type { PageServer } from '../criu/page-server.js';
 import type { Keeper } from '../sys/keeper.js';
-import type { ControllerOptions, Clock } from './options.js';
-import { systemClock } from './options.js';
+import { systemClock, type ControllerOptions, type Clock } from './options.js';
 
 /** A lazy restore's pages, served from the vault while they stream in. */
 export interface PagesFromVault {
