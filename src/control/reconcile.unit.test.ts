@@ -12,18 +12,7 @@ import { World, quiet } from './testing/world.js';
 import { SCENARIOS, assertUserData, runOp, type Scenario } from './testing/scenarios.js';
 
 /** Crash points where reconcile does not (yet) keep the contract, by `scenario | #call name`. */
-const LEFT_IN_LAYER =
-  "a crash after the checkpoint's files were unpacked into the writable layer, before the restore took, leaves them there in plaintext while the sandbox is hibernated again (reconcile of 'resuming' does not empty the layer)";
-const ARCHIVE_TO_HIBERNATED =
-  "reconcile of a sandbox found 'resuming' with no processes sends it to hibernated whenever it has a checkpoint, also when that is an archive's filesystem checkpoint: an archived sandbox becomes hibernated, and its resume then fails (it should be fallback(): archived)";
-const KNOWN: Record<string, string> = {
-  'resume (hibernated, eager) | #3 runtime.restore': LEFT_IN_LAYER,
-  'resume (hibernated, lazy) | #3 store.updateSandbox': LEFT_IN_LAYER,
-  'resume (archived) | #1 runtime.stop': ARCHIVE_TO_HIBERNATED,
-  'resume (archived) | #2 vault.restoreCheckpoint': ARCHIVE_TO_HIBERNATED,
-  'resume (archived) | #3 runtime.create': `${ARCHIVE_TO_HIBERNATED}; and the files it unpacked into the writable layer stay there`,
-  'resume (archived) | #4 runtime.start': `${ARCHIVE_TO_HIBERNATED}; and the files it unpacked into the writable layer stay there`,
-};
+const KNOWN: Record<string, string> = {};
 
 const worlds: World[] = [];
 after(async () => {
@@ -129,16 +118,10 @@ describe('a reboot while sandboxes rest or run', () => {
     await w.assertConsistent('all resumed');
   });
 
-  test(
-    'a sandbox sent back to its checkpoint keeps no files in its writable layer',
-    {
-      todo: "reconcile sends a running or paused sandbox whose processes are gone to its checkpoint (hibernated) but leaves its writable layer as it was: its files stay on the host disk in plaintext, where a hibernated sandbox's live only in the vault",
-    },
-    async () => {
-      const { w } = await rebooted();
-      await w.assertConsistent('after a reboot');
-    },
-  );
+  test('a sandbox sent back to its checkpoint keeps no files in its writable layer', async () => {
+    const { w } = await rebooted();
+    await w.assertConsistent('after a reboot');
+  });
 });
 
 describe('lazy restore', () => {

@@ -124,17 +124,17 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
       if (status !== 'absent') await ctx.runtime.stop(s.id);
       // Back to what it resumed from: a memory checkpoint, or (an archived sandbox whose fresh
       // start was cut short) its filesystem: a files-only checkpoint is never 'hibernated'.
-      return fallback(ctx, s);
+      return processesGone(ctx, s);
     case 'running':
       // Frozen while recorded running: a hibernate or fork froze it and the daemon died.
       if (status === 'paused') await ctx.runtime.thaw(s.id);
       if (status === 'running' || status === 'paused') return 'running';
       if (status !== 'absent') await ctx.runtime.stop(s.id);
-      return fallback(ctx, s);
+      return processesGone(ctx, s);
     case 'paused':
       if (status === 'running' || status === 'paused') return status;
       if (status !== 'absent') await ctx.runtime.stop(s.id);
-      return fallback(ctx, s);
+      return processesGone(ctx, s);
     case 'archived':
       // An archive cut short after its record: the processes it meant to end, the
       // writable layer it meant to empty (its diff is in the vault).
@@ -145,6 +145,18 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
     default:
       return s.state;
   }
+}
+
+/**
+ * Its processes are gone (a reboot, a resume cut short): back to its checkpoint. Where that
+ * holds the filesystem (a tar diff in the vault), the writable layer is emptied as hibernate
+ * and archive empty it: the files live in the vault, never in plaintext on the host, and the
+ * next resume unpacks the checkpoint's files, not those mixed with what came after it.
+ */
+async function processesGone(ctx: LifecycleContext, s: Sandbox): Promise<SandboxState> {
+  const ck = s.checkpointId !== undefined ? ctx.store.getCheckpoint(s.checkpointId) : undefined;
+  if (ck?.meta[FS_META] === 'tar') await emptyFolder(ctx.runtime.upperDir(s.id));
+  return fallback(ctx, s);
 }
 
 /** Processes are gone (a reboot): the newest checkpoint if there is one, else the filesystem. */
