@@ -62,7 +62,6 @@ function gib(n: number): string {
 /** CHECKPOINT_ARCHIVE_TOO_LARGE (413). Names the member and the cap; never a host path. */
 export function tooLarge(what: string): DormantError {
   return new DormantError(ErrorCode.CHECKPOINT_ARCHIVE_TOO_LARGE, `checkpoint archive too large: ${what}`, {
-    status: 413,
     hint: 'raise the limit if the archive is trusted (a decompression bomb looks the same)',
   });
 }

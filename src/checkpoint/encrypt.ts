@@ -55,9 +55,6 @@ export async function loadRecipients(specs: string[]): Promise<KeyObject[]> {
     throw new DormantError(
       ErrorCode.INVALID_ARGUMENT,
       '--encrypt needs at least one --recipient jwe:PUBKEY.pem',
-      {
-        status: 400,
-      },
     );
   const keys: KeyObject[] = [];
   for (const spec of specs) {
@@ -68,9 +65,6 @@ export async function loadRecipients(specs: string[]): Promise<KeyObject[]> {
       throw new DormantError(
         ErrorCode.INVALID_ARGUMENT,
         `--recipient ${spec}: only jwe:PUBKEY.pem is supported`,
-        {
-          status: 400,
-        },
       );
     let pem: Buffer;
     try {
@@ -79,9 +73,6 @@ export async function loadRecipients(specs: string[]): Promise<KeyObject[]> {
       throw new DormantError(
         ErrorCode.INVALID_ARGUMENT,
         `--recipient ${spec}: cannot read ${file} (${(e as Error).message})`,
-        {
-          status: 400,
-        },
       );
     }
     let key: KeyObject;
@@ -91,17 +82,13 @@ export async function loadRecipients(specs: string[]): Promise<KeyObject[]> {
       throw new DormantError(
         ErrorCode.INVALID_ARGUMENT,
         `--recipient ${spec}: ${file} is not a PEM public key`,
-        {
-          status: 400,
-          hint: 'e.g. openssl rsa -in key.pem -pubout -out pub.pem',
-        },
+        { hint: 'e.g. openssl rsa -in key.pem -pubout -out pub.pem' },
       );
     }
     if (key.asymmetricKeyType !== 'rsa' || (key.asymmetricKeyDetails?.modulusLength ?? 0) < 2048)
       throw new DormantError(
         ErrorCode.INVALID_ARGUMENT,
         `--recipient ${spec}: ${file} is a ${key.asymmetricKeyType ?? 'unknown'} key${key.asymmetricKeyType === 'rsa' ? ' shorter than 2048 bits' : ''}; an RSA public key of 2048 bits or more is needed`,
-        { status: 400 },
       );
     keys.push(key);
   }

@@ -187,7 +187,6 @@ export async function exportCheckpoint(
       ErrorCode.CHECKPOINT_HAS_SECRETS,
       `checkpoint ${ck.ref} holds ${scan.findings.length} secret(s) (${kinds}); refusing to write it out in plaintext`,
       {
-        status: 409,
         hint: '`dormant checkpoint scan` lists them; export with --format oci --encrypt --recipient jwe:PUB.pem, or pass --allow-plaintext to export anyway',
         details: { findings: scan.findings.map((f) => ({ kind: f.kind, where: f.where, path: f.path })) },
       },

@@ -146,14 +146,12 @@ export function imageMismatch(facts: ArchiveFacts, img: ImageIdentity): string |
 export function imageRequired(facts: ArchiveFacts): DormantError {
   const what = facts.imageName ?? facts.imageIds[0] ?? 'an unrecorded image';
   return new DormantError('IMAGE_REQUIRED', `the archive's base image ${what} is not one dormant holds`, {
-    status: 422,
     hint: 'pass it as an OCI image layout: --image DIR (e.g. from `skopeo copy docker://IMAGE oci:DIR`)',
   });
 }
 
 export function imageDiffers(why: string): DormantError {
   return new DormantError('IMAGE_MISMATCH', `wrong base image for this checkpoint: ${why}`, {
-    status: 422,
     hint: 'pass the image the container ran on (--image DIR[:TAG]); a checkpoint only restores on its own base',
   });
 }

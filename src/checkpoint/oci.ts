@@ -65,7 +65,6 @@ export async function writeOciCheckpointImage(
   try {
     if ((await readdir(outDir)).length > 0)
       throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--out ${outDir} is not empty`, {
-        status: 400,
         hint: 'an OCI layout is written into a new or empty folder',
       });
   } catch (e) {

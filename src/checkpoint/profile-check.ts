@@ -548,7 +548,6 @@ export function outsideProfile(problems: readonly ProfileProblem[], what = 'the 
     ErrorCode.CHECKPOINT_OUTSIDE_PROFILE,
     `${what} holds more than a sandbox may: ${shown.join('; ')}${more > 0 ? `; and ${more} more` : ''}`,
     {
-      status: 422,
       hint: 'a checkpoint restores only as what a dormant sandbox is: its capabilities, no_new_privs, a seccomp filter, its namespaces and mounts; checkpoint the workload in a sandbox (or a container run with that profile) and import that',
       details: { problems: problems.map(problemText) },
     },

@@ -74,10 +74,7 @@ function layoutOf(dir: string): Promise<{ imagesDir: string; rootDir?: string }>
     throw new DormantError(
       ErrorCode.CHECKPOINT_ARCHIVE_INVALID,
       `${dir} holds neither CRIU images (pstree.img) nor a checkpoint/ folder`,
-      {
-        status: 422,
-        hint: 'REF is a checkpoint id, an archive (.tar, .tar.gz, .tar.zst) or a folder of CRIU images',
-      },
+      { hint: 'REF is a checkpoint id, an archive (.tar, .tar.gz, .tar.zst) or a folder of CRIU images' },
     );
   })();
 }
@@ -92,9 +89,7 @@ export async function openCheckpointPath(
     st = await stat(ref);
   } catch (e) {
     if (errnoCode(e) === 'ENOENT')
-      throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no such checkpoint file or folder: ${ref}`, {
-        status: 404,
-      });
+      throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no such checkpoint file or folder: ${ref}`);
     throw e;
   }
   if (st.isDirectory()) {
@@ -168,15 +163,12 @@ export async function readJsonFile(path: string, maxBytes = 16 * 1024 * 1024): P
   try {
     const st = await stat(path);
     if (st.size > maxBytes)
-      throw new DormantError(ErrorCode.CHECKPOINT_ARCHIVE_INVALID, `${path} is too large`, { status: 422 });
+      throw new DormantError(ErrorCode.CHECKPOINT_ARCHIVE_INVALID, `${path} is too large`);
     return JSON.parse(await readFile(path, 'utf8')) as unknown;
   } catch (e) {
     if (errnoCode(e) === 'ENOENT') return undefined;
     if (e instanceof SyntaxError)
-      throw new DormantError(ErrorCode.CHECKPOINT_ARCHIVE_INVALID, `${path} is not valid JSON`, {
-        status: 422,
-        cause: e,
-      });
+      throw new DormantError(ErrorCode.CHECKPOINT_ARCHIVE_INVALID, `${path} is not valid JSON`, { cause: e });
     throw e;
   }
 }

@@ -30,7 +30,6 @@ export interface TarVisitor {
 
 export function invalidArchive(what: string, cause?: unknown): DormantError {
   return new DormantError(ErrorCode.CHECKPOINT_ARCHIVE_INVALID, `invalid checkpoint archive: ${what}`, {
-    status: 422,
     cause,
     hint: 'expected a podman, CRI-O or kubelet checkpoint archive (.tar, .tar.gz or .tar.zst)',
   });

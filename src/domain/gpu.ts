@@ -19,7 +19,6 @@ export function parseGpuPolicy(v: string): GpuPolicy {
   throw new DormantError(
     'INVALID_ARGUMENT',
     `invalid GPU policy "${v.slice(0, 40)}": use ${GPU_POLICIES.join(', ')}`,
-    { status: 400 },
   );
 }
 
@@ -36,7 +35,6 @@ export function parseGpus(v: string): string | undefined {
     throw new DormantError(
       'INVALID_ARGUMENT',
       `invalid GPU list "${v.slice(0, 40)}": use all, or device indexes like 0 or 0,1`,
-      { status: 400 },
     );
   }
   return [...new Set(parts.map(Number))].sort((a, b) => a - b).join(',');

@@ -85,7 +85,6 @@ export function isNoop(op: SandboxOp, state: SandboxState): boolean {
 export function assertLegal(op: SandboxOp, state: SandboxState, sandboxId: string): void {
   if (!LEGAL[op].includes(state)) {
     throw new DormantError('ILLEGAL_TRANSITION', `cannot ${op} sandbox ${sandboxId}: it is ${state}`, {
-      status: 409,
       hint: HINTS[op] ?? `wait until the sandbox settles (it is ${state}) and try again`,
       details: { sandboxId, state, op },
     });
@@ -100,7 +99,6 @@ export function validateName(name: string): string {
     throw new DormantError(
       'INVALID_ARGUMENT',
       `invalid sandbox name "${name.slice(0, 80)}": use 1-63 lowercase letters, digits and inner dashes`,
-      { status: 400 },
     );
   }
   return name;

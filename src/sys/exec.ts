@@ -206,7 +206,7 @@ export function run(command: string, args: readonly string[], options: RunOption
           new DormantError(
             ErrorCode.COMMAND_TIMEOUT,
             `${cmdline}: killed after ${timeoutMs} ms timeout${output ? `; output:\n${output}` : ' (no output)'}`,
-            { status: 504, details },
+            { details },
           ),
         );
       } else if (stopReason === 'abort') {
@@ -247,7 +247,6 @@ export function run(command: string, args: readonly string[], options: RunOption
             ErrorCode.COMMAND_NOT_FOUND,
             `${command}: not found or not executable (${errnoCode(e)})`,
             {
-              status: 500,
               cause: e,
               hint: `install ${command} or put it on PATH (scripts/setup.sh installs what dormant needs)`,
             },

@@ -17,7 +17,6 @@ export function checkId(kind: string, id: string): void {
     throw new DormantError(
       ErrorCode.INVALID_ARGUMENT,
       `invalid ${kind} "${id}": use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit`,
-      { status: 400 },
     );
   }
 }

@@ -130,10 +130,7 @@ export async function checkMasterKey(store: VaultStore, master: Buffer, vaultIsN
     throw new DormantError(
       ErrorCode.VAULT_KEY_WRONG,
       `the master key does not open the vault at ${store.location}`,
-      {
-        status: 403,
-        hint: 'use the master key this vault was created with (DORMANT_MASTER_KEY_FILE or the key command)',
-      },
+      { hint: 'use the master key this vault was created with (DORMANT_MASTER_KEY_FILE or the key command)' },
     );
   }
 }
@@ -182,10 +179,7 @@ export async function loadWrappedKey(
       throw new DormantError(
         opts.destroyedCode,
         `the key of ${opts.label} was destroyed; its checkpoints are unrecoverable`,
-        {
-          status: 410,
-          hint: 'crypto-shredding cannot be undone; new checkpoints need a new tenant or sandbox id',
-        },
+        { hint: 'crypto-shredding cannot be undone; new checkpoints need a new tenant or sandbox id' },
       );
     }
     let blob: Buffer | undefined;
@@ -263,9 +257,7 @@ export class TenantSecrets {
 
   private async key(tenant: string): Promise<Buffer> {
     if (!TENANT_RE.test(tenant))
-      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `invalid tenant "${tenant.slice(0, 80)}"`, {
-        status: 400,
-      });
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `invalid tenant "${tenant.slice(0, 80)}"`);
     const tk = await loadWrappedKey(this.store, {
       name: tenantKeyName(tenant),
       tombstone: tenantTombstoneName(tenant),

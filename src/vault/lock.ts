@@ -115,7 +115,6 @@ async function writePid(path: string, flags: 'w' | 'wx'): Promise<void> {
 
 function busy(why: string): DormantError {
   return new DormantError(ErrorCode.VAULT_BUSY, `vault is busy: ${why}`, {
-    status: 409,
     hint: 'try again later; gc waits for writes and writes wait for gc',
   });
 }

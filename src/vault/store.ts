@@ -122,7 +122,6 @@ export class LocalDirStore implements VaultStore {
     } catch (e) {
       if (errnoCode(e) === 'ENOENT') {
         throw new DormantError(ErrorCode.VAULT_NOT_FOUND, `vault object ${name} not found in ${this.root}`, {
-          status: 404,
           details: { object: name },
         });
       }
@@ -137,7 +136,6 @@ export class LocalDirStore implements VaultStore {
     } catch (e) {
       if (errnoCode(e) === 'ENOENT') {
         throw new DormantError(ErrorCode.VAULT_NOT_FOUND, `vault object ${name} not found in ${this.root}`, {
-          status: 404,
           details: { object: name },
         });
       }

@@ -172,7 +172,6 @@ export class Vault {
     }
     if (vaultIsNew && opts.create === false) {
       throw new DormantError(ErrorCode.VAULT_NOT_FOUND, `no vault at ${store.location}`, {
-        status: 404,
         hint: 'check --data-dir (or DORMANT_DATA_DIR); a vault is created by the first stored checkpoint',
       });
     }
@@ -233,9 +232,6 @@ export class Vault {
           throw new DormantError(
             ErrorCode.CHECKPOINT_NOT_FOUND,
             `tenant ${tenant} has no checkpoints in this vault`,
-            {
-              status: 404,
-            },
           );
         }
         const keys = deriveTenantKeys(key);
@@ -347,10 +343,7 @@ export class Vault {
         throw new DormantError(
           ErrorCode.CHECKPOINT_NOT_FOUND,
           `checkpoint ${checkpointId} of tenant ${tenant} is not in the vault`,
-          {
-            status: 404,
-            cause: e,
-          },
+          { cause: e },
         );
       }
       throw e;
@@ -412,17 +405,13 @@ export class Vault {
       new DormantError(
         ErrorCode.CHECKPOINT_EXISTS,
         `checkpoint ${o.checkpointId} already exists for tenant ${o.tenant}`,
-        {
-          status: 409,
-          hint: 'checkpoint ids are never reused; pick a new one',
-        },
+        { hint: 'checkpoint ids are never reused; pick a new one' },
       );
     if (await exists()) throw taken();
     if (await isDestroyed(this.store, tenantTombstoneName(o.tenant))) {
       // Checked on every put: another process may have shredded the tenant since we cached its key.
       this.tenants.delete(o.tenant);
       throw new DormantError(ErrorCode.TENANT_KEY_DESTROYED, `the key of tenant ${o.tenant} was destroyed`, {
-        status: 410,
         hint: 'crypto-shredding cannot be undone; new checkpoints need a new tenant id',
       });
     }
@@ -532,7 +521,6 @@ export class Vault {
       throw new DormantError(
         ErrorCode.TENANT_KEY_DESTROYED,
         `the key of tenant ${tenant} was destroyed; checkpoint ${checkpointId} is unrecoverable`,
-        { status: 410 },
       );
     }
     // Started first: the workers boot while the manifest and the index load.

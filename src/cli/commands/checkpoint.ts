@@ -195,20 +195,15 @@ export function registerCheckpoint(program: Command): void {
     .option('--json', 'print JSON')
     .action(async (ref, o) => {
       if (o.format !== 'podman' && o.format !== 'oci')
-        throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--format ${o.format}: expected podman or oci`, {
-          status: 400,
-        });
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--format ${o.format}: expected podman or oci`);
       const oci = o.format === 'oci';
       const encrypt = o.encrypt === true;
       if (encrypt && !oci)
         throw new DormantError(ErrorCode.INVALID_ARGUMENT, '--encrypt needs --format oci', {
-          status: 400,
           hint: 'an encrypted export is an OCI image layout whose layer is encrypted (ocicrypt)',
         });
       if (!encrypt && o.recipient.length > 0)
-        throw new DormantError(ErrorCode.INVALID_ARGUMENT, '--recipient is only used with --encrypt', {
-          status: 400,
-        });
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, '--recipient is only used with --encrypt');
       // Recipients are read before anything is exported: a bad key file fails fast.
       const recipients = encrypt ? await loadRecipients(o.recipient) : undefined;
       // An OCI image's layer is the uncompressed podman archive, written beside the folder first;
@@ -292,9 +287,7 @@ export function registerCheckpoint(program: Command): void {
       const ports = o.port.map((p) => {
         const n = Number(p);
         if (!Number.isInteger(n) || n < 1 || n > 65535)
-          throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--port ${p}: expected 1 to 65535`, {
-            status: 400,
-          });
+          throw new DormantError(ErrorCode.INVALID_ARGUMENT, `--port ${p}: expected 1 to 65535`);
         return n;
       });
       const rest = {
@@ -309,9 +302,7 @@ export function registerCheckpoint(program: Command): void {
           : await (async () => {
               const st = await stat(archive).catch(() => undefined);
               if (!st?.isFile())
-                throw new DormantError(ErrorCode.INVALID_ARGUMENT, `archive ${archive}: no such file`, {
-                  status: 400,
-                });
+                throw new DormantError(ErrorCode.INVALID_ARGUMENT, `archive ${archive}: no such file`);
               return client.uploadCheckpoint(
                 Readable.toWeb(createReadStream(archive)) as ReadableStream<Uint8Array>,
                 { fileName: basename(archive), ...rest },

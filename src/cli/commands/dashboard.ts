@@ -28,7 +28,6 @@ Examples:
         const token = tokenFromEnv();
         if (token === undefined)
           throw new DormantError('UNAUTHORIZED', 'no token to sign the dashboard in with', {
-            status: 401,
             hint: 'set DORMANT_TOKEN, or run where <data-dir>/admin-token is readable',
           });
         url += `#token=${encodeURIComponent(token)}`;

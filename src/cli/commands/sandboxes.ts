@@ -14,7 +14,7 @@ import { withProgress as showProgress } from '../progress.js';
 const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
 
 function usage(message: string): DormantError {
-  return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { status: 400 });
+  return new DormantError(ErrorCode.INVALID_ARGUMENT, message);
 }
 
 const STATE_COLOR: Record<string, (s: string) => string> = {

@@ -14,7 +14,7 @@ export function registerUrl(program: Command): void {
     .action(async (id, portText, o) => {
       const port = Number(portText);
       if (!Number.isInteger(port) || port < 1 || port > 65535) {
-        throw new DormantError('INVALID_ARGUMENT', `invalid port ${portText.slice(0, 20)}`, { status: 400 });
+        throw new DormantError('INVALID_ARGUMENT', `invalid port ${portText.slice(0, 20)}`);
       }
       const u = await clientFromEnv().sandboxUrl(id, port);
       if (o.json) {

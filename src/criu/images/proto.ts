@@ -18,7 +18,6 @@ export type Field =
 
 export function malformed(what: string, cause?: unknown): DormantError {
   return new DormantError(ErrorCode.CRIU_IMAGE_MALFORMED, `malformed CRIU image: ${what}`, {
-    status: 422,
     cause,
     hint: 'the checkpoint is damaged or was not written by CRIU',
   });
