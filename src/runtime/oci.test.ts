@@ -178,7 +178,7 @@ describe('network addressing', () => {
       const others = ids.filter((id) => !clash.slice(0, 2).includes(id)).slice(0, 2);
       for (const id of others) await reserveSlot(dir, id, subnet);
       await assert.rejects(reserveSlot(dir, 'z', subnet), (e) =>
-        isDormantError(e, ErrorCode.RUNTIME_NETWORK_FAILED),
+        isDormantError(e, ErrorCode.RUNTIME_NO_ADDRESS),
       );
       await releaseSlot(dir, slots[0]!);
       assert.equal(await reserveSlot(dir, 'z', subnet), slots[0]);
