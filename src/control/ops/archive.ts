@@ -6,7 +6,7 @@ import { arch } from 'node:os';
 import { join } from 'node:path';
 import { assertLegal, isNoop, newId, type Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
-import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../filesystem.js';
+import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
 
 /**

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { DormantError, asError } from '../../domain/errors.js';
 import { assertLegal, newId, validateName, type Sandbox } from '../../domain/sandbox.js';
 import { run } from '../../sys/exec.js';
-import { FS_META } from '../filesystem.js';
+import { FS_META } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
 import { gpuGate } from './gpu.js';
 import { dumpToVault } from './hibernate.js';

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { DormantError, asError } from '../../domain/errors.js';
 import { assertLegal, isNoop, newId, type Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
-import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../filesystem.js';
+import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../../runtime/layer.js';
 import { StepTimer } from '../../domain/timings.js';
 import { LifecycleContext } from '../context.js';
 import { gpuGate, cudaUndo, type GpuMeta } from './gpu.js';

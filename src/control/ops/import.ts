@@ -10,7 +10,7 @@ import { basename, join } from 'node:path';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { newId, validateName, type Sandbox, type SandboxSpec } from '../../domain/sandbox.js';
 import { parseImageRef, unpackImage, type ImageConfig } from '../../runtime/image.js';
-import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../filesystem.js';
+import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../../runtime/layer.js';
 import { openCheckpointPath } from '../../checkpoint/source.js';
 import { inspectCheckpoint } from '../../checkpoint/inspect.js';
 import {

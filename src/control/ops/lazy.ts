@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import type { Socket } from 'node:net';
 import { asError, isDormantError } from '../../domain/errors.js';
 import type { Sandbox } from '../../domain/sandbox.js';
-import { FS_META, emptyFolder } from '../filesystem.js';
+import { FS_META, emptyFolder } from '../../runtime/layer.js';
 import type { StepSink } from '../../domain/timings.js';
 import { readCriuImages } from '../../criu/images/reader.js';
 import { isPagesImage, startPageServer, writeEagerPages } from '../../criu/page-server.js';

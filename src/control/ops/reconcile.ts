@@ -2,7 +2,7 @@
 
 import { ErrorCode, asError, isDormantError } from '../../domain/errors.js';
 import type { Sandbox, SandboxState } from '../../domain/sandbox.js';
-import { FS_META, emptyFolder } from '../filesystem.js';
+import { FS_META, emptyFolder } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
 import { backToCheckpoint } from './lazy.js';
 

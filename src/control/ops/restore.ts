@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { DormantError } from '../../domain/errors.js';
 import type { Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
-import { FS_META, emptyFolder } from '../filesystem.js';
+import { FS_META, emptyFolder } from '../../runtime/layer.js';
 import { restoreProblems } from '../../domain/compat.js';
 import { gpuRestoreProblems } from '../../domain/gpu.js';
 import { checkpointUnsupported } from '../gpu.js';
