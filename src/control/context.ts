@@ -13,7 +13,7 @@ import type { CheckpointReaderPort, StatePort, VaultPort } from './ports.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import { wipeStaged } from '../runtime/staging.js';
 import { KeyedMutex } from './mutex.js';
-import { FS_DIFF, unpackFilesystem } from '../runtime/layer.js';
+import { FS_DIFF } from '../runtime/layer.js';
 import type { PlatformFacts } from '../domain/compat.js';
 import { systemGpuNode, type GpuNode } from './gpu.js';
 import { StepTimer, type OperationTimings } from '../domain/timings.js';
@@ -252,7 +252,7 @@ export class LifecycleContext {
       ))
     )
       return false;
-    await unpackFilesystem(tar, this.runtime.upperDir(id));
+    await this.runtime.applyLayer(id, tar);
     await rm(tar, { force: true });
     return true;
   }

@@ -24,6 +24,7 @@ import { isMountPoint, unmount, unmountAll } from './rootfs.js';
 import { removeCgroupEverywhere } from '../sys/cgroup.js';
 import { assertOwnFolder } from './staging.js';
 import { ensureLayer, releaseLayer, remountLayer } from './quota.js';
+import { copyFolder, emptyFolder, packFilesystem, unpackFilesystem } from './layer.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -563,6 +564,22 @@ export class RuncRuntime extends RuncHost implements Runtime {
     });
     await step('network lock', () => clearCriuNetworkLock(rec.network));
     return left;
+  }
+
+  async packLayer(id: string, tarPath: string, opts: CallOptions = {}): Promise<void> {
+    await packFilesystem(this.upperDir(id), tarPath, opts.signal);
+  }
+
+  async applyLayer(id: string, tarPath: string, opts: CallOptions = {}): Promise<void> {
+    await unpackFilesystem(tarPath, this.upperDir(id), opts.signal);
+  }
+
+  async emptyLayer(id: string): Promise<void> {
+    await emptyFolder(this.upperDir(id));
+  }
+
+  async copyLayer(fromId: string, toId: string): Promise<void> {
+    await copyFolder(this.upperDir(fromId), this.upperDir(toId));
   }
 
   async endLazyPages(workDir: string): Promise<number[]> {

@@ -171,8 +171,6 @@ export interface RestoreResult {
 export interface Runtime {
   /** Sets up the sandbox's directory, writable layer, network and log, without a container. */
   prepare(spec: SandboxSpec, opts?: PrepareOptions): Promise<SandboxState>;
-  /** Where sandbox `id`'s writable layer is (whether or not it is prepared yet). */
-  upperDir(id: string): string;
   /** prepare() plus a created (not yet started) container. */
   create(spec: SandboxSpec, opts?: CallOptions): Promise<SandboxState>;
   start(id: string, opts?: CallOptions): Promise<void>;
@@ -209,6 +207,21 @@ export interface Runtime {
    * it, callers use `stop`.
    */
   endProcesses?(id: string, opts?: CallOptions): Promise<void>;
+  /**
+   * Writes sandbox `id`'s writable layer (everything it changed in its filesystem) as the
+   * file `tarPath`, for the vault: a checkpoint or an archive carries it, so the layer need
+   * not stay on the host while the sandbox sleeps. Its processes should be frozen or gone.
+   */
+  packLayer(id: string, tarPath: string, opts?: CallOptions): Promise<void>;
+  /**
+   * Replaces sandbox `id`'s writable layer with the file `tarPath` that `packLayer` wrote.
+   * Call while its root filesystem is not mounted (prepare with `mountRootfs: false`).
+   */
+  applyLayer(id: string, tarPath: string, opts?: CallOptions): Promise<void>;
+  /** Empties sandbox `id`'s writable layer (its diff is safe elsewhere), durably. */
+  emptyLayer(id: string): Promise<void>;
+  /** Copies sandbox `fromId`'s writable layer into prepared sandbox `toId`'s (a fork). */
+  copyLayer(fromId: string, toId: string): Promise<void>;
   /**
    * Ends (SIGKILL) any `criu lazy-pages` still serving pages from `workDir`: one a daemon
    * that died left behind, orphaned. Returns the host pids it ended. Optional: a runtime

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import type { Socket } from 'node:net';
 import { asError, isDormantError } from '../../domain/errors.js';
 import type { Sandbox } from '../../domain/sandbox.js';
-import { FS_META, emptyFolder } from '../../runtime/layer.js';
+import { FS_META } from '../../runtime/layer.js';
 import type { StepSink } from '../../domain/timings.js';
 import { readCriuImages } from '../../criu/images/reader.js';
 import { isPagesImage, startPageServer, writeEagerPages } from '../../criu/page-server.js';
@@ -93,7 +93,7 @@ export async function backToCheckpoint(
   await ctx.runtime.stop(id);
   await ctx.runtime.endLazyPages?.(join(ctx.staging(`${id}-restore`), 'work'));
   const ck = ckId !== undefined ? ctx.store.getCheckpoint(ckId) : undefined;
-  if (ck?.meta[FS_META] === 'tar') await emptyFolder(ctx.runtime.upperDir(id));
+  if (ck?.meta[FS_META] === 'tar') await ctx.runtime.emptyLayer(id);
 }
 
 /**

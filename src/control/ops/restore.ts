@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { DormantError } from '../../domain/errors.js';
 import type { Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
-import { FS_META, emptyFolder } from '../../runtime/layer.js';
+import { FS_META } from '../../runtime/layer.js';
 import { restoreProblems } from '../../domain/compat.js';
 import { gpuRestoreProblems } from '../../domain/gpu.js';
 import { checkpointUnsupported } from '../gpu.js';
@@ -173,7 +173,5 @@ export async function restoreFromVault(
 /** Ends what runs of `id` (unmounting its overlay) and empties its writable layer. */
 export async function unmountAndEmpty(ctx: LifecycleContext, id: string): Promise<void> {
   await ctx.runtime.stop(id).catch((e: unknown) => ctx.warnCleanup(id, 'unmount', e));
-  await emptyFolder(ctx.runtime.upperDir(id)).catch((e: unknown) =>
-    ctx.warnCleanup(id, 'empty the writable layer', e),
-  );
+  await ctx.runtime.emptyLayer(id).catch((e: unknown) => ctx.warnCleanup(id, 'empty the writable layer', e));
 }
