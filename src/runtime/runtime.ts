@@ -135,6 +135,28 @@ export interface CheckpointResult {
   logPath: string;
 }
 
+/**
+ * A stored checkpoint's files opened for random reads (the vault's `openCheckpoint` answers
+ * one): where a lazy restore's pages come from when they are not staged.
+ */
+export interface PageSource {
+  /**
+   * Reads into `out` at `at` when given (and returns it), else into a new buffer; `readAhead:
+   * false` for a scattered read that the next one will not follow.
+   */
+  read(
+    path: string,
+    offset: number,
+    length: number,
+    out?: Buffer,
+    at?: number,
+    opts?: { readAhead?: boolean },
+  ): Promise<Buffer>;
+  /** The checkpoint's files. */
+  list(): { path: string; sizeBytes: number }[];
+  close(): Promise<void>;
+}
+
 export interface RestoreOptions extends CallOptions {
   imagesDir: string;
   workDir: string;
@@ -151,6 +173,15 @@ export interface RestoreOptions extends CallOptions {
    * reading the pages images, which then need hold only the pages that are not lazy.
    */
   pageServer?: { address: string; port: number };
+  /**
+   * With lazyPages: the pages come from `source` (their images in `imagesDir` are skipped or
+   * ignored): the runtime writes the pages that are not lazy into `imagesDir` and serves the
+   * rest to the lazy-pages daemon itself. It owns the source from this call on, and closes it
+   * once every page is in, when the restore fails, or when the sandbox is stopped (or its
+   * lazy pages ended). `what` names the pages in errors. Optional for a runtime: one without
+   * it restores from the images alone.
+   */
+  pages?: { source: PageSource; what: string };
 }
 
 export interface RestoreResult {

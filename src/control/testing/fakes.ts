@@ -398,6 +398,8 @@ export class FakeRuntime implements Runtime {
     );
   }
 
+  // Never given `pages`: FakeVault opens no checkpoint for random reads, so lazy resumes
+  // stage their pages images.
   restore(id: string, opts: RestoreOptions): Promise<RestoreResult> {
     return this.faults.call(
       'runtime.restore',
