@@ -178,8 +178,7 @@ export interface RestoreOptions extends CallOptions {
    * ignored): the runtime writes the pages that are not lazy into `imagesDir` and serves the
    * rest to the lazy-pages daemon itself. It owns the source from this call on, and closes it
    * once every page is in, when the restore fails, or when the sandbox is stopped (or its
-   * lazy pages ended). `what` names the pages in errors. Optional for a runtime: one without
-   * it restores from the images alone.
+   * lazy pages ended). `what` names the pages in errors.
    */
   pages?: { source: PageSource; what: string };
 }
