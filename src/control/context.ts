@@ -9,30 +9,18 @@ import { isAbsolute, join } from 'node:path';
 import { DormantError, ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import { ID_PATTERN, type Sandbox } from '../domain/sandbox.js';
 import type { CheckpointRecord } from '../state/store.js';
-import type { CheckpointReaderPort, StatePort, VaultPort } from './ports.js';
+import type { StatePort, VaultPort } from './ports.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import { wipeStaged } from '../runtime/staging.js';
 import { KeyedMutex } from './mutex.js';
-import { FS_DIFF, unpackFilesystem } from './filesystem.js';
+import { FS_DIFF } from '../runtime/layer.js';
 import type { PlatformFacts } from '../domain/compat.js';
 import { systemGpuNode, type GpuNode } from './gpu.js';
 import { StepTimer, type OperationTimings } from '../domain/timings.js';
 import { sandboxProfile, type SandboxProfile } from '../checkpoint/profile-check.js';
 import { assertWithinProfile } from '../checkpoint/profile-check-io.js';
 import { SANDBOX_CAPABILITIES } from '../runtime/oci.js';
-import type { PageServer } from '../criu/page-server.js';
-import type { Keeper } from '../sys/keeper.js';
 import { systemClock, type ControllerOptions, type Clock } from './options.js';
-
-/** A lazy restore's pages, served from the vault while they stream in. */
-export interface PagesFromVault {
-  server: PageServer;
-  reader: CheckpointReaderPort;
-  /** Hold the server's connections, to end the sandbox's processes should dormant die. */
-  keepers: Keeper[];
-  /** Set once the server is being stopped: a keeper that starts after that is released at once. */
-  ended: { now: boolean };
-}
 
 /** A tenant named a host path outside the operator's allowed folders (403). */
 function hostPathForbidden(what: string, path: string, roots: readonly string[] = []): DormantError {
@@ -74,8 +62,6 @@ export class LifecycleContext {
   readonly lazy: Promise<boolean>;
   /** Lazy restores whose pages are still coming in (or being undone). */
   readonly lazyInFlight = new Set<Promise<boolean>>();
-  /** Page servers of lazy restores in flight, by sandbox. */
-  readonly pageServers = new Map<string, PagesFromVault>();
 
   constructor(opts: ControllerOptions) {
     this.opts = opts;
@@ -252,7 +238,7 @@ export class LifecycleContext {
       ))
     )
       return false;
-    await unpackFilesystem(tar, this.runtime.upperDir(id));
+    await this.runtime.applyLayer(id, tar);
     await rm(tar, { force: true });
     return true;
   }

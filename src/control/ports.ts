@@ -6,6 +6,7 @@
  * operation can be made to fail without root, runc or CRIU.
  */
 import type { StateStore } from '../state/store.js';
+import type { PageSource } from '../runtime/runtime.js';
 
 /**
  * The part of the state store the controller reads and writes: sandboxes, their transitions
@@ -27,24 +28,11 @@ export type StatePort = Pick<
   | 'deleteCheckpoint'
 >;
 
-/** A stored checkpoint opened for random reads (lazy resume serves the sandbox's pages from it). */
-export interface CheckpointReaderPort {
-  /**
-   * Reads into `out` at `at` when given (and returns it), else into a new buffer; `readAhead:
-   * false` for a scattered read that the next one will not follow.
-   */
-  read(
-    path: string,
-    offset: number,
-    length: number,
-    out?: Buffer,
-    at?: number,
-    opts?: { readAhead?: boolean },
-  ): Promise<Buffer>;
-  /** The checkpoint's files. */
-  list(): { path: string; sizeBytes: number }[];
-  close(): Promise<void>;
-}
+/**
+ * A stored checkpoint opened for random reads: the runtime's page source (a lazy resume
+ * serves the sandbox's pages from it).
+ */
+export type CheckpointReaderPort = PageSource;
 
 /** What the controller needs of the vault (vault/index.ts implements it). */
 export interface VaultPort {

@@ -223,6 +223,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   const criu = await getCriu();
   const cpu = await cpuFacts();
   const runtime = new RuncRuntime({
+    warn,
     stateDir: join(dataDir, 'runtime'),
     criuPath: criu.path,
     criuEnv: criu.env,

@@ -38,6 +38,8 @@ import type { CallOptions, SandboxNetwork, SandboxSpec } from './runtime.js';
 export interface RuncRuntimeOptions {
   /** Where sandboxes, runc's state and the network reservations live. Keep it root-only. */
   stateDir: string;
+  /** Hears cleanups that failed and were carried on past (a page server that would not close). */
+  warn?: (message: string) => void;
   /** Default `runc` on PATH. */
   runcPath?: string;
   /** The criu binary runc should run. Default `criu` on PATH. */
@@ -295,6 +297,8 @@ export class RuncHost {
 
   protected readonly restoreTimeoutMs: number;
 
+  protected readonly warn: ((message: string) => void) | undefined;
+
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
       throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'RuncRuntime: stateDir must be absolute', {
@@ -305,6 +309,7 @@ export class RuncHost {
     this.criuPath = options.criuPath ?? 'criu';
     this.checkpointTimeoutMs = options.checkpointTimeoutMs ?? DEFAULTS.checkpointMs;
     this.restoreTimeoutMs = options.restoreTimeoutMs ?? DEFAULTS.restoreMs;
+    this.warn = options.warn;
     const path = process.env.PATH ?? '/usr/bin:/bin';
     this.env = {
       CRIU_FAULT: '130',

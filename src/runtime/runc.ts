@@ -8,7 +8,7 @@
  */
 import { mkdir, readFile, readdir, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
+import { DormantError, ErrorCode, asError, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
 import { stopCollector } from './log-collector.js';
 import {
@@ -24,6 +24,8 @@ import { isMountPoint, unmount, unmountAll } from './rootfs.js';
 import { removeCgroupEverywhere } from '../sys/cgroup.js';
 import { assertOwnFolder } from './staging.js';
 import { ensureLayer, releaseLayer, remountLayer } from './quota.js';
+import { copyFolder, emptyFolder, packFilesystem, unpackFilesystem } from './layer.js';
+import { endPageServer, servePages, type ServedPages } from './pages.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -56,6 +58,9 @@ import { endLazyPagesIn, keepRestoreLog, startLazyPages, watchRestore } from './
 export { DEFAULT_SECCOMP_PROFILE, loadSeccompProfile, type RuncRuntimeOptions } from './runc-host.js';
 
 export class RuncRuntime extends RuncHost implements Runtime {
+  /** Page servers of lazy restores in flight, by sandbox (with the restore's work folder). */
+  private readonly pageServers = new Map<string, ServedPages & { workDir: string }>();
+
   private async requireStatus(
     id: string,
     allowed: SandboxStatus[],
@@ -391,6 +396,45 @@ export class RuncRuntime extends RuncHost implements Runtime {
   }
 
   async restore(id: string, options: RestoreOptions): Promise<RestoreResult> {
+    const from = options.lazyPages === true ? options.pages : undefined;
+    if (from === undefined) return this.restoreFromImages(id, options);
+    const served = await timed(options, 'page server', () =>
+      servePages({
+        source: from.source,
+        what: from.what,
+        imagesDir: options.imagesDir,
+        procsFiles: this.procsFiles(id),
+        opts: options,
+      }),
+    );
+    this.pageServers.set(id, { ...served, workDir: resolve(options.workDir) });
+    try {
+      const r = await this.restoreFromImages(id, {
+        ...options,
+        pageServer: { address: served.server.address, port: served.server.port },
+      });
+      // A page that fails to authenticate stops the server (it answers nothing more): the
+      // pages then never all arrive, and the sandbox goes back to its checkpoint. Once they
+      // are all in, the server goes (its keepers first, before the caller hears of it).
+      const pagesLoaded = Promise.race([r.pagesLoaded, served.server.failed]).then(() => this.endPages(id));
+      return { ...r, pagesLoaded };
+    } catch (e) {
+      await this.endPages(id);
+      throw e;
+    }
+  }
+
+  /** Stops the page server of `id`'s lazy restore, if one runs. Call once its tasks are ended or whole. */
+  private async endPages(id: string): Promise<void> {
+    const p = this.pageServers.get(id);
+    if (p === undefined) return;
+    this.pageServers.delete(id);
+    await endPageServer(p, (what, e) =>
+      this.warn?.(`sandbox ${id}: cleanup (${what}) failed: ${asError(e).message.split('\n')[0] ?? ''}`),
+    );
+  }
+
+  private async restoreFromImages(id: string, options: RestoreOptions): Promise<RestoreResult> {
     const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
     const rec = await this.readRecord(id);
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
@@ -565,8 +609,26 @@ export class RuncRuntime extends RuncHost implements Runtime {
     return left;
   }
 
+  async packLayer(id: string, tarPath: string, opts: CallOptions = {}): Promise<void> {
+    await packFilesystem(this.upperDir(id), tarPath, opts.signal);
+  }
+
+  async applyLayer(id: string, tarPath: string, opts: CallOptions = {}): Promise<void> {
+    await unpackFilesystem(tarPath, this.upperDir(id), opts.signal);
+  }
+
+  async emptyLayer(id: string): Promise<void> {
+    await emptyFolder(this.upperDir(id));
+  }
+
+  async copyLayer(fromId: string, toId: string): Promise<void> {
+    await copyFolder(this.upperDir(fromId), this.upperDir(toId));
+  }
+
   async endLazyPages(workDir: string): Promise<number[]> {
-    return endLazyPagesIn(workDir);
+    const ended = await endLazyPagesIn(workDir);
+    for (const [id, p] of this.pageServers) if (p.workDir === resolve(workDir)) await this.endPages(id);
+    return ended;
   }
 
   async stop(id: string, opts: CallOptions = {}): Promise<void> {
@@ -584,6 +646,9 @@ export class RuncRuntime extends RuncHost implements Runtime {
         ErrorCode.COMMAND_FAILED,
         `runc delete ${id} failed: ${r.stderr.trim() || (await this.runcLogSince(id, 0))}`,
       );
+    // Only now, with its tasks ended: a lazy-pages daemon that lost its page server would
+    // fill the missing pages with zeros.
+    await this.endPages(id);
     await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
     await this.dropConfig(id);
     // The writable layer stays at rest and reachable: after a reboot its disk image is

@@ -135,6 +135,28 @@ export interface CheckpointResult {
   logPath: string;
 }
 
+/**
+ * A stored checkpoint's files opened for random reads (the vault's `openCheckpoint` answers
+ * one): where a lazy restore's pages come from when they are not staged.
+ */
+export interface PageSource {
+  /**
+   * Reads into `out` at `at` when given (and returns it), else into a new buffer; `readAhead:
+   * false` for a scattered read that the next one will not follow.
+   */
+  read(
+    path: string,
+    offset: number,
+    length: number,
+    out?: Buffer,
+    at?: number,
+    opts?: { readAhead?: boolean },
+  ): Promise<Buffer>;
+  /** The checkpoint's files. */
+  list(): { path: string; sizeBytes: number }[];
+  close(): Promise<void>;
+}
+
 export interface RestoreOptions extends CallOptions {
   imagesDir: string;
   workDir: string;
@@ -151,6 +173,14 @@ export interface RestoreOptions extends CallOptions {
    * reading the pages images, which then need hold only the pages that are not lazy.
    */
   pageServer?: { address: string; port: number };
+  /**
+   * With lazyPages: the pages come from `source` (their images in `imagesDir` are skipped or
+   * ignored): the runtime writes the pages that are not lazy into `imagesDir` and serves the
+   * rest to the lazy-pages daemon itself. It owns the source from this call on, and closes it
+   * once every page is in, when the restore fails, or when the sandbox is stopped (or its
+   * lazy pages ended). `what` names the pages in errors.
+   */
+  pages?: { source: PageSource; what: string };
 }
 
 export interface RestoreResult {
@@ -171,8 +201,6 @@ export interface RestoreResult {
 export interface Runtime {
   /** Sets up the sandbox's directory, writable layer, network and log, without a container. */
   prepare(spec: SandboxSpec, opts?: PrepareOptions): Promise<SandboxState>;
-  /** Where sandbox `id`'s writable layer is (whether or not it is prepared yet). */
-  upperDir(id: string): string;
   /** prepare() plus a created (not yet started) container. */
   create(spec: SandboxSpec, opts?: CallOptions): Promise<SandboxState>;
   start(id: string, opts?: CallOptions): Promise<void>;
@@ -209,6 +237,21 @@ export interface Runtime {
    * it, callers use `stop`.
    */
   endProcesses?(id: string, opts?: CallOptions): Promise<void>;
+  /**
+   * Writes sandbox `id`'s writable layer (everything it changed in its filesystem) as the
+   * file `tarPath`, for the vault: a checkpoint or an archive carries it, so the layer need
+   * not stay on the host while the sandbox sleeps. Its processes should be frozen or gone.
+   */
+  packLayer(id: string, tarPath: string, opts?: CallOptions): Promise<void>;
+  /**
+   * Replaces sandbox `id`'s writable layer with the file `tarPath` that `packLayer` wrote.
+   * Call while its root filesystem is not mounted (prepare with `mountRootfs: false`).
+   */
+  applyLayer(id: string, tarPath: string, opts?: CallOptions): Promise<void>;
+  /** Empties sandbox `id`'s writable layer (its diff is safe elsewhere), durably. */
+  emptyLayer(id: string): Promise<void>;
+  /** Copies sandbox `fromId`'s writable layer into prepared sandbox `toId`'s (a fork). */
+  copyLayer(fromId: string, toId: string): Promise<void>;
   /**
    * Ends (SIGKILL) any `criu lazy-pages` still serving pages from `workDir`: one a daemon
    * that died left behind, orphaned. Returns the host pids it ended. Optional: a runtime

@@ -6,7 +6,7 @@ import { arch } from 'node:os';
 import { join } from 'node:path';
 import { assertLegal, isNoop, newId, type Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
-import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../filesystem.js';
+import { FS_DIFF, FS_META } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
 
 /**
@@ -68,7 +68,7 @@ export async function archiveSandbox(
   });
   ctx.step('archive:recorded');
   await ctx.endProcesses(id);
-  await emptyFolder(ctx.runtime.upperDir(id));
+  await ctx.runtime.emptyLayer(id);
   ctx.step('archive:ended');
   for (const c of old) await ctx.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
   return ctx.get(id);
@@ -91,14 +91,13 @@ async function archiveDiff(
     await rename(join(scratch, FS_DIFF), tarPath);
     return;
   }
-  const upper = ctx.runtime.upperDir(s.id);
   if (s.state !== 'running') {
-    await packFilesystem(upper, tarPath);
+    await ctx.runtime.packLayer(s.id, tarPath);
     return;
   }
   await ctx.runtime.freeze(s.id);
   try {
-    await packFilesystem(upper, tarPath);
+    await ctx.runtime.packLayer(s.id, tarPath);
   } finally {
     await ctx.runtime.thaw(s.id);
   }

@@ -5,7 +5,7 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError } from '../../domain/errors.js';
 import { unpackImage } from '../../runtime/image.js';
-import { FS_DIFF, FS_META, unpackFilesystem } from '../filesystem.js';
+import { FS_DIFF, FS_META, unpackFilesystem } from '../../runtime/layer.js';
 import { openDormantCheckpoint } from '../../checkpoint/source.js';
 import { ANNOTATION_MANIFEST, ANNOTATION_PORTS } from '../../checkpoint/import.js';
 import { rootfsDiffMembers } from '../../checkpoint/rootfs-diff.js';

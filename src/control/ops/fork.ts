@@ -5,8 +5,7 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, asError } from '../../domain/errors.js';
 import { assertLegal, newId, validateName, type Sandbox } from '../../domain/sandbox.js';
-import { run } from '../../sys/exec.js';
-import { FS_META } from '../filesystem.js';
+import { FS_META } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
 import { gpuGate } from './gpu.js';
 import { dumpToVault } from './hibernate.js';
@@ -72,7 +71,7 @@ export async function forkSandbox(
         ctx.store.insertSandbox(sandbox, `fork of ${src.id}`);
         // A checkpoint from before diffs went into the vault: the diff is on disk.
         const rec = ck !== undefined ? ctx.store.getCheckpoint(ck) : undefined;
-        if (rec?.meta[FS_META] !== 'tar') await copyFilesystem(ctx, ctx.runtime.upperDir(src.id), forkId);
+        if (rec?.meta[FS_META] !== 'tar') await copyFilesystem(ctx, src.id, forkId);
       }
       if (ck === undefined)
         throw new DormantError('NO_CHECKPOINT', `sandbox ${src.id} has no checkpoint to fork`);
@@ -118,9 +117,8 @@ export async function forkSandbox(
 }
 
 /** Prepares the fork's runtime side and copies the source's writable layer into it. */
-async function copyFilesystem(ctx: LifecycleContext, srcUpper: string, forkId: string): Promise<void> {
+async function copyFilesystem(ctx: LifecycleContext, srcId: string, forkId: string): Promise<void> {
   const fork = ctx.store.getSandbox(forkId)!;
-  const st = await ctx.runtime.prepare(await ctx.runtimeSpec(fork));
-  // cp -a keeps modes, owners, links and overlayfs whiteouts (character devices 0/0).
-  await run('cp', ['-a', '--', `${srcUpper}/.`, st.upperDir], { timeoutMs: 600_000 });
+  await ctx.runtime.prepare(await ctx.runtimeSpec(fork));
+  await ctx.runtime.copyLayer(srcId, forkId);
 }

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { DormantError, asError } from '../../domain/errors.js';
 import { assertLegal, isNoop, newId, type Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
-import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../filesystem.js';
+import { FS_DIFF, FS_META } from '../../runtime/layer.js';
 import { StepTimer } from '../../domain/timings.js';
 import { LifecycleContext } from '../context.js';
 import { gpuGate, cudaUndo, type GpuMeta } from './gpu.js';
@@ -93,7 +93,7 @@ export async function hibernate(
       t.time('end processes', async () => {
         if (ctx.runtime.endProcesses) await ctx.runtime.endProcesses(id, { timer: t });
         else await ctx.endProcesses(id, t);
-        await emptyFolder(ctx.runtime.upperDir(id));
+        await ctx.runtime.emptyLayer(id);
       }),
       t.time('wipe staging', () => ctx.wipe(dir)),
       t.time('prune', () => ctx.pruneCheckpoints(id, s.tenant)),
@@ -192,7 +192,7 @@ export async function dumpToVault(
     );
     ctx.step(`${stepPrefix}:dumped`);
     // The processes are still frozen: the diff is consistent with the memory just dumped.
-    await packFilesystem(ctx.runtime.upperDir(s.id), join(images, FS_DIFF));
+    await ctx.runtime.packLayer(s.id, join(images, FS_DIFF));
   })();
   const storing = t.time('vault put', () =>
     ctx.vault.putCheckpoint({

@@ -10,7 +10,7 @@ import { basename, join } from 'node:path';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { newId, validateName, type Sandbox, type SandboxSpec } from '../../domain/sandbox.js';
 import { parseImageRef, unpackImage, type ImageConfig } from '../../runtime/image.js';
-import { FS_DIFF, FS_META, emptyFolder, packFilesystem } from '../filesystem.js';
+import { FS_DIFF, FS_META } from '../../runtime/layer.js';
 import { openCheckpointPath } from '../../checkpoint/source.js';
 import { inspectCheckpoint } from '../../checkpoint/inspect.js';
 import {
@@ -246,7 +246,7 @@ async function importFrom(
         }
       }
       // Into the checkpoint with the images: while it sleeps, the diff lives only in the vault.
-      await packFilesystem(st.upperDir, join(ck.imagesDir, FS_DIFF));
+      await ctx.runtime.packLayer(id, join(ck.imagesDir, FS_DIFF));
       ctx.step('import:filesystem');
       const platform = await ctx.platform();
       const m = report.metadata;
@@ -292,7 +292,7 @@ async function importFrom(
         { checkpointId: ckId, address: st.network.address },
       );
       ctx.step('import:committed');
-      await emptyFolder(st.upperDir);
+      await ctx.runtime.emptyLayer(id);
       return ctx.get(id);
     });
   } catch (e) {

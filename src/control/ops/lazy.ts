@@ -1,15 +1,10 @@
-/** Lazy restores: the pages that come in after the sandbox runs, served from the vault, and the undo when they do not. */
+/** Lazy restores: the pages that come in after the sandbox runs, and the undo when they do not. */
 
 import { join } from 'node:path';
-import type { Socket } from 'node:net';
 import { asError, isDormantError } from '../../domain/errors.js';
 import type { Sandbox } from '../../domain/sandbox.js';
-import { FS_META, emptyFolder } from '../filesystem.js';
-import type { StepSink } from '../../domain/timings.js';
-import { readCriuImages } from '../../criu/images/reader.js';
-import { isPagesImage, startPageServer, writeEagerPages } from '../../criu/page-server.js';
-import { startKeeper, type Keeper } from '../../sys/keeper.js';
-import { LifecycleContext, type PagesFromVault } from '../context.js';
+import { FS_META } from '../../runtime/layer.js';
+import { LifecycleContext } from '../context.js';
 
 /**
  * Waits for a lazy restore's pages, then clears the sandbox's in-flight marker. If they fail
@@ -42,10 +37,10 @@ async function afterLazyRestoreNow(
     (e: unknown) => asError(e),
   );
   if (failure === undefined) {
-    // The keeper goes before the marker: a daemon that dies in between leaves a healthy
-    // sandbox recorded mid-restore (reconcile puts it back on its checkpoint), never a
-    // sandbox recorded running whose processes its keeper ended.
-    await endPageServer(ctx, s.id);
+    // The runtime stopped the page server (its keepers first) before it reported the pages
+    // in, so before the marker goes: a daemon that dies in between leaves a healthy sandbox recorded
+    // mid-restore (reconcile puts it back on its checkpoint), never a sandbox recorded
+    // running whose processes its keeper ended.
     ctx.store.updateSandbox(s.id, { lazyRestoreOf: undefined });
     await ctx.wipe(images);
     return true;
@@ -66,9 +61,11 @@ async function afterLazyRestoreNow(
         )
       : failure.message;
   const why = `lazy restore failed, back to its checkpoint: ${cause}${undo}`;
-  // Only now, with its tasks ended: a daemon that lost its page server would fill the
-  // missing pages with zeros.
-  await endPageServer(ctx, s.id);
+  // The runtime stops the page server once the tasks are ended (stop, endLazyPages); again
+  // here in case the undo failed before it got there.
+  await ctx.runtime
+    .endLazyPages?.(join(images, 'work'))
+    .catch((e: unknown) => ctx.warnCleanup(s.id, 'page server', e));
   // Seen hibernated only once no image of it is left in staging.
   await ctx.wipe(images).catch((e: unknown) => ctx.warnCleanup(s.id, 'staging', e));
   ctx.store.transition(s.id, 'running', 'hibernated', why, ctx.clock.now(), {
@@ -93,67 +90,5 @@ export async function backToCheckpoint(
   await ctx.runtime.stop(id);
   await ctx.runtime.endLazyPages?.(join(ctx.staging(`${id}-restore`), 'work'));
   const ck = ckId !== undefined ? ctx.store.getCheckpoint(ckId) : undefined;
-  if (ck?.meta[FS_META] === 'tar') await emptyFolder(ctx.runtime.upperDir(id));
-}
-
-/**
- * Opens checkpoint `ckId` for reading, writes the pages images' non-lazy pages into
- * `images` and starts a page server that reads the lazy ones from the vault.
- */
-export async function servePages(
-  ctx: LifecycleContext,
-  s: Sandbox,
-  ckId: string,
-  images: string,
-  t: StepSink,
-): Promise<PagesFromVault> {
-  const reader = await t.time('open checkpoint', () =>
-    ctx.vault.openCheckpoint!({ tenant: s.tenant, checkpointId: ckId }),
-  );
-  try {
-    const dump = await t.time('read images', () => readCriuImages(images));
-    await t.time('eager pages', () =>
-      writeEagerPages(
-        dump.processes,
-        images,
-        reader,
-        reader.list().filter((f) => isPagesImage(f.path)),
-      ),
-    );
-    const keepers: Keeper[] = [];
-    const ended = { now: false };
-    const procsFiles = ctx.runtime.procsFiles?.(s.id);
-    const server = await startPageServer({
-      processes: dump.processes,
-      source: reader,
-      what: `sandbox ${s.id} (checkpoint ${ckId})`,
-      // Should dormant die while pages are still on the way, its processes are ended
-      // before CRIU's lazy-pages daemon sees the connection drop (and fills with zeros).
-      ...(procsFiles
-        ? {
-            onConnection: async (sock: Socket) => {
-              const k = await startKeeper({ hold: [sock], procsFiles });
-              // Left running, it would end a healthy sandbox whenever this daemon exits.
-              if (ended.now) await k.release();
-              else keepers.push(k);
-            },
-          }
-        : {}),
-    });
-    return { server, reader, keepers, ended };
-  } catch (e) {
-    await reader.close();
-    throw e;
-  }
-}
-
-/** Stops the page server of `id`'s lazy restore, if one runs. Call once its tasks are ended or whole. */
-export async function endPageServer(ctx: LifecycleContext, id: string): Promise<void> {
-  const p = ctx.pageServers.get(id);
-  if (p === undefined) return;
-  ctx.pageServers.delete(id);
-  p.ended.now = true;
-  await Promise.all(p.keepers.map((k) => k.release()));
-  await p.server.close().catch((e: unknown) => ctx.warnCleanup(id, 'page server', e));
-  await p.reader.close().catch((e: unknown) => ctx.warnCleanup(id, 'checkpoint reader', e));
+  if (ck?.meta[FS_META] === 'tar') await ctx.runtime.emptyLayer(id);
 }

@@ -2,7 +2,7 @@
 
 import { ErrorCode, asError, isDormantError } from '../../domain/errors.js';
 import type { Sandbox, SandboxState } from '../../domain/sandbox.js';
-import { FS_META, emptyFolder } from '../filesystem.js';
+import { FS_META } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
 import { backToCheckpoint } from './lazy.js';
 
@@ -114,7 +114,7 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
       if (committed) {
         ctx.store.updateSandbox(s.id, { checkpointId: committed.id });
         await ctx.runtime.stop(s.id);
-        if (committed.meta[FS_META] === 'tar') await emptyFolder(ctx.runtime.upperDir(s.id));
+        if (committed.meta[FS_META] === 'tar') await ctx.runtime.emptyLayer(s.id);
         return 'hibernated';
       }
       if (status === 'paused') await ctx.runtime.thaw(s.id);
@@ -140,7 +140,7 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
       // writable layer it meant to empty (its diff is in the vault).
       await ctx.runtime.stop(s.id);
       if (s.checkpointId !== undefined && ctx.store.getCheckpoint(s.checkpointId)?.meta[FS_META] === 'tar')
-        await emptyFolder(ctx.runtime.upperDir(s.id));
+        await ctx.runtime.emptyLayer(s.id);
       return 'archived';
     default:
       return s.state;
@@ -155,7 +155,7 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
  */
 async function processesGone(ctx: LifecycleContext, s: Sandbox): Promise<SandboxState> {
   const ck = s.checkpointId !== undefined ? ctx.store.getCheckpoint(s.checkpointId) : undefined;
-  if (ck?.meta[FS_META] === 'tar') await emptyFolder(ctx.runtime.upperDir(s.id));
+  if (ck?.meta[FS_META] === 'tar') await ctx.runtime.emptyLayer(s.id);
   return fallback(ctx, s);
 }
 

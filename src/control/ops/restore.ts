@@ -5,15 +5,15 @@ import { join } from 'node:path';
 import { DormantError } from '../../domain/errors.js';
 import type { Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
-import { FS_META, emptyFolder } from '../filesystem.js';
+import { FS_META } from '../../runtime/layer.js';
 import { restoreProblems } from '../../domain/compat.js';
 import { gpuRestoreProblems } from '../../domain/gpu.js';
 import { checkpointUnsupported } from '../gpu.js';
 import { StepTimer } from '../../domain/timings.js';
 import { isPagesImage } from '../../criu/page-server.js';
-import { LifecycleContext, type PagesFromVault } from '../context.js';
+import { LifecycleContext } from '../context.js';
+import type { CheckpointReaderPort } from '../ports.js';
 import { cudaRestore, gpuMetaOf } from './gpu.js';
-import { endPageServer, servePages } from './lazy.js';
 
 /** Checkpoints up to this size are staged for a lazy resume, bigger ones served from the vault. */
 const PAGES_FROM_VAULT_ABOVE_BYTES = 256 * 1024 * 1024;
@@ -81,7 +81,8 @@ export async function restoreFromVault(
   let unpacked = false;
   let restored = false;
   let preparing = false;
-  let served: PagesFromVault | undefined;
+  // Opened here, handed to the runtime's restore, which owns it from then on.
+  let reader: CheckpointReaderPort | undefined;
   try {
     const ck = ctx.store.getCheckpoint(ckId);
     await t.time('compatibility', () => checkCompatible(ctx, s.id, ck));
@@ -130,19 +131,22 @@ export async function restoreFromVault(
     });
     ctx.step('resume:fetched');
     unpacked = await t.time('unpack filesystem', () => ctx.applyFilesystem(s.id, images));
-    if (fromVault) {
-      served = await t.time('page server', () => servePages(ctx, s, ckId, images, t));
-      ctx.pageServers.set(s.id, served);
-    }
+    if (fromVault)
+      reader = await t.time('open checkpoint', () =>
+        ctx.vault.openCheckpoint!({ tenant: s.tenant, checkpointId: ckId }),
+      );
     // Durable before the pages start to move: a daemon that dies before they are all in
     // leaves the marker for reconcile (the sandbox goes back to this checkpoint).
     if (lazy) ctx.store.updateSandbox(s.id, { lazyRestoreOf: ckId });
+    const source = reader;
+    reader = undefined;
+    // From the vault, the runtime writes the eager pages and serves the lazy ones itself.
     const r = await t.time('restore', () =>
       ctx.runtime.restore(s.id, {
         imagesDir: images,
         workDir: join(dir, 'work'),
         lazyPages: lazy,
-        ...(served ? { pageServer: { address: served.server.address, port: served.server.port } } : {}),
+        ...(source ? { pages: { source, what: `sandbox ${s.id} (checkpoint ${ckId})` } } : {}),
         timer: t,
       }),
     );
@@ -151,15 +155,12 @@ export async function restoreFromVault(
     ctx.step('resume:restored');
     if (ckId !== s.checkpointId) ctx.store.updateSandbox(s.id, { checkpointId: ckId });
     keep = lazy;
-    // A page that fails to authenticate stops the server (it answers nothing more): the
-    // pages then never all arrive, and the sandbox goes back to its checkpoint.
-    const pages = served ? Promise.race([r.pagesLoaded, served.server.failed]) : r.pagesLoaded;
     // Wrapped: awaiting a returned promise directly would wait for the pages too.
-    return { pagesLoaded: keep ? pages : undefined };
+    return { pagesLoaded: keep ? r.pagesLoaded : undefined };
   } finally {
     // Each step runs whatever the others do, and none replaces the restore's own error.
+    await reader?.close().catch((e: unknown) => ctx.warnCleanup(s.id, 'checkpoint reader', e));
     if (!keep) {
-      await endPageServer(ctx, s.id).catch((e: unknown) => ctx.warnCleanup(s.id, 'page server', e));
       await ctx.wipe(dir).catch((e: unknown) => ctx.warnCleanup(s.id, 'staging', e));
     }
     // A failed restore stays hibernated: its diff goes back to living only in the vault,
@@ -173,7 +174,5 @@ export async function restoreFromVault(
 /** Ends what runs of `id` (unmounting its overlay) and empties its writable layer. */
 export async function unmountAndEmpty(ctx: LifecycleContext, id: string): Promise<void> {
   await ctx.runtime.stop(id).catch((e: unknown) => ctx.warnCleanup(id, 'unmount', e));
-  await emptyFolder(ctx.runtime.upperDir(id)).catch((e: unknown) =>
-    ctx.warnCleanup(id, 'empty the writable layer', e),
-  );
+  await ctx.runtime.emptyLayer(id).catch((e: unknown) => ctx.warnCleanup(id, 'empty the writable layer', e));
 }

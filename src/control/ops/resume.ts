@@ -4,7 +4,7 @@ import { mkdir, open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, asError, isDormantError } from '../../domain/errors.js';
 import { assertLegal, isNoop, type Sandbox } from '../../domain/sandbox.js';
-import { FS_META } from '../filesystem.js';
+import { FS_META } from '../../runtime/layer.js';
 import { StepTimer } from '../../domain/timings.js';
 import { LifecycleContext } from '../context.js';
 import { restoreFromVault } from './restore.js';

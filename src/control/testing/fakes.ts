@@ -4,7 +4,7 @@
  *
  * - `FakeRuntime`: sandboxes whose "processes" are a key-value memory (set and read with
  *   `exec`), frozen or not, checkpointed into a small image file and restored from it; the
- *   writable layer is a real folder under a temp dir (the controller tars it).
+ *   writable layer is a real folder under a temp dir (tarred as the runc adapter does).
  * - `FakeVault`: checkpoints kept in memory per tenant, their files copied in and out.
  * - `faultyStore`: the real SQLite store on `:memory:` (opens in a few ms without root, and its
  *   compare-and-set transitions, transactions and newest-first checkpoint order are what the
@@ -34,6 +34,7 @@ import type {
   SandboxState,
   SandboxStatus,
 } from '../../runtime/runtime.js';
+import { copyFolder, emptyFolder, packFilesystem, unpackFilesystem } from '../../runtime/layer.js';
 import type { StatePort, VaultPort } from '../ports.js';
 import type { GpuNode } from '../gpu.js';
 
@@ -397,6 +398,8 @@ export class FakeRuntime implements Runtime {
     );
   }
 
+  // Never given `pages`: FakeVault opens no checkpoint for random reads, so lazy resumes
+  // stage their pages images.
   restore(id: string, opts: RestoreOptions): Promise<RestoreResult> {
     return this.faults.call(
       'runtime.restore',
@@ -470,6 +473,25 @@ export class FakeRuntime implements Runtime {
       },
       opts.signal,
     );
+  }
+
+  // The writable layer is a real folder, packed and applied with the real tar of
+  // runtime/layer.ts. Not faultable yet: the sweeps' call indices (and the known gaps
+  // numbered by them in testing/scenarios.ts) do not count these calls.
+  packLayer(id: string, tarPath: string, opts: CallOptions = {}): Promise<void> {
+    return packFilesystem(this.upperDir(id), tarPath, opts.signal);
+  }
+
+  applyLayer(id: string, tarPath: string, opts: CallOptions = {}): Promise<void> {
+    return unpackFilesystem(tarPath, this.upperDir(id), opts.signal);
+  }
+
+  emptyLayer(id: string): Promise<void> {
+    return emptyFolder(this.upperDir(id));
+  }
+
+  copyLayer(fromId: string, toId: string): Promise<void> {
+    return copyFolder(this.upperDir(fromId), this.upperDir(toId));
   }
 
   endLazyPages(_workDir: string): Promise<number[]> {

@@ -89,3 +89,9 @@ export async function unpackFilesystem(
     );
   }
 }
+
+/** Copies the contents of `fromUpper` into `toUpper` (a fork's writable layer from its source's). */
+export async function copyFolder(fromUpper: string, toUpper: string): Promise<void> {
+  // cp -a keeps modes, owners, links and overlayfs whiteouts (character devices 0/0).
+  await run('cp', ['-a', '--', `${fromUpper}/.`, toUpper], { timeoutMs: 600_000 });
+}
