@@ -123,7 +123,9 @@ describe('keeper', () => {
     assert.equal((await s.lines.next()).value, 'released');
     await until('the keeper to exit', () => !alive(s.keeperPid));
     await until('the connection to close', () => s.closedAt() !== undefined);
-    await once(s.owner, 'exit');
+    // Its exit may already have been reported while the waits above ran: an `exit` listener
+    // attached now would wait forever.
+    await until('the owner to exit', () => s.owner.exitCode !== null || s.owner.signalCode !== null);
     await new Promise((r) => setTimeout(r, 300));
     assert.ok(alive(s.victim.pid!), 'the victim still runs');
     s.victim.kill('SIGKILL');
