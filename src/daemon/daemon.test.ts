@@ -12,22 +12,9 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { DormantApiError, DormantClient } from '../sdk/client.js';
+import { eventually } from '../api/testing/host.js';
 
 const BIN = fileURLToPath(new URL('../../bin/dormant', import.meta.url));
-
-async function eventually<T>(what: string, fn: () => Promise<T>, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  while (Date.now() < deadline) {
-    try {
-      return await fn();
-    } catch (e) {
-      last = e;
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  }
-  throw new Error(`${what}: not after ${timeoutMs} ms: ${String(last)}`);
-}
 
 describe('dormant serve --config', () => {
   let dir: string;
@@ -100,10 +87,14 @@ describe('dormant serve --config', () => {
     };
     const acme = await make('acme');
     const other = await make('other');
-    await eventually('acme paused by its tenant default (pause after 1 s idle)', async () => {
-      const s = await acme.client.getSandbox(acme.id);
-      assert.equal(s.state, 'paused');
-    });
+    await eventually(
+      'acme paused by its tenant default (pause after 1 s idle)',
+      async () => {
+        const s = await acme.client.getSandbox(acme.id);
+        assert.equal(s.state, 'paused');
+      },
+      30_000,
+    );
     const s = await other.client.getSandbox(other.id);
     assert.equal(s.state, 'running', 'the node default hibernates after 15 min only');
   });
