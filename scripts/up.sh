@@ -14,17 +14,32 @@ LISTEN=${DORMANT_LISTEN:-127.0.0.1:7420}
 export DORMANT_DATA_DIR=$DATA DORMANT_URL=${DORMANT_URL:-http://$LISTEN}
 mkdir -p "$DATA" && chmod 0700 "$DATA"
 
+# Where systemd runs, dormant runs as its service (restart on failure, graceful stop);
+# elsewhere (a container, a CI job) under nohup with its pid in a file.
+if [ -d /run/systemd/system ]; then
+  STOP="systemctl stop dormant   (sandboxes keep running; logs: journalctl -u dormant)"
+else
+  STOP="kill \$(cat $DATA/dormant.pid)   (sandboxes keep running)"
+fi
 if ./bin/dormant ls --json >/dev/null 2>&1; then
   echo "up: dormant is already serving at $DORMANT_URL"
 else
-  echo "up: starting dormant serve (log: $DATA/dormant.log)"
-  nohup ./bin/dormant serve --listen "$LISTEN" --data-dir "$DATA" >>"$DATA/dormant.log" 2>&1 </dev/null &
-  echo $! >"$DATA/dormant.pid"
+  if [ -d /run/systemd/system ]; then
+    echo "up: starting dormant.service"
+    ./bin/dormant install-service --data-dir "$DATA" --listen "$LISTEN"
+  else
+    echo "up: starting dormant serve (log: $DATA/dormant.log)"
+    nohup ./bin/dormant serve --listen "$LISTEN" --data-dir "$DATA" >>"$DATA/dormant.log" 2>&1 </dev/null &
+    echo $! >"$DATA/dormant.pid"
+  fi
   for _ in $(seq 1 100); do
     ./bin/dormant ls --json >/dev/null 2>&1 && break
     sleep 0.2
   done
-  ./bin/dormant ls --json >/dev/null || { tail -n 20 "$DATA/dormant.log" >&2; exit 1; }
+  ./bin/dormant ls --json >/dev/null || {
+    if [ -d /run/systemd/system ]; then journalctl -u dormant -n 20 --no-pager >&2; else tail -n 20 "$DATA/dormant.log" >&2; fi
+    exit 1
+  }
 fi
 
 # The demo sandbox: a busybox root filesystem and a shell loop whose counter lives only in
@@ -49,5 +64,5 @@ dormant is up at $DORMANT_URL (admin token in $DATA/admin-token). Try:
   ./bin/dormant hibernate demo     # checkpoint into the encrypted vault; memory freed
   ./bin/dormant resume demo        # back, still counting from where it was
   ./bin/dormant logs demo
-Stop the daemon with: kill \$(cat $DATA/dormant.pid)   (sandboxes keep running)
+Stop the daemon with: $STOP
 MSG

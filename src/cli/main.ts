@@ -15,6 +15,7 @@ import { registerCost } from './commands/cost.js';
 import { registerUrl } from './commands/url.js';
 import { registerTokens } from './commands/tokens.js';
 import { registerDashboard } from './commands/dashboard.js';
+import { registerService } from './commands/service.js';
 import { EXIT_USAGE, reportError } from './output.js';
 import { DEFAULT_URL } from '../sdk/client.js';
 
@@ -51,6 +52,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerDashboard(program);
   registerDoctor(program);
   registerVault(program);
+  registerService(program);
   return program;
 }
 
