@@ -16,6 +16,8 @@ import { registerUrl } from './commands/url.js';
 import { registerTokens } from './commands/tokens.js';
 import { registerDashboard } from './commands/dashboard.js';
 import { registerService } from './commands/service.js';
+import { registerVersion } from './commands/version.js';
+import { DORMANT_VERSION } from '../domain/version.js';
 import { EXIT_USAGE, reportError } from './output.js';
 import { DEFAULT_URL } from '../sdk/client.js';
 
@@ -23,7 +25,7 @@ export function buildProgram(): Command {
   const program = new Command()
     .name('dormant')
     .description('Pause and resume for AI-agent sandboxes on machines you own.')
-    .version('0.1.0')
+    .version(DORMANT_VERSION)
     .showHelpAfterError('(run with --help for usage)')
     .addHelpText(
       'after',
@@ -53,6 +55,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerDoctor(program);
   registerVault(program);
   registerService(program);
+  registerVersion(program);
   return program;
 }
 

@@ -14,3 +14,6 @@ export function compareVersions(a: string, b: string): number {
 export function versionAtLeast(have: string, want: string): boolean {
   return compareVersions(have, want) >= 0;
 }
+
+/** This build's version: the CLI's `--version`, `dormant version` and the API's /v1/health. */
+export const DORMANT_VERSION = '0.1.0';
