@@ -202,6 +202,21 @@ export class Vault {
     return { timeoutMs: this.opts.lockTimeoutMs ?? 600_000, ...(signal ? { signal } : {}) };
   }
 
+  /**
+   * Runs `fn` while gc cannot run (the shared lock writers and readers hold): every chunk,
+   * pack and manifest present when `fn` starts stays where it is until it ends. A backup
+   * copies the vault's files under it, after snapshotting the state that references them.
+   */
+  async whileGcHeldOff<T>(fn: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    this.check();
+    const release = await this.lock.shared(this.lockOpts(signal));
+    try {
+      return await fn();
+    } finally {
+      await release();
+    }
+  }
+
   /** The vault as verify, gc and stats work with it. */
   private internals(): VaultInternals {
     return {

@@ -11,6 +11,7 @@ import { openVault, type MasterKeySource, type Vault } from '../../vault/index.j
 import { EXIT_ERROR, EXIT_OK, printJson } from '../output.js';
 import { loadConfig } from '../../daemon/config.js';
 import { masterKeySource } from '../../daemon/daemon.js';
+import { backupNode, restoreNode } from '../../daemon/backup.js';
 
 interface CommonOpts {
   json?: true;
@@ -190,6 +191,47 @@ export function registerVault(program: Command): void {
       else
         process.stdout.write(
           `restored ${checkpoint}: ${r.files} file(s), ${formatBytes(r.logicalBytes)} in ${formatDurationMs(r.durationMs)}\n`,
+        );
+    });
+
+  vault
+    .command('export')
+    .description('back up this node (state and vault) into a new folder, while the daemon runs')
+    .argument('<dir>', 'a new or empty folder')
+    .option('--json', 'print one JSON value')
+    .option('--data-dir <dir>', "data directory (default: the daemon's configuration)")
+    .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
+    .addHelpText(
+      'after',
+      '\nThe master key is not in the backup: the node that imports it needs the same one.\nRoot filesystems outside the data directory must exist at the same paths there.',
+    )
+    .action(async (dir, opts) => {
+      const { dataDir, masterKey } = vaultOf(opts);
+      const r = await backupNode({ dataDir, masterKey, dest: dir });
+      if (opts.json) printJson(r);
+      else
+        process.stdout.write(
+          `backed up ${dataDir} to ${r.dir}: ${r.files} file(s), ${formatBytes(r.bytes)} in ${formatDurationMs(r.durationMs)}\n`,
+        );
+    });
+
+  vault
+    .command('import')
+    .description('make a fresh data directory from a backup `vault export` wrote (the daemon stopped)')
+    .argument('<dir>', 'the backup folder')
+    .option('--json', 'print one JSON value')
+    .option(
+      '--data-dir <dir>',
+      "data directory to fill: new or without state (default: the daemon's configuration)",
+    )
+    .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
+    .action(async (dir, opts) => {
+      const { dataDir, masterKey } = vaultOf(opts);
+      const r = await restoreNode({ src: dir, dataDir, masterKey });
+      if (opts.json) printJson(r);
+      else
+        process.stdout.write(
+          `imported ${dir} into ${r.dir}: ${r.files} file(s), ${formatBytes(r.bytes)}; start \`dormant serve\` there: sandboxes that were running resume from their newest checkpoint\n`,
         );
     });
 }
