@@ -156,10 +156,7 @@ async function readManifest(src: string): Promise<BackupManifest> {
       (f.path === 'state.db' || f.path.startsWith('vault/')) &&
       !f.path.split('/').some((part) => part === '..' || part === '' || part === '.');
     if (!ok)
-      throw new DormantError(
-        'INVALID_ARGUMENT',
-        `backup: the manifest names a path outside it: ${String(f.path)}`,
-      );
+      throw new DormantError('INVALID_ARGUMENT', `backup: the manifest names a path outside it: ${f.path}`);
   }
   if (!m.files.some((f) => f.path === 'state.db')) {
     throw new DormantError('INVALID_ARGUMENT', 'backup: it holds no state.db');
