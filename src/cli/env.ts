@@ -4,7 +4,7 @@
  * variables are read by its configuration (daemon/config.ts).
  */
 import { DEFAULT_URL } from '../sdk/client.js';
-import { DEFAULT_DATA_DIR } from '../daemon/defaults.js';
+import { DEFAULT_DATA_DIR } from '../daemon/settings.js';
 
 /** The process environment; the functions here take another for tests. */
 export function cliEnv(): NodeJS.ProcessEnv {

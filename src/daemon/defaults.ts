@@ -15,13 +15,13 @@ import {
 } from '../api/server.js';
 import { DEFAULT_URL } from '../sdk/client.js';
 
-/** Read when it exists; `--config` or DORMANT_CONFIG name another (which then must exist). */
-export const DEFAULT_CONFIG_FILE = '/etc/dormant/config.json';
+export { DEFAULT_CONFIG_FILE } from './settings.js';
 
 /** Where the API listens: the address the CLI and the SDK look for the daemon at by default. */
 export const DEFAULT_LISTEN = new URL(DEFAULT_URL).host;
 
-export const DEFAULT_DATA_DIR = '/var/lib/dormant';
+export { DEFAULT_DATA_DIR } from './settings.js';
+import { DEFAULT_DATA_DIR } from './settings.js';
 
 export const DEFAULTS = {
   listen: DEFAULT_LISTEN,

@@ -3,6 +3,12 @@
  * of the file (config.ts reads them; docs/CONFIG.md lists them).
  */
 
+/** Read when it exists; `--config` or DORMANT_CONFIG name another (which then must exist). */
+export const DEFAULT_CONFIG_FILE = '/etc/dormant/config.json';
+
+/** Where a node keeps its state, vault and sandboxes unless configured otherwise. */
+export const DEFAULT_DATA_DIR = '/var/lib/dormant';
+
 export type Kind = 'string' | 'boolean' | 'duration' | 'size' | 'integer' | 'list' | 'paths';
 
 export interface Setting {

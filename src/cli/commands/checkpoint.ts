@@ -11,12 +11,9 @@ import { basename, dirname, join, resolve } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
-import { inspectCheckpoint, type InspectReport, type InspectTreeNode } from '../../checkpoint/inspect.js';
-import { scanCheckpoint, type ScanReport } from '../../checkpoint/scan.js';
-import { exportCheckpoint } from '../../checkpoint/export.js';
-import { openCheckpointPath } from '../../checkpoint/source.js';
-import { writeOciCheckpointImage } from '../../checkpoint/oci.js';
-import { loadRecipients } from '../../checkpoint/encrypt.js';
+import type { InspectReport, InspectTreeNode } from '../../checkpoint/inspect.js';
+import type { ScanReport } from '../../checkpoint/scan.js';
+import type { openCheckpointPath } from '../../checkpoint/source.js';
 import { randomBytes } from 'node:crypto';
 
 /** Exit status of `scan` when it finds anything. */
@@ -36,6 +33,8 @@ async function withLocal<T>(
   ref: string,
   fn: (ck: Awaited<ReturnType<typeof openCheckpointPath>>) => Promise<T>,
 ): Promise<T> {
+  // The checkpoint modules load when a command reads an archive, not for every CLI start.
+  const { openCheckpointPath } = await import('../../checkpoint/source.js');
   const ck = await openCheckpointPath(ref);
   try {
     return await fn(ck);
@@ -153,7 +152,9 @@ export function registerCheckpoint(program: Command): void {
     .option('--json', 'print JSON')
     .action(async (ref, o) => {
       const r = (await isLocalRef(ref))
-        ? await withLocal(ref, (c) => inspectCheckpoint(c))
+        ? await withLocal(ref, async (c) =>
+            (await import('../../checkpoint/inspect.js')).inspectCheckpoint(c),
+          )
         : ((await clientFromEnv().inspectCheckpoint(ref)) as unknown as InspectReport);
       if (o.json) printJson(r);
       else printInspect(r);
@@ -164,7 +165,7 @@ export function registerCheckpoint(program: Command): void {
     .option('--json', 'print JSON')
     .action(async (ref, o) => {
       const r = (await isLocalRef(ref))
-        ? await withLocal(ref, (c) => scanCheckpoint(c))
+        ? await withLocal(ref, async (c) => (await import('../../checkpoint/scan.js')).scanCheckpoint(c))
         : ((await clientFromEnv().scanCheckpoint(ref)) as unknown as ScanReport);
       if (o.json) printJson(r);
       else printScan(r);
@@ -205,6 +206,7 @@ export function registerCheckpoint(program: Command): void {
       if (!encrypt && o.recipient.length > 0)
         throw new DormantError(ErrorCode.INVALID_ARGUMENT, '--recipient is only used with --encrypt');
       // Recipients are read before anything is exported: a bad key file fails fast.
+      const { loadRecipients } = await import('../../checkpoint/encrypt.js');
       const recipients = encrypt ? await loadRecipients(o.recipient) : undefined;
       // An OCI image's layer is the uncompressed podman archive, written beside the folder first;
       // when it is to be encrypted, in /dev/shm (memory), so its plaintext never reaches a disk.
@@ -236,6 +238,7 @@ export function registerCheckpoint(program: Command): void {
           }
           findings = r.secretsFound;
         } else {
+          const { exportCheckpoint } = await import('../../checkpoint/export.js');
           const r = await withLocal(ref, (c) =>
             exportCheckpoint(c, {
               out: archive,
@@ -251,12 +254,14 @@ export function registerCheckpoint(program: Command): void {
           );
           findings = r.scan.findings.length;
         }
-        if (oci)
+        if (oci) {
+          const { writeOciCheckpointImage } = await import('../../checkpoint/oci.js');
           await writeOciCheckpointImage(archive, o.out, {
             containerName: o.name ?? ((await isLocalRef(ref)) ? 'dormant-export' : ref),
             annotations: { 'org.dormant.checkpoint': ref },
             ...(recipients ? { encryptFor: recipients } : {}),
           });
+        }
       } finally {
         if (oci) await rm(archive, { force: true });
       }

@@ -3,7 +3,6 @@
  * environment and defaults, secrets redacted), or every error in it.
  */
 import type { Command } from '@commander-js/extra-typings';
-import { configFileView, loadConfig } from '../../daemon/config.js';
 import { EXIT_OK, printJson } from '../output.js';
 
 export function registerConfig(program: Command): void {
@@ -19,7 +18,8 @@ export function registerConfig(program: Command): void {
       'after',
       '\nExit status: 0 when the configuration is valid (it is printed as JSON, itself a valid file), 2 when it is not (every error is named with its file and key, variable or flag).',
     )
-    .action((file) => {
+    .action(async (file) => {
+      const { configFileView, loadConfig } = await import('../../daemon/config.js');
       // An invalid configuration throws INVALID_ARGUMENT, which the CLI reports with exit 2.
       const loaded = loadConfig(file !== undefined ? { file } : {});
       if (loaded.file !== undefined) process.stderr.write(`dormant: configuration from ${loaded.file}\n`);

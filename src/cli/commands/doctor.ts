@@ -1,7 +1,7 @@
 import type { Command } from '@commander-js/extra-typings';
 import Table from 'cli-table3';
 import pc from 'picocolors';
-import { runDoctor, type DoctorReport, type RowStatus } from '../../control/doctor.js';
+import type { DoctorReport, RowStatus } from '../../control/doctor.js';
 import { EXIT_ERROR, EXIT_OK, printJson } from '../output.js';
 import { defaultDataDir } from '../env.js';
 
@@ -43,6 +43,7 @@ export function registerDoctor(program: Command): void {
       '\nExit status: 0 when every required capability is present, 1 otherwise.\n\nExample:\n  dormant doctor --json | jq \'.rows[] | select(.status != "supported")\'',
     )
     .action(async (opts) => {
+      const { runDoctor } = await import('../../control/doctor.js');
       const report = await runDoctor({ dataDir: opts.dataDir ?? defaultDataDir() });
       if (opts.json) printJson(report);
       else process.stdout.write(renderDoctor(report));

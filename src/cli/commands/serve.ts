@@ -1,7 +1,5 @@
 import { Command, Option } from '@commander-js/extra-typings';
-import { optionsFromConfig, startDaemon } from '../../daemon/daemon.js';
-import { SETTINGS, flagLayerRaw, loadConfig } from '../../daemon/config.js';
-import { DEFAULT_CONFIG_FILE } from '../../daemon/defaults.js';
+import { DEFAULT_CONFIG_FILE, SETTINGS } from '../../daemon/settings.js';
 
 const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
 
@@ -38,6 +36,9 @@ export function registerServe(program: Command): void {
     );
   addConfigFlags(serve);
   serve.action(async (o, cmd) => {
+    // Loaded here, not at the top: every other command starts without the daemon's modules.
+    const { flagLayerRaw, loadConfig } = await import('../../daemon/config.js');
+    const { optionsFromConfig, startDaemon } = await import('../../daemon/daemon.js');
     const values = cmd.opts() as Record<string, unknown>;
     const { config, file } = loadConfig({
       ...(o.config !== undefined ? { file: o.config } : {}),

@@ -7,11 +7,8 @@ import Table from 'cli-table3';
 import pc from 'picocolors';
 import { join } from 'node:path';
 import { formatBytes, formatDurationMs } from '../../domain/units.js';
-import { openVault, type MasterKeySource, type Vault } from '../../vault/index.js';
+import type { MasterKeySource, Vault } from '../../vault/index.js';
 import { EXIT_ERROR, EXIT_OK, printJson } from '../output.js';
-import { loadConfig } from '../../daemon/config.js';
-import { masterKeySource } from '../../daemon/daemon.js';
-import { backupNode, restoreNode } from '../../daemon/backup.js';
 
 interface CommonOpts {
   json?: true;
@@ -20,7 +17,10 @@ interface CommonOpts {
 }
 
 /** The daemon's data directory and master key: its configuration (file, DORMANT_* variables), --data-dir over it. */
-function vaultOf(opts: CommonOpts): { dataDir: string; masterKey: MasterKeySource } {
+async function vaultOf(opts: CommonOpts): Promise<{ dataDir: string; masterKey: MasterKeySource }> {
+  // Loaded when a vault command runs: the rest of the CLI starts without the daemon's modules.
+  const { loadConfig } = await import('../../daemon/config.js');
+  const { masterKeySource } = await import('../../daemon/daemon.js');
   const { config } = loadConfig({
     ...(opts.config !== undefined ? { file: opts.config } : {}),
     flags: opts.dataDir !== undefined ? { dataDir: opts.dataDir } : {},
@@ -29,7 +29,8 @@ function vaultOf(opts: CommonOpts): { dataDir: string; masterKey: MasterKeySourc
 }
 
 async function withVault<T>(opts: CommonOpts, create: boolean, fn: (v: Vault) => Promise<T>): Promise<T> {
-  const { dataDir, masterKey } = vaultOf(opts);
+  const { dataDir, masterKey } = await vaultOf(opts);
+  const { openVault } = await import('../../vault/index.js');
   const vault = await openVault({ dir: join(dataDir, 'vault'), masterKey, create });
   try {
     return await fn(vault);
@@ -206,7 +207,8 @@ export function registerVault(program: Command): void {
       '\nThe master key is not in the backup: the node that imports it needs the same one.\nRoot filesystems outside the data directory must exist at the same paths there.',
     )
     .action(async (dir, opts) => {
-      const { dataDir, masterKey } = vaultOf(opts);
+      const { dataDir, masterKey } = await vaultOf(opts);
+      const { backupNode } = await import('../../daemon/backup.js');
       const r = await backupNode({ dataDir, masterKey, dest: dir });
       if (opts.json) printJson(r);
       else
@@ -226,7 +228,8 @@ export function registerVault(program: Command): void {
     )
     .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
     .action(async (dir, opts) => {
-      const { dataDir, masterKey } = vaultOf(opts);
+      const { dataDir, masterKey } = await vaultOf(opts);
+      const { restoreNode } = await import('../../daemon/backup.js');
       const r = await restoreNode({ src: dir, dataDir, masterKey });
       if (opts.json) printJson(r);
       else
