@@ -1,0 +1,82 @@
+/**
+ * What a person waits for at the prompt: `dormant --version` and `dormant ls` (against a
+ * daemon on loopback with a few sandboxes' worth of nothing: an empty list, so the figure is
+ * start-up and one request), each against `node -e ''` (the floor any Node CLI pays) run
+ * alternately in the same rounds so the machine's drift falls on both.
+ */
+import { spawnSync } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { loadavg, tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startDaemon } from '../daemon/daemon.js';
+import type { BenchRow, BenchSuite } from './harness.js';
+
+const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'dormant');
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)]!;
+}
+
+function timedRun(args: string[], env: NodeJS.ProcessEnv): number {
+  const t = performance.now();
+  const r = spawnSync(process.execPath, args, { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  const ms = performance.now() - t;
+  if (r.status !== 0)
+    throw new Error(`bench cli: ${args.join(' ')} exited ${r.status}: ${r.stderr.toString()}`);
+  return ms;
+}
+
+export const cliSuite: BenchSuite = {
+  name: 'cli',
+  async run({ quick }) {
+    const loadAtStart = loadavg()[0] ?? 0;
+    const dir = await mkdtemp(join(tmpdir(), 'dormant-bench-cli-'));
+    const daemon = await startDaemon({
+      dataDir: join(dir, 'data'),
+      listen: '127.0.0.1:0',
+      policy: false,
+      proxy: false,
+      warn: () => undefined,
+    });
+    const env = { ...process.env, DORMANT_URL: daemon.url, DORMANT_TOKEN: daemon.adminToken, NO_COLOR: '1' };
+    const t: Record<string, number[]> = { node: [], version: [], ls: [] };
+    const rounds = quick ? 9 : 25;
+    try {
+      for (let i = 0; i < rounds; i++) {
+        t.node!.push(timedRun(['-e', ''], env));
+        t.version!.push(timedRun([BIN, '--version'], env));
+        t.ls!.push(timedRun([BIN, 'ls'], env));
+      }
+    } finally {
+      await daemon.close();
+      await rm(dir, { recursive: true, force: true });
+    }
+    const floor = median(t.node!);
+    const rows: BenchRow[] = [
+      {
+        name: 'dormant --version',
+        dormant: median(t.version!),
+        peer: floor,
+        peerName: "node -e ''",
+        unit: 'ms',
+        better: 'lower',
+      },
+      {
+        name: 'dormant ls (one request)',
+        dormant: median(t.ls!),
+        peer: floor,
+        peerName: "node -e ''",
+        unit: 'ms',
+        better: 'lower',
+      },
+    ];
+    return {
+      title: 'CLI start-up',
+      description: `median of ${rounds} alternated runs each of \`node -e ''\`, \`dormant --version\` and \`dormant ls\` (a daemon on loopback, empty list); goals: --version at most 1.5x and ls at most 2.0x of node's own start`,
+      rows,
+      notes: [`load average ${loadAtStart.toFixed(1)} at the start (2 cores: figures move with it)`],
+    };
+  },
+};
