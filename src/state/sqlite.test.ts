@@ -4,7 +4,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { DEFAULT_POLICY, type Sandbox } from '../domain/sandbox.js';
-import { SqliteStateStore } from './sqlite.js';
+import { MIGRATIONS, SqliteStateStore } from './sqlite.js';
 
 function sandbox(id: string, tenant = 't1', name = id): Sandbox {
   return {
@@ -346,5 +346,47 @@ describe('the sandbox query (GET /v1/sandboxes)', () => {
       store.sandboxSamples('sb-a', { since: 0, limit: 10 }).map((x) => x.at),
       [10, 20, 30],
     );
+  });
+});
+
+describe('schema version guard', () => {
+  test('a database from a newer dormant is refused, untouched; an older one is kept as a .bak before migrating', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'dormant-state-version-'));
+    try {
+      const Database = (await import('better-sqlite3')).default;
+      const newer = join(dir, 'newer.db');
+      const n = new Database(newer);
+      n.exec('CREATE TABLE future (x INTEGER)');
+      n.pragma('user_version = 99');
+      n.close();
+      assert.throws(
+        () => new SqliteStateStore(newer),
+        (e: Error) => /schema version 99, newer than this dormant's \d+/.test(e.message),
+      );
+      const again = new Database(newer);
+      assert.equal(again.pragma('user_version', { simple: true }), 99, 'nothing changed');
+      again.close();
+
+      // An older database, as the release before the newest migration left it.
+      const older = join(dir, 'older.db');
+      const o = new Database(older);
+      const was = MIGRATIONS.length - 1;
+      for (const m of MIGRATIONS.slice(0, was)) o.exec(m);
+      o.pragma(`user_version = ${was}`);
+      o.close();
+      new SqliteStateStore(older).close();
+      const bak = new Database(`${older}.v${was}.bak`, { readonly: true });
+      assert.equal(
+        bak.pragma('user_version', { simple: true }),
+        was,
+        'the copy is the database before migrating',
+      );
+      bak.close();
+      const now = new Database(older, { readonly: true });
+      assert.equal(now.pragma('user_version', { simple: true }), MIGRATIONS.length);
+      now.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });

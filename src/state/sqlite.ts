@@ -3,15 +3,15 @@
  * committed transition survives a crash of the daemon or the machine).
  */
 import Database from 'better-sqlite3';
-import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
 import type { MeterSample } from '../domain/cost.js';
 import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
-import { errnoCode } from '../domain/errors.js';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import type { CheckpointRecord, SandboxQuery, StateStore, StoredSample, TokenRow } from './store.js';
 
-const MIGRATIONS: string[] = [
+export const MIGRATIONS: string[] = [
   `CREATE TABLE sandboxes (
      id TEXT PRIMARY KEY,
      tenant TEXT NOT NULL,
@@ -210,11 +210,32 @@ export class SqliteStateStore implements StateStore {
     this.db.pragma('synchronous = FULL');
     this.db.pragma('foreign_keys = ON');
     this.db.pragma('busy_timeout = 5000');
-    this.migrate();
+    this.migrate(file);
   }
 
-  private migrate(): void {
+  /**
+   * Brings an older database up to this version's schema, after a copy of it is kept beside
+   * it (`<file>.v<N>.bak`, made with VACUUM INTO: consistent, and a way back to the version
+   * that wrote it). A database from a newer version is refused: this version would misread
+   * what it does not know, and its writes could corrupt what the newer one relies on.
+   */
+  private migrate(file: string): void {
     const version = this.db.pragma('user_version', { simple: true }) as number;
+    if (version > MIGRATIONS.length) {
+      this.db.close();
+      throw new DormantError(
+        ErrorCode.INVALID_ARGUMENT,
+        `${file} has schema version ${version}, newer than this dormant's ${MIGRATIONS.length}: it was written by a newer dormant`,
+        { hint: 'run the dormant version that wrote it (or a newer one); nothing was changed' },
+      );
+    }
+    if (version > 0 && version < MIGRATIONS.length && file !== ':memory:') {
+      const backup = `${file}.v${version}.bak`;
+      if (!existsSync(backup)) {
+        this.db.prepare('VACUUM INTO ?').run(backup);
+        chmodSync(backup, 0o600);
+      }
+    }
     for (let v = version; v < MIGRATIONS.length; v++) {
       this.db.transaction(() => {
         this.db.exec(MIGRATIONS[v]!);
