@@ -152,7 +152,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   const app = Fastify({
     logger: opts.logger ?? false,
     bodyLimit: opts.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
-    maxParamLength: 16_384,
+    routerOptions: { maxParamLength: 16_384 },
   });
   const execBodyLimit = opts.execBodyLimitBytes ?? DEFAULT_EXEC_BODY_LIMIT_BYTES;
   app.decorateRequest('principal', { getter: () => ({ tenant: '', admin: false }) });
