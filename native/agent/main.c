@@ -45,10 +45,12 @@ static void die(const char *what) {
 /* The token is the first line of stdin (or, after the re-exec, an environment variable that
  * is removed at once so that no command the agent starts inherits it). */
 static void read_token(void) {
-  const char *env = getenv(TOKEN_ENV);
+  char *env = getenv(TOKEN_ENV);
   if (env) {
     token_len = strnlen(env, MAX_TOKEN);
     memcpy(token, env, token_len);
+    /* Overwritten in place as well: /proc/PID/environ shows the original block. */
+    memset(env, 'x', strlen(env));
     unsetenv(TOKEN_ENV);
   } else {
     while (token_len < MAX_TOKEN) {

@@ -124,6 +124,22 @@ describe('the toolbox agent in a runc sandbox', { skip }, () => {
     await fh.close();
   });
 
+  test('a PTY is the sandbox’s own devpts; watch works under its seccomp filter; its token is not in its environment', async () => {
+    const h = await client.run({ args: ['sh', '-c', 'tty; stty size'], pty: { cols: 90, rows: 30 } });
+    let out = '';
+    h.onOutput((_s, d) => (out += d.toString()));
+    assert.equal((await h.exited).exitCode, 0);
+    assert.match(out, /^\/dev\/pts\/\d+\r\n30 90\r\n$/);
+    const events: string[] = [];
+    const w = await client.watch('/tmp', false, (e) => events.push(`${e.type} ${e.path}`));
+    await client.write('/tmp/seen.txt', Buffer.from('x'));
+    while (!events.includes('create /tmp/seen.txt')) await new Promise((r) => setTimeout(r, 20));
+    w.close();
+    const { pid } = await client.ping();
+    const environ = await rt.exec(id, ['cat', `/proc/${pid}/environ`]);
+    assert.ok(!environ.stdout.includes(token), 'the token is not readable from /proc');
+  });
+
   test('a background command survives a checkpoint and restore of the sandbox, output and all', async () => {
     const h = await client.run({
       args: ['sh', '-c', 'i=0; while true; do i=$((i+1)); echo n$i; sleep 0.05; done'],
