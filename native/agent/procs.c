@@ -417,15 +417,13 @@ static void *follower_input(void *arg) {
   return NULL;
 }
 
-static void send_exit(struct conn *c, const struct proc *p) { /* lock held: reads p */
-  struct sb b;
-  sb_init(&b);
+/* The X frame's text; built under the lock (it reads p), sent after it. */
+static void exit_json(struct sb *b, const struct proc *p) {
   if (p->term_sig)
-    sb_fmt(&b, "{\"exitCode\":null,\"signal\":\"SIG%s\"", sigabbrev_np(p->term_sig) ? sigabbrev_np(p->term_sig) : "UNKNOWN");
+    sb_fmt(b, "{\"exitCode\":null,\"signal\":\"SIG%s\"", sigabbrev_np(p->term_sig) ? sigabbrev_np(p->term_sig) : "UNKNOWN");
   else
-    sb_fmt(&b, "{\"exitCode\":%d,\"signal\":null", p->exit_code);
-  sb_fmt(&b, ",\"durationMs\":%lld,\"timedOut\":%s}", (long long)(p->ended_mono - p->started_mono), p->timed_out ? "true" : "false");
-  send_sb(c, 'X', &b);
+    sb_fmt(b, "{\"exitCode\":%d,\"signal\":null", p->exit_code);
+  sb_fmt(b, ",\"durationMs\":%lld,\"timedOut\":%s}", (long long)(p->ended_mono - p->started_mono), p->timed_out ? "true" : "false");
 }
 
 static void follow(struct conn *c, struct proc *p, uint64_t pos) {
@@ -451,7 +449,12 @@ static void follow(struct conn *c, struct proc *p, uint64_t pos) {
       if (send_frame(c, type, buf, n) < 0) f.closed = 1;
       pthread_mutex_lock(&lock);
     } else if (p->exited && (p->out_eof || mono_ms() >= p->ended_mono + DRAIN_MS)) {
-      send_exit(c, p);
+      struct sb b;
+      sb_init(&b);
+      exit_json(&b, p);
+      pthread_mutex_unlock(&lock); /* a client that does not read must not hold up the agent */
+      send_sb(c, 'X', &b);
+      pthread_mutex_lock(&lock);
       break;
     } else if (p->exited) {
       timed_wait_until(p->ended_mono + DRAIN_MS);
