@@ -3,7 +3,8 @@
  * toolbox agent"). It serves commands, PTYs and files over a small framed protocol on TCP.
  *
  * Files: main.c (start, install, listen, dispatch), wire.c (frames, requests, JSON text),
- * procs.c (the process table, run/attach and friends), files.c (file ops and watch).
+ * procs.c (the process table, run/attach and friends), ring.c (a command's output),
+ * files.c (file ops and watch).
  */
 #ifndef DORMANT_AGENT_H
 #define DORMANT_AGENT_H
@@ -69,6 +70,31 @@ int send_sb(struct conn *c, char type, struct sb *b); /* sends and frees */
 
 int64_t now_ms(void);      /* wall clock, for startedAt */
 int64_t mono_ms(void);     /* monotonic, for durations and deadlines */
+
+/* ---- ring.c: a command's output ---- */
+
+#define CHUNK_MAX (64u << 10) /* one piece of the ring; also one O/E frame */
+
+struct chunk {
+  uint64_t start; /* offset in the whole output */
+  uint32_t len, cap;
+  char type; /* 'O' or 'E' */
+  char *data;
+};
+
+struct ring {
+  struct chunk *v; /* circular: count pieces from head */
+  size_t head, count, cap;
+  uint64_t end;  /* bytes written in all */
+  uint64_t kept; /* bytes held */
+};
+
+void ring_append(struct ring *r, char type, const char *data, size_t n);
+/* The offset of the oldest byte kept (end when none is). */
+uint64_t ring_first(const struct ring *r);
+/* Copies the piece at pos (in [ring_first, end)) into buf (CHUNK_MAX); returns its length. */
+size_t ring_read(const struct ring *r, uint64_t pos, char *buf, char *type);
+void ring_free(struct ring *r);
 
 /* ---- procs.c ---- */
 

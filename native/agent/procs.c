@@ -29,18 +29,10 @@
 #define MAX_PROCS 4096       /* running and exited entries */
 #define MAX_EXITED 256       /* exited entries kept for list/attach */
 #define KEEP_EXITED_MS (10 * 60 * 1000)
-#define CHUNK_MAX (64u << 10) /* one ring piece; also one O/E frame */
-#define MAX_CHUNKS 65536      /* bounds the ring's bookkeeping for tiny interleaved writes */
 #define DRAIN_MS 50           /* output read after exit while a background child holds the pipe */
 
 extern char **environ;
 
-struct chunk {
-  uint64_t start;
-  uint32_t len, cap;
-  char type; /* 'O' or 'E' */
-  char *data;
-};
 
 struct proc {
   int refs;
@@ -54,10 +46,7 @@ struct proc {
   int exited, exit_code, term_sig, timed_out, out_eof;
   pthread_mutex_t in_lock; /* stdin writes, close and resize */
   int in_fd;               /* stdin pipe, or (pty) a dup of the master; -1 once closed */
-  /* the ring: a circular array of chunks */
-  struct chunk *ring;
-  size_t head, count, cap;
-  uint64_t end, kept;
+  struct ring out; /* its output, for followers */
   int out_fd, err_fd; /* owned by the pump */
 };
 
@@ -69,8 +58,7 @@ static unsigned long spawned; /* wakes the reaper when it has no children */
 
 static void proc_unref(struct proc *p) { /* lock held */
   if (--p->refs > 0) return;
-  for (size_t i = 0; i < p->count; i++) free(p->ring[(p->head + i) % p->cap].data);
-  free(p->ring);
+  ring_free(&p->out);
   for (size_t i = 0; i < p->nargs; i++) free(p->args[i]);
   free(p->args);
   free(p->cwd);
@@ -133,80 +121,6 @@ static void put(struct proc *p) {
   pthread_mutex_unlock(&lock);
 }
 
-/* ---- the ring ---- */
-
-static void ring_drop_front(struct proc *p) {
-  struct chunk *k = &p->ring[p->head];
-  p->kept -= k->len;
-  free(k->data);
-  p->head = (p->head + 1) % p->cap;
-  p->count--;
-}
-
-static int ring_new_chunk(struct proc *p, char type) {
-  if (p->count == MAX_CHUNKS) ring_drop_front(p);
-  if (p->count == p->cap) {
-    size_t cap = p->cap ? p->cap * 2 : 16;
-    struct chunk *r = malloc(cap * sizeof *r);
-    if (!r) return -1;
-    for (size_t i = 0; i < p->count; i++) r[i] = p->ring[(p->head + i) % p->cap];
-    free(p->ring);
-    p->ring = r;
-    p->cap = cap;
-    p->head = 0;
-  }
-  struct chunk *k = &p->ring[(p->head + p->count) % p->cap];
-  *k = (struct chunk){.start = p->end, .type = type};
-  p->count++;
-  return 0;
-}
-
-static void ring_append(struct proc *p, char type, const char *data, size_t n) { /* lock held */
-  while (n > 0) {
-    struct chunk *k = p->count ? &p->ring[(p->head + p->count - 1) % p->cap] : NULL;
-    if (!k || k->type != type || k->len == CHUNK_MAX) {
-      if (ring_new_chunk(p, type) < 0) return;
-      k = &p->ring[(p->head + p->count - 1) % p->cap];
-    }
-    size_t take = n < CHUNK_MAX - k->len ? n : CHUNK_MAX - k->len;
-    if (k->len + take > k->cap) {
-      size_t cap = k->cap ? k->cap * 2 : 256;
-      while (cap < k->len + take) cap *= 2;
-      if (cap > CHUNK_MAX) cap = CHUNK_MAX;
-      char *d = realloc(k->data, cap);
-      if (!d) return;
-      k->data = d;
-      k->cap = (uint32_t)cap;
-    }
-    memcpy(k->data + k->len, data, take);
-    k->len += (uint32_t)take;
-    p->end += take;
-    p->kept += take;
-    data += take;
-    n -= take;
-    while (p->kept > RING_BYTES && p->count > 1) ring_drop_front(p);
-  }
-}
-
-static uint64_t ring_first(const struct proc *p) { return p->count ? p->ring[p->head].start : p->end; }
-
-/* Copies the piece of output at pos (pos must be in [ring_first, end)). */
-static size_t ring_read(const struct proc *p, uint64_t pos, char *buf, char *type) {
-  size_t lo = 0, hi = p->count; /* the last chunk starting at or before pos */
-  while (hi - lo > 1) {
-    size_t mid = (lo + hi) / 2;
-    if (p->ring[(p->head + mid) % p->cap].start <= pos)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const struct chunk *k = &p->ring[(p->head + lo) % p->cap];
-  size_t n = k->len - (size_t)(pos - k->start);
-  memcpy(buf, k->data + (pos - k->start), n);
-  *type = k->type;
-  return n;
-}
-
 /* ---- threads ---- */
 
 static void timed_wait_until(int64_t deadline_mono) { /* lock held */
@@ -245,7 +159,7 @@ static void *pump(void *arg) {
         continue;
       }
       pthread_mutex_lock(&lock);
-      ring_append(p, i == 0 ? 'O' : 'E', buf, (size_t)r);
+      ring_append(&p->out, i == 0 ? 'O' : 'E', buf, (size_t)r);
       pthread_cond_broadcast(&cond);
       pthread_mutex_unlock(&lock);
     }
@@ -433,7 +347,7 @@ static void follow(struct conn *c, struct proc *p, uint64_t pos) {
   char *buf = malloc(CHUNK_MAX);
   pthread_mutex_lock(&lock);
   while (buf && !f.closed) {
-    uint64_t first = ring_first(p);
+    uint64_t first = ring_first(&p->out);
     if (pos < first) { /* we fell behind the ring: say how much is gone */
       char note[64];
       int n = snprintf(note, sizeof note, "{\"lostBytes\":%llu}", (unsigned long long)(first - pos));
@@ -441,9 +355,9 @@ static void follow(struct conn *c, struct proc *p, uint64_t pos) {
       pthread_mutex_unlock(&lock);
       if (send_frame(c, 'L', note, (size_t)n) < 0) f.closed = 1;
       pthread_mutex_lock(&lock);
-    } else if (pos < p->end) {
+    } else if (pos < p->out.end) {
       char type;
-      size_t n = ring_read(p, pos, buf, &type);
+      size_t n = ring_read(&p->out, pos, buf, &type);
       pos += n;
       pthread_mutex_unlock(&lock);
       if (send_frame(c, type, buf, n) < 0) f.closed = 1;
@@ -679,8 +593,8 @@ void op_attach(struct conn *c, const struct request *rq) {
   const char *from_s = req_get(rq, "from");
   uint64_t from = from_s ? strtoull(from_s, NULL, 10) : 0;
   pthread_mutex_lock(&lock);
-  uint64_t first = ring_first(p), lost = 0;
-  if (from > p->end) from = p->end;
+  uint64_t first = ring_first(&p->out), lost = 0;
+  if (from > p->out.end) from = p->out.end;
   if (from < first) {
     lost = first - from;
     from = first;
@@ -727,7 +641,7 @@ void op_list(struct conn *c, const struct request *rq) {
       sb_fmt(&b, "\"exitCode\":null,\"signal\":\"SIG%s\"", sigabbrev_np(p->term_sig) ? sigabbrev_np(p->term_sig) : "UNKNOWN");
     else
       sb_str(&b, "\"exitCode\":null,\"signal\":null");
-    sb_fmt(&b, ",\"startedAt\":%lld,\"outputBytes\":%llu}", (long long)p->started_at, (unsigned long long)p->end);
+    sb_fmt(&b, ",\"startedAt\":%lld,\"outputBytes\":%llu}", (long long)p->started_at, (unsigned long long)p->out.end);
   }
   pthread_mutex_unlock(&lock);
   sb_str(&b, "]");
