@@ -166,6 +166,19 @@ describe(
       assert.equal(done?.outputBytes, 35);
     });
 
+    test('attach says how much output is no longer kept (about the last 4 MiB are kept)', async () => {
+      const h = await client.run({ args: ['head', '-c', '6000000', '/dev/zero'] });
+      await collect(h);
+      const late = await client.attach(h.id);
+      const r = await collect(late);
+      assert.ok(
+        late.from >= 6_000_000 - 4 * 1024 * 1024 && late.from < 6_000_000 - 4 * 1024 * 1024 + 65536,
+        `from ${late.from}`,
+      );
+      assert.equal(late.lostBytes, late.from);
+      assert.equal(r.stdout.length, 6_000_000 - late.from);
+    });
+
     test('a timeout kills the whole process group within ~100 ms', async () => {
       const h = await client.run({ args: ['sh', '-c', 'sleep 30 & sleep 30'], timeoutMs: 300 });
       const r = await collect(h);
