@@ -196,6 +196,15 @@ describe(
       assert.equal((await agentError(client.signal('999999999', 15))).code, 'ESRCH');
     });
 
+    test('aborting a run kills its command', async () => {
+      const ac = new AbortController();
+      const h = await client.run({ args: ['sleep', '30'] }, { signal: ac.signal });
+      ac.abort();
+      const exit = await h.exited;
+      assert.equal(exit.signal, 'SIGKILL');
+      assert.ok(exit.durationMs < 1000, `ended after ${exit.durationMs} ms`);
+    });
+
     test('stdin of a background command can be written over its own connection', async () => {
       const h = await client.run({ args: ['cat'], stdin: true });
       const out = collect(h);

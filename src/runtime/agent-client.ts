@@ -500,7 +500,9 @@ export class AgentClient {
     // The connection is never cut early: a kill sent before the agent's answer is read by the
     // agent right after it, and an abort must not leave a command running unseen.
     const onAbort = (): void => void ch.send('S', '9');
-    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    if (opts.signal?.aborted)
+      onAbort(); // while connecting
+    else opts.signal?.addEventListener('abort', onAbort, { once: true });
     try {
       const r = asRecord(parseJson(await ch.expect('R')), 'run');
       handle = new FollowedProcess(ch, str(r, 'id'), num(r, 'pid'), 0);
