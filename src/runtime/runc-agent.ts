@@ -170,7 +170,13 @@ async function ensureAgent(
  * returns as soon as it has started it; the shell opens the copy read-only as fd 3.
  */
 async function startAgent(runc: RuncCommand, id: string, token: string, opts: CallOptions): Promise<void> {
-  const binary = await agentHostCopy();
+  const binary = await agentHostCopy().catch((e: unknown) => {
+    if (e instanceof AgentError) throw e;
+    throw new AgentError(
+      'EAGENTSTART',
+      `agent: no read-only copy of the agent on this host: ${e instanceof Error ? e.message : String(e)}`,
+    );
+  });
   const [runcPath, args, env] = runc(id, [
     'exec',
     '-d',
