@@ -133,11 +133,12 @@ write_if_changed "$BINDIR/checkpointctl" "#!/bin/sh
 P=${PREFIX}
 exec \"\$P/${LOADER}\" --argv0 checkpointctl --library-path \"\$P/usr/lib/${TRIPLET}\" \"\$P/usr/bin/checkpointctl\" \"\$@\""
 
-# 4. Native helpers (dormant-cuda-ckpt for GPU sandboxes, docs/GPU.md) into /opt/dormant/bin.
+# 4. Native helpers into /opt/dormant/bin: dormant-agent (the in-sandbox toolbox agent) and
+#    dormant-cuda-ckpt (GPU sandboxes, docs/GPU.md).
 if command -v gcc >/dev/null 2>&1; then
   bash "$(cd "$(dirname "$0")" && pwd)/build-native.sh" /opt/dormant/bin
 else
-  log "no gcc: dormant-cuda-ckpt not built (only GPU sandboxes with the checkpoint policy need it)"
+  log "no gcc: dormant-agent and dormant-cuda-ckpt not built (the toolbox and GPU checkpoints need them)"
 fi
 
 log "ready: $("$BINDIR/criu" --version | head -n1 | tr -d '\n'), runc $(runc --version | sed -n 's/^runc version //p')"
