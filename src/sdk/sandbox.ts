@@ -1,8 +1,14 @@
 /**
  * Sandboxes as objects, in the style users know from E2B: `Sandbox.create()`,
- * `Sandbox.connect(id)`, `Sandbox.list()`, and the lifecycle on the instance. Everything
- * goes through the HTTP API; times are milliseconds and sizes bytes; every call takes an
- * `AbortSignal`; failures are typed errors carrying the API's codes (errors.ts).
+ * `Sandbox.connect(id)`, `Sandbox.list()`, the lifecycle on the instance, and E2B's toolbox:
+ * `sandbox.commands` (commands.ts), `sandbox.files` (files.ts), `sandbox.pty` (pty.ts).
+ * Everything goes through the HTTP API; times are milliseconds and sizes bytes; every call
+ * takes an `AbortSignal`; failures are typed errors carrying the API's codes (errors.ts).
+ *
+ * Where dormant differs from E2B: a sandbox is not killed when its time is up, it falls asleep
+ * (hibernates: processes and memory kept in the vault) and any later call wakes it. So E2B's
+ * `timeoutMs` / `setTimeout(ms)` here set how long the sandbox may stay idle before it
+ * hibernates; `lifetimeMs` is the hard end, and `kill()` deletes it.
  *
  * @example
  * ```ts
@@ -23,6 +29,11 @@ import {
   type SandboxState,
   type TransitionInfo,
 } from './client.js';
+import { Commands } from './commands.js';
+import { NotFoundError } from './errors.js';
+import { Files } from './files.js';
+import { Pty } from './pty.js';
+import type { MetricSample } from './toolbox-types.js';
 
 /** Where the daemon is and who is calling. Defaults: `DORMANT_URL`, `DORMANT_TOKEN`. */
 export interface ConnectionOptions {
@@ -63,7 +74,48 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   lifetimeMs?: number;
   /** A command run inside after every resume (refresh credentials, reconnect). */
   onResume?: string[];
+  /** Labels to find it by (`Sandbox.list({ query: { labels } })`). */
+  labels?: Record<string, string>;
+  /** E2B's name for `labels` (merged with them). */
+  metadata?: Record<string, string>;
+  /** E2B's name for `env` (merged with it): the environment of every process inside. */
+  envs?: Record<string, string>;
+  /**
+   * E2B's sandbox timeout. Here the sandbox is not killed when it runs out: it hibernates
+   * after this long idle (the same as `idleTimeoutMs`), and the next call wakes it.
+   */
+  timeoutMs?: number;
 }
+
+/** A sandbox as `Sandbox.list` gives it: the API's view, with E2B's names for two fields. */
+export type ListedSandbox = SandboxInfo & {
+  /** Same as `id`. */
+  sandboxId: string;
+  /** Same as `labels`. */
+  metadata: Record<string, string>;
+};
+
+/** What `Sandbox.list` selects. */
+export interface SandboxListOptions extends ConnectionOptions {
+  query?: {
+    /** Only sandboxes carrying all of these labels. */
+    labels?: Record<string, string>;
+    /** E2B's name for `labels` (merged with them). */
+    metadata?: Record<string, string>;
+    /** Only sandboxes in this state (or in one of these). */
+    state?: SandboxState | SandboxState[];
+  };
+  /** At most this many (all of them by default; pages are followed). */
+  limit?: number;
+}
+
+/** One meter sample, with E2B's names for its fields alongside the API's. */
+export type SandboxMetrics = MetricSample & {
+  timestamp: Date;
+  cpuUsedPct: number;
+  memUsed: number;
+  diskUsed: number;
+};
 
 /** Options of one call: an `AbortSignal`. */
 export interface SandboxCallOptions {
@@ -93,6 +145,13 @@ function clientFor(o: ConnectionOptions): DormantClient {
 
 const call = (o: SandboxCallOptions | undefined): CallOptions => (o?.signal ? { signal: o.signal } : {});
 
+/** A program run when neither a command nor an image's own is given: idle, waiting for calls. */
+const IDLE_COMMAND = ['sleep', 'infinity'];
+
+/** Labels carried by the API's view (an older daemon's has none). */
+const labelsOf = (info: SandboxInfo): Record<string, string> =>
+  (info as SandboxInfo & { labels?: Record<string, string> }).labels ?? {};
+
 /** States a sandbox sleeps in; `connect` resumes from them. */
 const SLEEPING = new Set<SandboxState>(['paused', 'hibernated', 'archived']);
 
@@ -105,12 +164,26 @@ export class Sandbox {
   readonly id: string;
   /** The HTTP client this sandbox talks through (for calls the instance has no method for). */
   readonly client: DormantClient;
+  /** Commands inside: `run` (streamed), background handles, `list`, `kill`, `connect`. */
+  readonly commands: Commands;
+  /** Files inside: `read`, `write`, `list`, `makeDir`, `remove`, `rename`, `watchDir`, ... */
+  readonly files: Files;
+  /** Terminals inside: `create`, `sendInput`, `resize`, `kill`. */
+  readonly pty: Pty;
   private last: SandboxInfo;
 
   private constructor(client: DormantClient, info: SandboxInfo) {
     this.client = client;
     this.id = info.id;
     this.last = info;
+    this.commands = new Commands(client, info.id);
+    this.files = new Files(client, info.id);
+    this.pty = new Pty(this.commands);
+  }
+
+  /** E2B's name for {@link id}. */
+  get sandboxId(): string {
+    return this.id;
   }
 
   /**
@@ -127,19 +200,40 @@ export class Sandbox {
    * });
    * ```
    */
-  static async create(opts: SandboxCreateOptions): Promise<Sandbox> {
+  static async create(opts?: SandboxCreateOptions): Promise<Sandbox>;
+  /**
+   * E2B's form: the template is an OCI image layout on the daemon's machine (`DIR` or
+   * `DIR:TAG`), as `image`.
+   */
+  static async create(template: string, opts?: SandboxCreateOptions): Promise<Sandbox>;
+  static async create(a: string | SandboxCreateOptions = {}, b: SandboxCreateOptions = {}): Promise<Sandbox> {
+    const opts = typeof a === 'string' ? { ...b, image: a } : a;
     const client = clientFor(opts);
+    // Neither given: what the environment names (DORMANT_IMAGE, else DORMANT_ROOTFS), as E2B
+    // falls back on its default template, so a ported program need not name one.
+    const image = opts.image ?? (opts.rootfs === undefined ? env('DORMANT_IMAGE') : undefined);
+    const rootfs = opts.rootfs ?? (image === undefined ? env('DORMANT_ROOTFS') : undefined);
+    const envs =
+      opts.env !== undefined || opts.envs !== undefined ? { ...opts.env, ...opts.envs } : undefined;
+    const labels =
+      opts.labels !== undefined || opts.metadata !== undefined
+        ? { ...opts.metadata, ...opts.labels }
+        : undefined;
+    // A rootfs names no program to run; an E2B sandbox just waits for calls, so this one idles.
+    const command = opts.command ?? (image === undefined ? IDLE_COMMAND : undefined);
+    const idle = opts.idleTimeoutMs ?? opts.timeoutMs;
     const info = await client.createSandbox(
       {
         ...(opts.name !== undefined ? { name: opts.name } : {}),
-        ...(opts.rootfs !== undefined ? { rootfs: opts.rootfs } : {}),
-        ...(opts.image !== undefined ? { image: opts.image } : {}),
-        ...(opts.command !== undefined ? { command: opts.command } : {}),
-        ...(opts.env !== undefined ? { env: opts.env } : {}),
+        ...(rootfs !== undefined ? { rootfs } : {}),
+        ...(image !== undefined ? { image } : {}),
+        ...(command !== undefined ? { command } : {}),
+        ...(envs !== undefined ? { env: envs } : {}),
+        ...(labels !== undefined ? { labels } : {}),
         ...(opts.ports !== undefined ? { ports: opts.ports } : {}),
         ...(opts.memoryBytes !== undefined ? { memory: opts.memoryBytes } : {}),
         ...(opts.cpus !== undefined ? { cpus: opts.cpus } : {}),
-        ...(opts.idleTimeoutMs !== undefined ? { idle: opts.idleTimeoutMs } : {}),
+        ...(idle !== undefined ? { idle } : {}),
         ...(opts.pauseAfterMs !== undefined ? { pauseAfter: opts.pauseAfterMs } : {}),
         ...(opts.archiveAfterMs !== undefined ? { archiveAfter: opts.archiveAfterMs } : {}),
         ...(opts.lifetimeMs !== undefined ? { lifetime: opts.lifetimeMs } : {}),
@@ -167,15 +261,57 @@ export class Sandbox {
   }
 
   /**
-   * The token's sandboxes (every tenant's for an admin token), as the daemon sees them now.
+   * The token's sandboxes (every tenant's for an admin token), as the daemon sees them now,
+   * oldest first; `query` filters by labels and state (on the daemon), `limit` caps the count.
+   * The pages of the answer are followed.
    *
    * @example
    * ```ts
-   * const asleep = (await Sandbox.list()).filter((s) => s.state === 'hibernated');
+   * const asleep = await Sandbox.list({ query: { state: 'hibernated' } });
+   * const mine = await Sandbox.list({ query: { labels: { user: 'ada' } }, limit: 10 });
    * ```
    */
-  static async list(opts: ConnectionOptions = {}): Promise<SandboxInfo[]> {
-    return clientFor(opts).listSandboxes(call(opts));
+  static async list(opts: SandboxListOptions = {}): Promise<ListedSandbox[]> {
+    const client = clientFor(opts);
+    const q = new URLSearchParams();
+    const labels = { ...opts.query?.metadata, ...opts.query?.labels };
+    for (const [k, v] of Object.entries(labels)) q.append('label', `${k}=${v}`);
+    const state = opts.query?.state;
+    for (const st of state === undefined ? [] : Array.isArray(state) ? state : [state]) q.append('state', st);
+    const out: ListedSandbox[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = new URLSearchParams(q);
+      if (opts.limit !== undefined) page.set('limit', String(Math.min(100, opts.limit - out.length)));
+      if (cursor !== undefined) page.set('cursor', cursor);
+      const qs = page.toString();
+      const r = await client.request<{ sandboxes: SandboxInfo[]; nextCursor?: string | null }>(
+        'GET',
+        `/v1/sandboxes${qs ? `?${qs}` : ''}`,
+        undefined,
+        call(opts),
+      );
+      for (const s of r.sandboxes) out.push({ ...s, sandboxId: s.id, metadata: labelsOf(s) });
+      cursor = r.nextCursor ?? undefined;
+    } while (cursor !== undefined && (opts.limit === undefined || out.length < opts.limit));
+    return opts.limit === undefined ? out : out.slice(0, opts.limit);
+  }
+
+  /**
+   * Deletes a sandbox by id or name; resolves false when there was none (E2B's static kill).
+   * @example
+   * ```ts
+   * await Sandbox.kill('sb-0123456789abcdef');
+   * ```
+   */
+  static async kill(id: string, opts: ConnectionOptions = {}): Promise<boolean> {
+    try {
+      await clientFor(opts).remove(id, call(opts));
+      return true;
+    } catch (e) {
+      if (e instanceof NotFoundError) return false;
+      throw e;
+    }
   }
 
   /** What the daemon said about this sandbox last (state, memory, ports, ...). */
@@ -197,6 +333,77 @@ export class Sandbox {
    */
   async getInfo(opts?: SandboxCallOptions): Promise<SandboxInfo> {
     return (this.last = await this.client.getSandbox(this.id, call(opts)));
+  }
+
+  /** The labels it carries (E2B's `metadata`), as of the last call. */
+  get labels(): Record<string, string> {
+    return labelsOf(this.last);
+  }
+
+  /**
+   * E2B's `setTimeout`: here, how long the sandbox may stay idle before it hibernates,
+   * counted from its last activity (a call, a request through the proxy). It is not killed
+   * then, only put to sleep; the next call wakes it. Use `lifetimeMs` at create, or `kill()`,
+   * to end it.
+   * @example
+   * ```ts
+   * await sb.setTimeout(10 * 60_000);
+   * ```
+   */
+  async setTimeout(timeoutMs: number, opts?: SandboxCallOptions): Promise<SandboxInfo> {
+    return (this.last = await this.client.request<SandboxInfo>(
+      'PATCH',
+      `/v1/sandboxes/${encodeURIComponent(this.id)}`,
+      { idle: timeoutMs },
+      call(opts),
+    ));
+  }
+
+  /**
+   * Adds, changes (a string) or removes (null) labels.
+   * @example
+   * ```ts
+   * await sb.setLabels({ stage: 'review', draft: null });
+   * ```
+   */
+  async setLabels(labels: Record<string, string | null>, opts?: SandboxCallOptions): Promise<SandboxInfo> {
+    return (this.last = await this.client.request<SandboxInfo>(
+      'PATCH',
+      `/v1/sandboxes/${encodeURIComponent(this.id)}`,
+      { labels },
+      call(opts),
+    ));
+  }
+
+  /**
+   * CPU, memory and disk over time, from the daemon's meter (oldest first); `since` is a time
+   * in milliseconds since the epoch.
+   * @example
+   * ```ts
+   * const last = (await sb.getMetrics()).at(-1);
+   * console.log(last?.cpuUsedPct, last?.memUsed);
+   * ```
+   */
+  async getMetrics(opts: SandboxCallOptions & { since?: number } = {}): Promise<SandboxMetrics[]> {
+    const q = opts.since !== undefined ? `?since=${opts.since}` : '';
+    const r = await this.client.request<{ samples: MetricSample[] }>(
+      'GET',
+      `/v1/sandboxes/${encodeURIComponent(this.id)}/metrics${q}`,
+      undefined,
+      call(opts),
+    );
+    return r.samples.map((m) => ({
+      ...m,
+      timestamp: new Date(m.at),
+      cpuUsedPct: m.cpuPercent,
+      memUsed: m.memoryBytes,
+      diskUsed: m.diskBytes,
+    }));
+  }
+
+  /** Whether it runs now (asks the daemon). A sleeping sandbox still answers every call. */
+  async isRunning(opts?: SandboxCallOptions): Promise<boolean> {
+    return (await this.getInfo(opts)).state === 'running';
   }
 
   /**
