@@ -111,6 +111,7 @@ export class CommandHandle {
     events: AsyncGenerator<CommandEvent>,
     cb: OutputCallbacks,
     private readonly streamSignal: AbortController,
+    private readonly callerSignal?: AbortSignal,
   ) {
     this.pid = pid;
     this.done = this.pump(events, cb);
@@ -158,6 +159,8 @@ export class CommandHandle {
         }
       }
     } catch (e) {
+      // The caller's abort (which, for a foreground command, killed it) rejects with its reason.
+      if (this.callerSignal?.aborted) throw this.callerSignal.reason;
       if (this.stop.signal.aborted) throw new Error(`disconnected from command ${this.pid}`, { cause: e });
       if (e instanceof DormantApiError) throw e;
       throw apiError('DAEMON_UNREACHABLE', `the output stream of command ${this.pid} broke: ${String(e)}`, 0);
@@ -304,7 +307,7 @@ export class Commands {
     if (ev.type === 'error') throw apiError(ev.code, ev.message, 0);
     if (ev.type !== 'start')
       throw apiError('DAEMON_UNREACHABLE', `${method} ${route}: no start line`, res.status);
-    return new CommandHandle(this, ev.pid, events, opts, stream);
+    return new CommandHandle(this, ev.pid, events, opts, stream, opts.signal);
   }
 
   /** The commands the sandbox's agent knows: running ones, and ones ended in the last 10 minutes. */
