@@ -27,10 +27,15 @@ const TYPES = [
   ['TokenInfo', 'TokenSchema', 'An API token as listed: never the token itself, which is shown once.'],
   ['ExecResult', 'ExecResultSchema', 'What a command run inside a sandbox did.'],
   ['SandboxUrlInfo', 'SandboxUrlSchema', 'A sandbox port as reached through the wake proxy.'],
+  ['SandboxPage', 'SandboxListSchema', 'One page of GET /v1/sandboxes.'],
+  ['SandboxMetricSample', 'MetricSampleSchema', "One meter sample of a sandbox's CPU, memory and disk."],
+  ['SandboxMetrics', 'SandboxMetricsSchema', 'GET /v1/sandboxes/{id}/metrics.'],
 ];
 /** Request types, made from the schemas' input side (a duration may be `900000` or `"15m"`). */
 const INPUTS = [
   ['CreateSandboxOptions', 'CreateSandboxBody', 'What a new sandbox is made of (POST /v1/sandboxes).'],
+  ['UpdateSandboxOptions', 'UpdateSandboxBody', 'What PATCH /v1/sandboxes/{id} changes.'],
+  ['ListSandboxesOptions', 'ListSandboxesQuery', 'The filters and page of GET /v1/sandboxes.'],
 ];
 
 const q = (v) => `'${String(v).replace(/\\/g, '\\\\').replace(/'/g, "\\'")}'`;

@@ -8,7 +8,13 @@
 import { z } from 'zod';
 import { parseDurationMs, parseSizeBytes } from '../domain/units.js';
 import { GPU_POLICIES } from '../domain/gpu.js';
-import { SANDBOX_STATES } from '../domain/sandbox.js';
+import {
+  LABEL_KEY_PATTERN,
+  MAX_LABEL_VALUE,
+  MAX_LABELS,
+  SANDBOX_STATES,
+  type SandboxState,
+} from '../domain/sandbox.js';
 import { ERRORS } from '../domain/errors.js';
 
 /** A duration in milliseconds, or a human one (`15m`, `7d`). */
@@ -35,6 +41,18 @@ const size = z.union([z.number().int().positive(), z.string().max(32)]).transfor
 const envName = z
   .string()
   .regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/, 'environment variable names: letters, digits, _');
+
+const labelKey = z
+  .string()
+  .regex(
+    LABEL_KEY_PATTERN,
+    "label keys: 1-63 letters, digits, '.', '_', '/', '-', starting with a letter or digit",
+  );
+
+const labels = z
+  .record(labelKey, z.string().max(MAX_LABEL_VALUE))
+  .refine((l) => Object.keys(l).length <= MAX_LABELS, `at most ${MAX_LABELS} labels`)
+  .describe(`your own key/value labels (at most ${MAX_LABELS}; values up to ${MAX_LABEL_VALUE} characters)`);
 
 export const CreateSandboxBody = z.strictObject({
   name: z.string().min(1).max(63).optional(),
@@ -77,6 +95,7 @@ export const CreateSandboxBody = z.strictObject({
     .enum(GPU_POLICIES)
     .optional()
     .describe('what hibernate does when the sandbox holds GPU state; default keep-running (docs/GPU.md)'),
+  labels: labels.optional(),
 });
 export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
 
@@ -100,7 +119,79 @@ export const LogsQuery = z.object({
     .transform((v) => v === '1' || v === 'true'),
 });
 
-export const ForkBody = z.strictObject({ name: z.string().min(1).max(63).optional() }).optional();
+export const ForkBody = z
+  .strictObject({
+    name: z.string().min(1).max(63).optional(),
+    labels: labels.optional().describe("the fork's labels instead of its parent's"),
+  })
+  .optional();
+
+/** One query parameter given once or repeated (`?label=a&label=b`). */
+const repeated = (item: z.ZodString, max: number) =>
+  z
+    .union([item, z.array(item).max(max)])
+    .transform((v) => (typeof v === 'string' ? [v] : v))
+    .optional();
+
+const stateList = z
+  .union([z.string().max(1024), z.array(z.string().max(1024)).max(16)])
+  .transform((v, ctx) => {
+    const out: SandboxState[] = [];
+    for (const s of (typeof v === 'string' ? [v] : v).flatMap((x) => x.split(','))) {
+      if (!(SANDBOX_STATES as readonly string[]).includes(s)) {
+        ctx.addIssue({
+          code: 'custom',
+          message: `unknown state "${s.slice(0, 40)}": expected one or more of ${SANDBOX_STATES.join(', ')}`,
+        });
+        return z.NEVER;
+      }
+      out.push(s as SandboxState);
+    }
+    return out;
+  });
+
+/** GET /v1/sandboxes: filters (each given must match) and a page. */
+export const ListSandboxesQuery = z.object({
+  state: stateList
+    .optional()
+    .describe('only sandboxes in one of these states: comma-separated or repeated, e.g. `running,paused`'),
+  label: repeated(z.string().max(512), 64).describe(
+    'repeatable: `key=value` (the label has that value) or `key` (the sandbox has the label); all must match',
+  ),
+  name: z.string().max(63).optional().describe('only the sandbox of this name'),
+  tenant: z
+    .string()
+    .max(63)
+    .optional()
+    .describe("only this tenant's sandboxes (an admin token sees every tenant)"),
+  limit: z.coerce.number().int().min(1).max(1000).default(100).describe('sandboxes per page, 1-1000'),
+  cursor: z.string().max(512).optional().describe("the previous page's `nextCursor`"),
+});
+
+/** A duration to set, or null to drop the sandbox's own value (the tenant's or node's applies). */
+const durationPatch = duration.nullable().optional();
+
+/** PATCH /v1/sandboxes/{id}: only what is given changes. */
+export const UpdateSandboxBody = z.strictObject({
+  labels: z
+    .record(labelKey, z.string().max(MAX_LABEL_VALUE).nullable())
+    .optional()
+    .describe('labels to set; a null value removes that label; labels not named are kept'),
+  idle: durationPatch.describe('hibernate after this long idle; null: the default again'),
+  pauseAfter: durationPatch,
+  archiveAfter: durationPatch,
+  lifetime: durationPatch,
+});
+export type UpdateSandboxBody = z.infer<typeof UpdateSandboxBody>;
+
+export const MetricsQuery = z.object({
+  since: z.coerce
+    .number()
+    .int()
+    .nonnegative()
+    .optional()
+    .describe('samples taken at or after this time (milliseconds since the epoch); default: the last hour'),
+});
 
 export const ImportBody = z.strictObject({
   /** Absolute path of the archive on the daemon's machine. */
@@ -230,8 +321,43 @@ export const SandboxSchema = z.object({
     .describe('idle policy in milliseconds; an absent one never fires'),
   gpus: z.string().nullable().describe('GPUs it was created with (`all`, `0,1`), or null'),
   gpuPolicy: GpuPolicySchema.describe('what hibernate does when it holds GPU state (docs/GPU.md)'),
+  labels: z.record(z.string(), z.string()).describe('its labels ({} when none)'),
 });
 export type SandboxView = z.output<typeof SandboxSchema>;
+
+/** GET /v1/sandboxes. */
+export const SandboxListSchema = z.object({
+  sandboxes: z.array(SandboxSchema),
+  nextCursor: z
+    .string()
+    .optional()
+    .describe('present when more sandboxes match: pass it as `cursor` for the next page'),
+});
+export type SandboxListView = z.output<typeof SandboxListSchema>;
+
+/** One meter sample of a sandbox (GET /v1/sandboxes/{id}/metrics). */
+export const MetricSampleSchema = z.object({
+  at: z.number().int().describe('when it was taken, in milliseconds since the epoch'),
+  cpuPercent: z
+    .number()
+    .nonnegative()
+    .nullable()
+    .describe('CPU used since the sample before, in percent of one CPU; null: no sample before to compare'),
+  memoryBytes: z.number().int().nonnegative().describe('memory its cgroup held'),
+  diskBytes: z
+    .number()
+    .int()
+    .nonnegative()
+    .nullable()
+    .describe('bytes used on its writable layer; null: not known (a sandbox without a disk quota)'),
+});
+export type MetricSampleView = z.output<typeof MetricSampleSchema>;
+
+export const SandboxMetricsSchema = z.object({
+  samples: z
+    .array(MetricSampleSchema)
+    .describe('oldest first, taken while it was running or paused; at most 10 000'),
+});
 
 export const CheckpointSchema = z.object({
   id: z.string(),

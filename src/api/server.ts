@@ -8,7 +8,7 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { Readable } from 'node:stream';
-import { DormantError, ErrorCode, asError, errorInfo } from '../domain/errors.js';
+import { DormantError, ErrorCode, asError, errorInfo, isDormantError } from '../domain/errors.js';
 import type { Sandbox, Transition } from '../domain/sandbox.js';
 import type { SandboxController } from '../control/sandboxes.js';
 import type { CheckpointRecord, StateStore } from '../state/store.js';
@@ -26,13 +26,19 @@ import {
   ForkBody,
   IdParams,
   KeepaliveBody,
+  ListSandboxesQuery,
   LogsQuery,
+  MetricsQuery,
   ResumeBody,
+  UpdateSandboxBody,
   type CheckpointView,
   type ExecResultView,
+  type SandboxListView,
   type SandboxView,
   type TransitionView,
 } from './schemas.js';
+import { decodeCursor, encodeCursor, parseLabelFilter } from './listing.js';
+import { metricPoints, MAX_METRIC_POINTS } from '../control/meter.js';
 import { parse } from './validate.js';
 import { registerTokenRoutes } from './routes-tokens.js';
 import { registerMetrics } from './metrics.js';
@@ -104,6 +110,7 @@ export function sandboxView(s: Sandbox): SandboxView {
     policy: s.spec.policy,
     gpus: s.gpus ?? null,
     gpuPolicy: s.gpuPolicy ?? DEFAULT_GPU_POLICY,
+    labels: s.spec.labels ?? {},
   };
 }
 
@@ -215,9 +222,30 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
 
   const view = async (s: Sandbox) => sandboxView(await controller.withUsage(s));
 
-  app.get('/v1/sandboxes', async (req) => ({
-    sandboxes: await Promise.all(controller.list(scope(req)).map(view)),
-  }));
+  app.get('/v1/sandboxes', async (req) => {
+    const q = parse(ListSandboxesQuery, req.query, 'query');
+    const own = scope(req);
+    const labels = (q.label ?? []).map(parseLabelFilter);
+    // A tenant's own scope always applies: its ?tenant= can narrow it (to nothing), never widen it.
+    const tenant = own ?? q.tenant;
+    const found =
+      own !== undefined && q.tenant !== undefined && q.tenant !== own
+        ? []
+        : store.querySandboxes({
+            ...(tenant !== undefined ? { tenant } : {}),
+            ...(q.state !== undefined ? { states: q.state } : {}),
+            ...(q.name !== undefined ? { name: q.name } : {}),
+            labels,
+            ...(q.cursor !== undefined ? { after: decodeCursor(q.cursor) } : {}),
+            // One more than a page: whether it is there says whether a next page is.
+            limit: q.limit + 1,
+          });
+    const page = found.slice(0, q.limit);
+    const out: SandboxListView = { sandboxes: await Promise.all(page.map(view)) };
+    const last = page.at(-1);
+    if (found.length > q.limit && last) out.nextCursor = encodeCursor(last);
+    return out;
+  });
 
   app.post('/v1/sandboxes', async (req, reply) => {
     const b = parse(CreateSandboxBody, req.body, 'request body');
@@ -236,6 +264,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.onResume !== undefined ? { onResume: b.onResume } : {}),
       ...(b.gpus !== undefined ? { gpus: b.gpus } : {}),
       ...(b.gpuPolicy !== undefined ? { gpuPolicy: b.gpuPolicy } : {}),
+      ...(b.labels !== undefined ? { labels: b.labels } : {}),
       policy: {
         ...(b.idle !== undefined ? { hibernateAfterMs: b.idle } : {}),
         ...(b.pauseAfter !== undefined ? { pauseAfterMs: b.pauseAfter } : {}),
@@ -251,10 +280,36 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     return view(controller.get(id, scope(req)));
   });
 
-  app.delete('/v1/sandboxes/:id', async (req, reply) => {
+  app.patch('/v1/sandboxes/:id', async (req) => {
     const id = sandboxId(req);
-    await controller.remove(id, scope(req));
+    const b = parse(UpdateSandboxBody, req.body ?? {}, 'request body');
+    const policy = {
+      ...(b.idle !== undefined ? { hibernateAfterMs: b.idle } : {}),
+      ...(b.pauseAfter !== undefined ? { pauseAfterMs: b.pauseAfter } : {}),
+      ...(b.archiveAfter !== undefined ? { archiveAfterMs: b.archiveAfter } : {}),
+      ...(b.lifetime !== undefined ? { lifetimeMs: b.lifetime } : {}),
+    };
+    return view(
+      controller.update(id, scope(req), { ...(b.labels !== undefined ? { labels: b.labels } : {}), policy }),
+    );
+  });
+
+  // Idempotent: a sandbox already gone (or never there, as far as the caller can see) is what
+  // the caller asked for, so a retried or doubled delete succeeds too.
+  app.delete('/v1/sandboxes/:id', async (req, reply) => {
+    try {
+      await controller.remove(sandboxId(req), scope(req));
+    } catch (e) {
+      if (!isDormantError(e, 'SANDBOX_NOT_FOUND')) throw e;
+    }
     return reply.status(204).send();
+  });
+
+  app.get('/v1/sandboxes/:id/metrics', async (req) => {
+    const id = sandboxId(req);
+    const q = parse(MetricsQuery, req.query, 'query');
+    const since = q.since ?? Date.now() - 3_600_000;
+    return { samples: metricPoints(store.sandboxSamples(id, { since, limit: MAX_METRIC_POINTS }), since) };
   });
 
   for (const op of ['pause', 'hibernate', 'archive'] as const) {
@@ -275,7 +330,10 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   app.post('/v1/sandboxes/:id/fork', async (req, reply) => {
     const id = sandboxId(req);
     const b = parse(ForkBody, req.body ?? undefined, 'request body');
-    const s = await controller.fork(id, scope(req), b?.name !== undefined ? { name: b.name } : {});
+    const s = await controller.fork(id, scope(req), {
+      ...(b?.name !== undefined ? { name: b.name } : {}),
+      ...(b?.labels !== undefined ? { labels: b.labels } : {}),
+    });
     return reply.status(201).send(await view(s));
   });
 

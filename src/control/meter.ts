@@ -1,25 +1,55 @@
 /**
  * The meter: samples what every sandbox with processes holds (memory, cumulative CPU time)
- * from its cgroup at a fixed interval and persists it, and turns the persisted transitions,
+ * from its cgroup, and its writable layer's use, at a fixed interval and persists it, and turns the persisted transitions,
  * samples and checkpoint lifetimes into the cost report. Nothing is kept only in memory, so a
  * restart of the daemon neither loses nor double-counts anything.
  */
 import { cpus, totalmem } from 'node:os';
-import {
-  capacity,
-  computeCost,
-  type Capacity,
-  type CostReport,
-  type MeterSample,
-  type PriceSheet,
-} from '../domain/cost.js';
-import type { StateStore } from '../state/store.js';
+import { capacity, computeCost, type Capacity, type CostReport, type PriceSheet } from '../domain/cost.js';
+import type { StateStore, StoredSample } from '../state/store.js';
 import { asError } from '../domain/errors.js';
 import type { Clock } from './options.js';
 
 export interface MeterSource {
   list(): { id: string; state: string }[];
   usage(id: string): Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
+  /** Bytes used on the sandbox's writable layer, when that is cheap to know (one statfs). */
+  diskUsage?(id: string): Promise<number | undefined>;
+}
+
+/** A sandbox's samples as GET /v1/sandboxes/{id}/metrics shows them. */
+export interface MetricPoint {
+  at: number;
+  /** CPU used since the sample before, in percent of one CPU; null: none before to compare. */
+  cpuPercent: number | null;
+  memoryBytes: number;
+  diskBytes: number | null;
+}
+
+/** Most samples one metrics answer holds. */
+export const MAX_METRIC_POINTS = 10_000;
+
+/**
+ * Samples (oldest first, possibly led by one before `since`) as metric points from `since` on.
+ * The CPU share comes from the cumulative counter's rise between two samples; where it went
+ * down (a restore made a new cgroup, whose counter starts again) there is nothing to compare.
+ */
+export function metricPoints(samples: readonly StoredSample[], since: number): MetricPoint[] {
+  const out: MetricPoint[] = [];
+  let prev: StoredSample | undefined;
+  for (const x of samples) {
+    if (x.at >= since && out.length < MAX_METRIC_POINTS) {
+      const rose = prev !== undefined && x.cpuUsageUsec >= prev.cpuUsageUsec && x.at > prev.at;
+      out.push({
+        at: x.at,
+        cpuPercent: rose ? ((x.cpuUsageUsec - prev!.cpuUsageUsec) / ((x.at - prev!.at) * 1000)) * 100 : null,
+        memoryBytes: x.memoryBytes,
+        diskBytes: x.diskBytes ?? null,
+      });
+    }
+    prev = x;
+  }
+  return out;
 }
 
 const GIB = 1024 ** 3;
@@ -91,11 +121,20 @@ export class Meter {
     // Yield first so that `running` is set before the pass can finish.
     await Promise.resolve();
     const at = this.opts.clock.now();
-    const out: MeterSample[] = [];
+    const out: StoredSample[] = [];
     for (const s of this.opts.source.list()) {
       if (s.state !== 'running' && s.state !== 'paused') continue;
       const u = await this.opts.source.usage(s.id);
-      if (u) out.push({ sandboxId: s.id, at, memoryBytes: u.memoryBytes, cpuUsageUsec: u.cpuUsageUsec });
+      if (!u) continue;
+      // The layer's use is a nicety: a failure to read it leaves the sample without it.
+      const disk = await this.opts.source.diskUsage?.(s.id).catch(() => undefined);
+      out.push({
+        sandboxId: s.id,
+        at,
+        memoryBytes: u.memoryBytes,
+        cpuUsageUsec: u.cpuUsageUsec,
+        ...(disk !== undefined ? { diskBytes: disk } : {}),
+      });
     }
     this.opts.store.insertSamples(out);
     return out.length;

@@ -9,6 +9,7 @@
  * the ports, the options and the helpers they share); this class takes the sandbox's lock
  * where an operation holds it throughout, and dispatches.
  */
+import { statfs } from 'node:fs/promises';
 import { assertLegal, type Sandbox, type SandboxState } from '../domain/sandbox.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { Compression } from '../checkpoint/archive.js';
@@ -27,6 +28,7 @@ import { pauseSandbox } from './ops/pause.js';
 import { reconcileAll } from './ops/reconcile.js';
 import { removeSandbox } from './ops/remove.js';
 import { resume } from './ops/resume.js';
+import { updateSandbox, type SandboxUpdate } from './ops/update.js';
 
 export {
   systemClock,
@@ -37,6 +39,7 @@ export {
 } from './options.js';
 export { DEFAULT_DISK_BYTES, type CreateSandboxInput } from './ops/create.js';
 export type { ImportArchiveInput } from './ops/import.js';
+export type { PolicyPatch, SandboxUpdate } from './ops/update.js';
 
 export class SandboxController {
   private readonly ctx: LifecycleContext;
@@ -152,7 +155,11 @@ export class SandboxController {
    * checkpointed first and keeps running), with a copy of its filesystem. The fork has its own
    * network address; listening sockets bound to all addresses listen again there.
    */
-  async fork(id: string, tenant: string | undefined, opts: { name?: string } = {}): Promise<Sandbox> {
+  async fork(
+    id: string,
+    tenant: string | undefined,
+    opts: { name?: string; labels?: Record<string, string> } = {},
+  ): Promise<Sandbox> {
     return forkSandbox(this.ctx, id, tenant, opts);
   }
 
@@ -244,6 +251,34 @@ export class SandboxController {
     assertLegal('keepalive', s.state, id);
     this.ctx.store.updateSandbox(id, { lastActiveAt: Math.max(this.ctx.clock.now(), untilMs) });
     return this.ctx.get(id);
+  }
+
+  /** New labels and idle policy values (ops/update.ts); the policy loop acts on them at once. */
+  update(id: string, tenant: string | undefined, u: SandboxUpdate): Sandbox {
+    return updateSandbox(this.ctx, id, tenant, u);
+  }
+
+  /** Each sandbox's writable layer folder: it never moves, and asking the runtime runs runc. */
+  private readonly upperDirs = new Map<string, string>();
+
+  /**
+   * Bytes in use on the sandbox's writable layer: with a disk quota the layer is a filesystem
+   * of its own, so one statfs answers (no walk of its files). Undefined without a quota, or
+   * when the answer cannot be the layer's (it is larger than the quota: not mounted).
+   */
+  async diskUsage(id: string): Promise<number | undefined> {
+    const quota = this.ctx.store.getSandbox(id)?.spec.diskBytes;
+    if (quota === undefined) return undefined;
+    let dir = this.upperDirs.get(id);
+    if (dir === undefined) {
+      // Bounded: entries of removed sandboxes are dropped with the rest now and then.
+      if (this.upperDirs.size >= 4096) this.upperDirs.clear();
+      dir = (await this.ctx.runtime.state(id)).upperDir;
+      this.upperDirs.set(id, dir);
+    }
+    const st = await statfs(dir).catch(() => undefined);
+    if (!st || st.blocks * st.bsize > quota * 1.1) return undefined;
+    return (st.blocks - st.bfree) * st.bsize;
   }
 
   async remove(id: string, tenant?: string, reason = 'rm'): Promise<void> {

@@ -104,6 +104,50 @@ export function validateName(name: string): string {
   return name;
 }
 
+/** Label keys: like a Kubernetes label key, so one can be copied from there. */
+export const LABEL_KEY_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/;
+export const MAX_LABELS = 64;
+export const MAX_LABEL_VALUE = 256;
+
+/** Throws INVALID_ARGUMENT unless `key` is a valid label key. */
+export function validateLabelKey(key: string): string {
+  if (!LABEL_KEY_PATTERN.test(key))
+    throw new DormantError(
+      'INVALID_ARGUMENT',
+      `invalid label key "${key.slice(0, 80)}": use 1-63 letters, digits, '.', '_', '/' and '-', starting with a letter or digit`,
+    );
+  return key;
+}
+
+/** The labels, checked: valid keys, values of at most 256 characters, at most 64 labels. */
+export function validateLabels(labels: Readonly<Record<string, string>>): Record<string, string> {
+  const keys = Object.keys(labels);
+  if (keys.length > MAX_LABELS)
+    throw new DormantError('INVALID_ARGUMENT', `too many labels (${keys.length}): at most ${MAX_LABELS}`);
+  for (const k of keys) {
+    validateLabelKey(k);
+    if (labels[k]!.length > MAX_LABEL_VALUE)
+      throw new DormantError(
+        'INVALID_ARGUMENT',
+        `label ${k}: the value is longer than ${MAX_LABEL_VALUE} characters`,
+      );
+  }
+  return { ...labels };
+}
+
+/**
+ * `labels` changed by `patch`: a string sets the key, null removes it. The result is checked
+ * as a whole (the count limit applies to what is left).
+ */
+export function patchLabels(
+  labels: Readonly<Record<string, string>>,
+  patch: Readonly<Record<string, string | null>>,
+): Record<string, string> {
+  for (const k of Object.keys(patch)) validateLabelKey(k);
+  const kept = Object.entries({ ...labels, ...patch }).filter((e): e is [string, string] => e[1] !== null);
+  return validateLabels(Object.fromEntries(kept));
+}
+
 /** Sandbox and checkpoint ids: a prefix and 16 lowercase base32 characters. */
 export const ID_PATTERN = /^(sb|ck)-[a-z2-7]{16}$/;
 
@@ -161,6 +205,8 @@ export interface SandboxSpec {
   devices?: { path: string; major: number; minor: number }[];
   /** Set on a sandbox made by `checkpoint import`: the archive's file name. */
   importedFrom?: string;
+  /** The caller's own key/value labels (validateLabels); absent: none. */
+  labels?: Record<string, string>;
 }
 
 export interface Sandbox {

@@ -67,6 +67,8 @@ export interface SandboxInfo {
   gpus: string | null;
   /** what hibernate does when it holds GPU state (docs/GPU.md) */
   gpuPolicy: GpuPolicy;
+  /** its labels ({} when none) */
+  labels: Record<string, string>;
 }
 
 /** A checkpoint (GET /v1/checkpoints). */
@@ -126,6 +128,31 @@ export interface SandboxUrlInfo {
   auth: 'token' | 'none';
 }
 
+/** One page of GET /v1/sandboxes. */
+export interface SandboxPage {
+  sandboxes: SandboxInfo[];
+  /** present when more sandboxes match: pass it as `cursor` for the next page */
+  nextCursor?: string;
+}
+
+/** One meter sample of a sandbox's CPU, memory and disk. */
+export interface SandboxMetricSample {
+  /** when it was taken, in milliseconds since the epoch */
+  at: number;
+  /** CPU used since the sample before, in percent of one CPU; null: no sample before to compare */
+  cpuPercent: number | null;
+  /** memory its cgroup held */
+  memoryBytes: number;
+  /** bytes used on its writable layer; null: not known (a sandbox without a disk quota) */
+  diskBytes: number | null;
+}
+
+/** GET /v1/sandboxes/{id}/metrics. */
+export interface SandboxMetrics {
+  /** oldest first, taken while it was running or paused; at most 10 000 */
+  samples: SandboxMetricSample[];
+}
+
 /** What a new sandbox is made of (POST /v1/sandboxes). */
 export interface CreateSandboxOptions {
   name?: string;
@@ -157,6 +184,35 @@ export interface CreateSandboxOptions {
   gpus?: string | number[];
   /** what hibernate does when the sandbox holds GPU state; default keep-running (docs/GPU.md) */
   gpuPolicy?: GpuPolicy;
+  /** your own key/value labels (at most 64; values up to 256 characters) */
+  labels?: Record<string, string>;
+}
+
+/** What PATCH /v1/sandboxes/{id} changes. */
+export interface UpdateSandboxOptions {
+  /** labels to set; a null value removes that label; labels not named are kept */
+  labels?: Record<string, string | null>;
+  /** hibernate after this long idle; null: the default again */
+  idle?: number | string | null;
+  pauseAfter?: number | string | null;
+  archiveAfter?: number | string | null;
+  lifetime?: number | string | null;
+}
+
+/** The filters and page of GET /v1/sandboxes. */
+export interface ListSandboxesOptions {
+  /** only sandboxes in one of these states: comma-separated or repeated, e.g. `running,paused` */
+  state?: string | string[];
+  /** repeatable: `key=value` (the label has that value) or `key` (the sandbox has the label); all must match */
+  label?: string | string[];
+  /** only the sandbox of this name */
+  name?: string;
+  /** only this tenant's sandboxes (an admin token sees every tenant) */
+  tenant?: string;
+  /** sandboxes per page, 1-1000 */
+  limit?: number;
+  /** the previous page's `nextCursor` */
+  cursor?: string;
 }
 
 /** Every sandbox state. */

@@ -9,7 +9,7 @@ import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/s
 import type { MeterSample } from '../domain/cost.js';
 import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
 import { errnoCode } from '../domain/errors.js';
-import type { CheckpointRecord, StateStore, TokenRow } from './store.js';
+import type { CheckpointRecord, SandboxQuery, StateStore, StoredSample, TokenRow } from './store.js';
 
 const MIGRATIONS: string[] = [
   `CREATE TABLE sandboxes (
@@ -68,6 +68,10 @@ const MIGRATIONS: string[] = [
    ALTER TABLE sandboxes ADD COLUMN gpu_policy TEXT NOT NULL DEFAULT 'keep-running';`,
   // The checkpoint a lazy restore is still copying pages in from (NULL: none in flight).
   `ALTER TABLE sandboxes ADD COLUMN lazy_restore_of TEXT;`,
+  // The writable layer's use per sample (NULL: not known, a sandbox without a disk quota), and
+  // one sandbox's samples found without a scan of everyone's (GET /v1/sandboxes/{id}/metrics).
+  `ALTER TABLE samples ADD COLUMN disk_bytes INTEGER;
+   CREATE INDEX samples_sandbox ON samples (sandbox_id, at);`,
 ];
 
 interface SandboxRow {
@@ -276,6 +280,41 @@ export class SqliteStateStore implements StateStore {
     return rows.map(toSandbox);
   }
 
+  querySandboxes(q: SandboxQuery): Sandbox[] {
+    const where: string[] = [];
+    const args: unknown[] = [];
+    if (q.tenant !== undefined) {
+      where.push('tenant = ?');
+      args.push(q.tenant);
+    }
+    if (q.states !== undefined) {
+      where.push(`state IN (${q.states.map(() => '?').join(', ') || 'NULL'})`);
+      args.push(...q.states);
+    }
+    if (q.name !== undefined) {
+      where.push('name = ?');
+      args.push(q.name);
+    }
+    // Labels live in the spec's JSON (spec.labels): matched there, so a filter never needs
+    // the rows in memory and the page boundary is the database's.
+    for (const [key, value] of q.labels ?? []) {
+      where.push(
+        `EXISTS (SELECT 1 FROM json_each(spec, '$.labels') WHERE key = ?${value !== undefined ? ' AND value = ?' : ''})`,
+      );
+      args.push(key, ...(value !== undefined ? [value] : []));
+    }
+    if (q.after !== undefined) {
+      where.push('(created_at > ? OR (created_at = ? AND id > ?))');
+      args.push(q.after.createdAt, q.after.createdAt, q.after.id);
+    }
+    const rows = this.db
+      .prepare(
+        `SELECT * FROM sandboxes ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY created_at, id LIMIT ?`,
+      )
+      .all(...args, q.limit) as SandboxRow[];
+    return rows.map(toSandbox);
+  }
+
   transition(
     id: string,
     from: SandboxState,
@@ -409,14 +448,43 @@ export class SqliteStateStore implements StateStore {
     }));
   }
 
-  insertSamples(samples: readonly MeterSample[]): void {
+  insertSamples(samples: readonly StoredSample[]): void {
     const stmt = this.db.prepare(
-      'INSERT INTO samples (sandbox_id, at, memory_bytes, cpu_usage_usec) VALUES (?, ?, ?, ?)',
+      'INSERT INTO samples (sandbox_id, at, memory_bytes, cpu_usage_usec, disk_bytes) VALUES (?, ?, ?, ?, ?)',
     );
     this.db.transaction(() => {
       for (const x of samples)
-        stmt.run(x.sandboxId, x.at, Math.round(x.memoryBytes), Math.round(x.cpuUsageUsec));
+        stmt.run(
+          x.sandboxId,
+          x.at,
+          Math.round(x.memoryBytes),
+          Math.round(x.cpuUsageUsec),
+          x.diskBytes !== undefined ? Math.round(x.diskBytes) : null,
+        );
     })();
+  }
+
+  sandboxSamples(sandboxId: string, opts: { since: number; limit: number }): StoredSample[] {
+    const rows = this.db
+      .prepare(
+        `SELECT * FROM samples WHERE sandbox_id = ?
+           AND at >= COALESCE((SELECT MAX(at) FROM samples WHERE sandbox_id = ? AND at < ?), ?)
+         ORDER BY at LIMIT ?`,
+      )
+      .all(sandboxId, sandboxId, opts.since, opts.since, opts.limit + 1) as {
+      sandbox_id: string;
+      at: number;
+      memory_bytes: number;
+      cpu_usage_usec: number;
+      disk_bytes: number | null;
+    }[];
+    return rows.map((r) => ({
+      sandboxId: r.sandbox_id,
+      at: r.at,
+      memoryBytes: r.memory_bytes,
+      cpuUsageUsec: r.cpu_usage_usec,
+      ...(r.disk_bytes !== null ? { diskBytes: r.disk_bytes } : {}),
+    }));
   }
 
   samples(opts: { since?: number; until?: number } = {}): MeterSample[] {

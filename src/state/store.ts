@@ -26,6 +26,23 @@ export interface TokenRow {
   revokedAt?: number;
 }
 
+/** What `querySandboxes` selects: every field given must match. */
+export interface SandboxQuery {
+  tenant?: string;
+  /** Any of these states. */
+  states?: readonly SandboxState[];
+  name?: string;
+  /** Each must match: `[key, value]` the label has that value, `[key]` the key is present. */
+  labels?: readonly (readonly [string, string?])[];
+  /** Only sandboxes after this one in the listing order (createdAt, then id). */
+  after?: { createdAt: number; id: string };
+  /** At most this many. */
+  limit: number;
+}
+
+/** A meter sample as stored: the writable layer's use too, where it is known. */
+export type StoredSample = MeterSample & { diskBytes?: number };
+
 export interface StateStore {
   /**
    * Goes up with every change to a sandbox made through this store (the daemon's only writer):
@@ -38,6 +55,8 @@ export interface StateStore {
   insertSandbox(s: Sandbox, reason: string): void;
   getSandbox(id: string): Sandbox | undefined;
   listSandboxes(tenant?: string): Sandbox[];
+  /** The sandboxes `q` selects, in a stable order: createdAt, then id. */
+  querySandboxes(q: SandboxQuery): Sandbox[];
   /** Runs `fn` as one transaction: all of its writes land, or none. */
   atomically<T>(fn: () => T): T;
   /**
@@ -67,7 +86,12 @@ export interface StateStore {
   deleteCheckpoint(id: string, at?: number): void;
   /** Every checkpoint ever recorded, with its deletion time if deleted. */
   checkpointHistory(): (CheckpointRecord & { deletedAt?: number })[];
-  insertSamples(samples: readonly MeterSample[]): void;
+  insertSamples(samples: readonly StoredSample[]): void;
   samples(opts?: { since?: number; until?: number }): MeterSample[];
+  /**
+   * One sandbox's samples from `since` on, oldest first, at most `limit`, preceded by the last
+   * one before `since` if any (a rate needs the sample before).
+   */
+  sandboxSamples(sandboxId: string, opts: { since: number; limit: number }): StoredSample[];
   close(): void;
 }

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { DormantError, asError } from '../../domain/errors.js';
 import {
   newId,
+  validateLabels,
   validateName,
   type PortSpec,
   type Sandbox,
@@ -38,6 +39,8 @@ export interface CreateSandboxInput {
   gpus?: string;
   /** What hibernate does when the sandbox holds GPU state. Default keep-running. */
   gpuPolicy?: GpuPolicy;
+  /** The caller's key/value labels (domain/sandbox.ts validateLabels). */
+  labels?: Record<string, string>;
 }
 
 export const DEFAULT_MEMORY = 512 * 1024 ** 2;
@@ -85,6 +88,8 @@ async function validateSource(
 }
 
 export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxInput): Promise<Sandbox> {
+  // Checked before an image is unpacked: a bad label costs nothing.
+  const labels = validateLabels(input.labels ?? {});
   const { source, image } = await validateSource(ctx, input);
   const command = input.command.length > 0 ? input.command : (image?.command ?? []);
   if (command.length === 0) throw invalid('a sandbox needs a command', 'dormant create ... -- CMD ARG...');
@@ -123,6 +128,7 @@ export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxI
       // runs, so changing a default reaches existing sandboxes.
       policy: { ...input.policy },
       ...(input.onResume ? { onResume: input.onResume } : {}),
+      ...(Object.keys(labels).length > 0 ? { labels } : {}),
     },
     createdAt: now,
     stateSince: now,

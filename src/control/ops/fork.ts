@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, asError } from '../../domain/errors.js';
-import { assertLegal, newId, validateName, type Sandbox } from '../../domain/sandbox.js';
+import { assertLegal, newId, validateLabels, validateName, type Sandbox } from '../../domain/sandbox.js';
 import { FS_META } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
 import { gpuGate } from './gpu.js';
@@ -19,7 +19,7 @@ export async function forkSandbox(
   ctx: LifecycleContext,
   id: string,
   tenant: string | undefined,
-  opts: { name?: string },
+  opts: { name?: string; labels?: Record<string, string> },
 ): Promise<Sandbox> {
   const src = ctx.get(id, tenant);
   assertLegal('fork', src.state, src.id);
@@ -32,7 +32,12 @@ export async function forkSandbox(
   const sandbox: Sandbox = {
     ...src,
     // Sealed again: a sealed value names the sandbox it belongs to.
-    spec: { ...src.spec, env: await ctx.sealEnv(src.tenant, forkId, await ctx.openEnv(src)) },
+    spec: {
+      ...src.spec,
+      env: await ctx.sealEnv(src.tenant, forkId, await ctx.openEnv(src)),
+      // The parent's labels, unless the fork is given its own.
+      ...(opts.labels !== undefined ? { labels: validateLabels(opts.labels) } : {}),
+    },
     id: forkId,
     name,
     state: 'creating',
