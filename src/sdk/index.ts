@@ -32,7 +32,13 @@ export {
 } from './commands.js';
 export { Files, type WriteData, type WriteInfo, type FilesystemEvent, type WatchHandle } from './files.js';
 export { Pty, type PtyCreateOptions } from './pty.js';
-export type { CommandInfo, FileInfo, WatchEvent, MetricSample, CommandEvent } from './toolbox-types.js';
+export type { CommandInfo, FileInfo, WatchEvent, CommandEvent } from './toolbox-types.js';
+export type {
+  SandboxMetricSample,
+  SandboxPage,
+  UpdateSandboxOptions,
+  ListSandboxesOptions,
+} from './contract.gen.js';
 export { readNdjson } from './ndjson.js';
 export {
   DormantClient,

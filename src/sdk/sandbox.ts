@@ -33,7 +33,7 @@ import { Commands } from './commands.js';
 import { NotFoundError } from './errors.js';
 import { Files } from './files.js';
 import { Pty } from './pty.js';
-import type { MetricSample } from './toolbox-types.js';
+import type { SandboxMetricSample, SandboxPage, UpdateSandboxOptions } from './contract.gen.js';
 
 /** Where the daemon is and who is calling. Defaults: `DORMANT_URL`, `DORMANT_TOKEN`. */
 export interface ConnectionOptions {
@@ -109,12 +109,12 @@ export interface SandboxListOptions extends ConnectionOptions {
   limit?: number;
 }
 
-/** One meter sample, with E2B's names for its fields alongside the API's. */
-export type SandboxMetrics = MetricSample & {
+/** One meter sample, with E2B's names for its fields alongside the API's (null: not known). */
+export type SandboxMetrics = SandboxMetricSample & {
   timestamp: Date;
-  cpuUsedPct: number;
+  cpuUsedPct: number | null;
   memUsed: number;
-  diskUsed: number;
+  diskUsed: number | null;
 };
 
 /** Options of one call: an `AbortSignal`. */
@@ -149,8 +149,7 @@ const call = (o: SandboxCallOptions | undefined): CallOptions => (o?.signal ? { 
 const IDLE_COMMAND = ['sleep', 'infinity'];
 
 /** Labels carried by the API's view (an older daemon's has none). */
-const labelsOf = (info: SandboxInfo): Record<string, string> =>
-  (info as SandboxInfo & { labels?: Record<string, string> }).labels ?? {};
+const labelsOf = (info: SandboxInfo): Record<string, string> => info.labels ?? {};
 
 /** States a sandbox sleeps in; `connect` resumes from them. */
 const SLEEPING = new Set<SandboxState>(['paused', 'hibernated', 'archived']);
@@ -285,14 +284,14 @@ export class Sandbox {
       if (opts.limit !== undefined) page.set('limit', String(Math.min(100, opts.limit - out.length)));
       if (cursor !== undefined) page.set('cursor', cursor);
       const qs = page.toString();
-      const r = await client.request<{ sandboxes: SandboxInfo[]; nextCursor?: string | null }>(
+      const r = await client.request<SandboxPage>(
         'GET',
         `/v1/sandboxes${qs ? `?${qs}` : ''}`,
         undefined,
         call(opts),
       );
       for (const s of r.sandboxes) out.push({ ...s, sandboxId: s.id, metadata: labelsOf(s) });
-      cursor = r.nextCursor ?? undefined;
+      cursor = r.nextCursor;
     } while (cursor !== undefined && (opts.limit === undefined || out.length < opts.limit));
     return opts.limit === undefined ? out : out.slice(0, opts.limit);
   }
@@ -351,12 +350,7 @@ export class Sandbox {
    * ```
    */
   async setTimeout(timeoutMs: number, opts?: SandboxCallOptions): Promise<SandboxInfo> {
-    return (this.last = await this.client.request<SandboxInfo>(
-      'PATCH',
-      `/v1/sandboxes/${encodeURIComponent(this.id)}`,
-      { idle: timeoutMs },
-      call(opts),
-    ));
+    return this.update({ idle: timeoutMs }, opts);
   }
 
   /**
@@ -367,10 +361,22 @@ export class Sandbox {
    * ```
    */
   async setLabels(labels: Record<string, string | null>, opts?: SandboxCallOptions): Promise<SandboxInfo> {
+    return this.update({ labels }, opts);
+  }
+
+  /**
+   * Changes labels and the idle policy (`PATCH /v1/sandboxes/{id}`): durations in
+   * milliseconds or like `15m`; null puts the default back.
+   * @example
+   * ```ts
+   * await sb.update({ idle: '30m', archiveAfter: null });
+   * ```
+   */
+  async update(changes: UpdateSandboxOptions, opts?: SandboxCallOptions): Promise<SandboxInfo> {
     return (this.last = await this.client.request<SandboxInfo>(
       'PATCH',
       `/v1/sandboxes/${encodeURIComponent(this.id)}`,
-      { labels },
+      changes,
       call(opts),
     ));
   }
@@ -386,7 +392,7 @@ export class Sandbox {
    */
   async getMetrics(opts: SandboxCallOptions & { since?: number } = {}): Promise<SandboxMetrics[]> {
     const q = opts.since !== undefined ? `?since=${opts.since}` : '';
-    const r = await this.client.request<{ samples: MetricSample[] }>(
+    const r = await this.client.request<{ samples: SandboxMetricSample[] }>(
       'GET',
       `/v1/sandboxes/${encodeURIComponent(this.id)}/metrics${q}`,
       undefined,

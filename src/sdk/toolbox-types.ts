@@ -45,12 +45,3 @@ export type CommandEvent =
   | { type: 'stdout' | 'stderr'; data: string }
   | { type: 'end'; exitCode: number | null; signal: string | null; durationMs: number; timedOut: boolean }
   | { type: 'error'; code: string; message: string };
-
-/** One sample of the meter (`GET /v1/sandboxes/{id}/metrics`). */
-export interface MetricSample {
-  /** Milliseconds since the epoch. */
-  at: number;
-  cpuPercent: number;
-  memoryBytes: number;
-  diskBytes: number;
-}

@@ -157,6 +157,7 @@ ERROR_FAMILIES: Dict[str, str] = {
     "IS_A_DIRECTORY": "invalid",
     "DIRECTORY_NOT_EMPTY": "conflict",
     "FILE_PERMISSION_DENIED": "forbidden",
+    "PROCESS_NOT_FOUND": "not-found",
     "TOOLBOX_UNAVAILABLE": "unavailable",
 }
 
