@@ -125,7 +125,7 @@ export class Files {
         : data instanceof ArrayBuffer
           ? new Uint8Array(data)
           : data;
-    const mode = opts.mode !== undefined ? opts.mode.toString(8) : undefined;
+    const mode = opts.mode !== undefined ? opts.mode.toString(8).padStart(3, '0') : undefined;
     const r = await this.client.request<{ path: string; size: number }>(
       'PUT',
       this.route('', { path, mode }),

@@ -123,7 +123,7 @@ class Files:
     def _write_one(self, path: str, data: WriteData, mode: Optional[int]) -> WriteInfo:
         raw = data.encode() if isinstance(data, str) else data
         r = self._t.request(
-            "PUT", self._path(path=path, mode=None if mode is None else format(mode, "o")), raw=raw
+            "PUT", self._path(path=path, mode=None if mode is None else format(mode, "03o")), raw=raw
         )
         return WriteInfo(name=_base(r["path"]), path=r["path"], size=r["size"])
 
