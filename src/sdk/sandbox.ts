@@ -304,13 +304,17 @@ export class Sandbox {
    * ```
    */
   static async kill(id: string, opts: ConnectionOptions = {}): Promise<boolean> {
+    const client = clientFor(opts);
+    // The daemon's delete is idempotent (a gone sandbox answers as a deleted one), so whether
+    // there was one to kill is asked first.
     try {
-      await clientFor(opts).remove(id, call(opts));
-      return true;
+      await client.getSandbox(id, call(opts));
     } catch (e) {
       if (e instanceof NotFoundError) return false;
       throw e;
     }
+    await client.remove(id, call(opts));
+    return true;
   }
 
   /** What the daemon said about this sandbox last (state, memory, ports, ...). */

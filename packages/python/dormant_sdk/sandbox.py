@@ -232,11 +232,7 @@ class Sandbox:
 
     @classmethod
     def _kill_by_id(cls, sandbox_id: str, **conn: Any) -> bool:
-        try:
-            cls._transport(**conn).request("DELETE", f"/v1/sandboxes/{quote(sandbox_id)}")
-            return True
-        except NotFoundError:
-            return False
+        return _kill(cls._transport(**conn), sandbox_id)
 
     def _op(self, op: str, body: Any = None) -> SandboxInfo:
         self._info = SandboxInfo(self._t.request("POST", f"/v1/sandboxes/{quote(self.sandbox_id)}/{op}", body))
@@ -296,11 +292,7 @@ class Sandbox:
         return Sandbox(self._t, info)
 
     def _kill(self) -> bool:
-        try:
-            self._t.request("DELETE", f"/v1/sandboxes/{quote(self.sandbox_id)}")
-            return True
-        except NotFoundError:
-            return False
+        return _kill(self._t, self.sandbox_id)
 
     #: Deletes the sandbox and its data, checkpoints included; False when it was already gone.
     #: Also ``Sandbox.kill(sandbox_id)`` on the class, as in E2B.
@@ -311,6 +303,17 @@ class Sandbox:
 
     def __exit__(self, *exc: Any) -> None:
         self.kill()
+
+
+def _kill(t: Transport, sandbox_id: str) -> bool:
+    """Deletes a sandbox; False when there was none. The daemon's delete is idempotent (a gone
+    sandbox answers as a deleted one), so whether there was one is asked first."""
+    try:
+        t.request("GET", f"/v1/sandboxes/{quote(sandbox_id)}")
+    except NotFoundError:
+        return False
+    t.request("DELETE", f"/v1/sandboxes/{quote(sandbox_id)}")
+    return True
 
 
 def _query(labels: Dict[str, str], states: List[str], limit: Optional[int], cursor: Optional[str]) -> str:
