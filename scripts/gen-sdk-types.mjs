@@ -27,6 +27,10 @@ const TYPES = [
   ['TokenInfo', 'TokenSchema', 'An API token as listed: never the token itself, which is shown once.'],
   ['ExecResult', 'ExecResultSchema', 'What a command run inside a sandbox did.'],
   ['SandboxUrlInfo', 'SandboxUrlSchema', 'A sandbox port as reached through the wake proxy.'],
+  ['CommandInfo', 'CommandInfoSchema', 'A command run in a sandbox by its toolbox agent.'],
+  ['CommandEvent', 'CommandEventSchema', "One line of a command's ndjson stream."],
+  ['FileInfo', 'FileInfoSchema', 'A file or folder inside a sandbox.'],
+  ['WatchEvent', 'WatchEventSchema', 'A change under a watched folder inside a sandbox.'],
 ];
 /** Request types, made from the schemas' input side (a duration may be `900000` or `"15m"`). */
 const INPUTS = [

@@ -161,6 +161,11 @@ export interface SandboxSpec {
   devices?: { path: string; major: number; minor: number }[];
   /** Set on a sandbox made by `checkpoint import`: the archive's file name. */
   importedFrom?: string;
+  /**
+   * Set on a fork: the seed of its toolbox agent's token, its origin's (the fork's memory holds
+   * a copy of the origin's agent, which knows only that token). Absent: the sandbox's id.
+   */
+  agentSeed?: string;
 }
 
 export interface Sandbox {

@@ -32,7 +32,11 @@ export async function forkSandbox(
   const sandbox: Sandbox = {
     ...src,
     // Sealed again: a sealed value names the sandbox it belongs to.
-    spec: { ...src.spec, env: await ctx.sealEnv(src.tenant, forkId, await ctx.openEnv(src)) },
+    spec: {
+      ...src.spec,
+      env: await ctx.sealEnv(src.tenant, forkId, await ctx.openEnv(src)),
+      agentSeed: src.spec.agentSeed ?? src.id,
+    },
     id: forkId,
     name,
     state: 'creating',
