@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
 # Builds dormant's native helpers into build/native/ (git-ignored):
 #   dormant-cuda-ckpt  moves a process's CUDA state out of the GPU and back (docs/GPU.md).
-# It needs only gcc and libc: libcuda is opened at run time, so the helper builds and runs on
-# machines without an NVIDIA driver (and says so). Without gcc this warns and skips: the rest of
-# dormant works without the helper; GPU sandboxes with the checkpoint policy are then refused.
+#   dormant-agent      the toolbox agent started inside each sandbox (native/agent/, docs/ARCHITECTURE.md).
+# They need only gcc and libc. The cuda helper opens libcuda at run time, so it builds and runs
+# on machines without an NVIDIA driver (and says so). The agent is linked statically: it runs
+# inside sandboxes whose root filesystem may have no libc at all (or another one). Without gcc
+# this warns and skips: the rest of dormant works without them; GPU sandboxes with the
+# checkpoint policy and the toolbox routes are then refused.
 # Usage: scripts/build-native.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build/native}
 cc=${CC:-gcc}
 if ! command -v "$cc" >/dev/null 2>&1; then
-  echo "build-native: no C compiler ($cc); dormant-cuda-ckpt not built" >&2
+  echo "build-native: no C compiler ($cc); dormant-cuda-ckpt and dormant-agent not built" >&2
   exit 0
 fi
 mkdir -p "$out"
-src=native/cuda-ckpt.c
+# stale BIN SOURCES...: true when BIN is missing or older than any of its sources
+stale() {
+  local bin=$1 src
+  shift
+  [ -x "$bin" ] || return 0
+  for src in "$@"; do [ "$src" -nt "$bin" ] && return 0; done
+  return 1
+}
 bin="$out/dormant-cuda-ckpt"
-if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ native/cuda-ckpt.h -nt "$bin" ]; then
-  "$cc" -O2 -Wall -Wextra -Werror -o "$bin.tmp.$$" "$src" -ldl
+if stale "$bin" native/cuda-ckpt.c native/cuda-ckpt.h; then
+  "$cc" -O2 -Wall -Wextra -Werror -o "$bin.tmp.$$" native/cuda-ckpt.c -ldl
+  mv "$bin.tmp.$$" "$bin"
+fi
+bin="$out/dormant-agent"
+agent_src=(native/agent/*.c)
+if stale "$bin" "${agent_src[@]}" native/agent/agent.h; then
+  "$cc" -static -O2 -Wall -Wextra -Werror -pthread -o "$bin.tmp.$$" "${agent_src[@]}"
   mv "$bin.tmp.$$" "$bin"
 fi
