@@ -168,7 +168,7 @@ export function registerToolboxRoutes(app: FastifyInstance, deps: { controller: 
                 pid: h.pid,
                 args: spec.args,
                 cwd: spec.cwd ?? '',
-                tag: spec.tag ?? '',
+                tag: spec.tag ?? null,
                 pty: spec.pty !== undefined,
                 running: true,
                 exitCode: null,

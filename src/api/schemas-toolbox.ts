@@ -92,7 +92,7 @@ export const CommandInfoSchema = z.object({
   pid: z.number().int(),
   args: z.array(z.string()),
   cwd: z.string(),
-  tag: z.string(),
+  tag: z.string().nullable(),
   pty: z.boolean(),
   running: z.boolean(),
   exitCode: z.number().int().nullable(),

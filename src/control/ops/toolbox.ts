@@ -61,7 +61,13 @@ async function ensureAgent(ctx: LifecycleContext, s: Sandbox): Promise<AgentAddr
   }
   const address = rt.ensureAgent(s.id, agentToken(ctx, s)).catch((e: unknown) => {
     byId.delete(s.id);
-    throw toolboxError(e, s.id);
+    // Whatever stopped it (no binary, no network, a port taken), the toolbox is unavailable.
+    if (!(e instanceof AgentError)) throw e;
+    throw new DormantError(
+      ErrorCode.TOOLBOX_UNAVAILABLE,
+      `the toolbox agent of sandbox ${s.id} cannot start or answer (${e.code.slice(0, 20)}): ${e.message.slice(0, 300)}`,
+      { cause: e },
+    );
   });
   byId.set(s.id, { since: s.stateSince, address });
   return address;
