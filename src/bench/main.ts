@@ -15,6 +15,7 @@ import { proxySuite } from './proxy.js';
 import { scanSuite } from './scan.js';
 import { loadSuite } from './load.js';
 import { confineSuite } from './confine.js';
+import { toolboxSuite } from './toolbox.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -24,6 +25,7 @@ const SUITES: BenchSuite[] = [
   scanSuite,
   loadSuite,
   confineSuite,
+  toolboxSuite,
 ];
 
 async function main(): Promise<void> {

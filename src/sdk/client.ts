@@ -237,7 +237,23 @@ export class DormantClient {
   keepalive(id: string, forMs?: number | string, opts?: CallOptions) {
     return this.op(id, 'keepalive', forMs === undefined ? {} : { for: forMs }, opts);
   }
-  exec(id: string, command: string[], o: { timeoutMs?: number; stdin?: string } = {}, opts?: CallOptions) {
+  /**
+   * Runs a command and answers when it ends. `stdinBase64` carries bytes that are not text;
+   * `encoding: 'base64'` answers stdout and stderr as base64 (binary-safe); output past
+   * `maxOutputBytes` (default 16 MiB each) is cut and `truncated` says so.
+   */
+  exec(
+    id: string,
+    command: string[],
+    o: {
+      timeoutMs?: number;
+      stdin?: string;
+      stdinBase64?: string;
+      encoding?: 'utf8' | 'base64';
+      maxOutputBytes?: number;
+    } = {},
+    opts?: CallOptions,
+  ) {
     return this.request<ExecResult>(
       'POST',
       `/v1/sandboxes/${encodeURIComponent(id)}/exec`,

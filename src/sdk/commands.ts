@@ -15,7 +15,7 @@
 import type { CallOptions, DormantClient } from './client.js';
 import { apiError, DormantApiError } from './errors.js';
 import { fromBase64, readNdjson } from './ndjson.js';
-import type { CommandEvent, CommandInfo } from './toolbox-types.js';
+import type { CommandEvent, CommandInfo } from './contract.gen.js';
 
 /** What a finished command did. */
 export interface CommandResult {

@@ -15,7 +15,7 @@
 import type { CallOptions, DormantClient } from './client.js';
 import { NotFoundError } from './errors.js';
 import { readNdjson } from './ndjson.js';
-import type { FileInfo, WatchEvent } from './toolbox-types.js';
+import type { FileInfo, WatchEvent } from './contract.gen.js';
 
 /** What `write` accepts. */
 export type WriteData = string | ArrayBuffer | Uint8Array | Blob | ReadableStream<Uint8Array>;

@@ -32,8 +32,11 @@ export {
 } from './commands.js';
 export { Files, type WriteData, type WriteInfo, type FilesystemEvent, type WatchHandle } from './files.js';
 export { Pty, type PtyCreateOptions } from './pty.js';
-export type { CommandInfo, FileInfo, WatchEvent, CommandEvent } from './toolbox-types.js';
 export type {
+  CommandInfo,
+  FileInfo,
+  WatchEvent,
+  CommandEvent,
   SandboxMetricSample,
   SandboxPage,
   UpdateSandboxOptions,

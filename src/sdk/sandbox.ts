@@ -125,8 +125,15 @@ export interface SandboxCallOptions {
 export interface ExecOptions extends SandboxCallOptions {
   /** Kill the command after this long. Default 60 000. */
   timeoutMs?: number;
-  /** Written to the command's standard input. */
-  stdin?: string;
+  /** Written to the command's standard input (bytes may hold NUL). */
+  stdin?: string | Uint8Array;
+}
+
+/** Base64 of bytes (no Buffer: the SDK runs wherever fetch does). */
+function toBase64(bytes: Uint8Array): string {
+  let bin = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(bin);
 }
 
 const env = (name: string): string | undefined => {
@@ -434,7 +441,8 @@ export class Sandbox {
       argv,
       {
         ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
-        ...(opts.stdin !== undefined ? { stdin: opts.stdin } : {}),
+        ...(typeof opts.stdin === 'string' ? { stdin: opts.stdin } : {}),
+        ...(opts.stdin instanceof Uint8Array ? { stdinBase64: toBase64(opts.stdin) } : {}),
       },
       call(opts),
     );
