@@ -139,7 +139,7 @@ export interface CommandInfo {
   pid: number;
   args: string[];
   cwd: string;
-  tag: string;
+  tag: string | null;
   pty: boolean;
   running: boolean;
   exitCode: number | null;
