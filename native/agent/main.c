@@ -45,10 +45,12 @@ static void die(const char *what) {
 /* The token is the first line of stdin (or, after the re-exec, an environment variable that
  * is removed at once so that no command the agent starts inherits it). */
 static void read_token(void) {
-  const char *env = getenv(TOKEN_ENV);
+  char *env = getenv(TOKEN_ENV);
   if (env) {
     token_len = strnlen(env, MAX_TOKEN);
     memcpy(token, env, token_len);
+    /* Overwritten in place as well: /proc/PID/environ shows the original block. */
+    memset(env, 'x', strlen(env));
     unsetenv(TOKEN_ENV);
   } else {
     while (token_len < MAX_TOKEN) {
@@ -101,11 +103,22 @@ static void install_and_reexec(char **argv) {
   close(in);
   if (rename(tmp, INSTALL_PATH) < 0) die("rename agent copy");
   if (setenv(TOKEN_ENV, token, 1) < 0) die("setenv");
+  argv[0] = "dormant-agent"; /* rather than the /proc/self/fd path it was started as */
   execv(INSTALL_PATH, argv);
   die("exec " INSTALL_PATH);
 }
 
+/*
+ * Stdio on /dev/null, no inherited fds, a session of its own, and a parent inside the sandbox:
+ * runc's exec leaves the agent a child of runc on the host, outside the sandbox's process tree,
+ * where a checkpoint (which dumps the tree under the sandbox's pid 1) would leave it behind. So
+ * it forks and the first process exits: the orphan is adopted by the sandbox's pid 1 (the
+ * reaper of the pid namespace its parent lived in) and is checkpointed with the sandbox.
+ */
 static void detach(void) {
+  pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid > 0) _exit(0);
   if (syscall(SYS_close_range, 3U, ~0U, 0U) < 0)
     for (int fd = 3; fd < 1024; fd++) close(fd);
   int null = open("/dev/null", O_RDWR);

@@ -20,6 +20,7 @@ import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
 import type { SandboxNetwork } from './runtime.js';
+import { AGENT_PORT } from './agent-client.js';
 
 const IP_TIMEOUT_MS = 10_000;
 /** Where `ip netns add` pins namespaces. */
@@ -166,6 +167,8 @@ export function firewallRules(net: SandboxNetwork, ports: readonly number[]): st
     '-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT',
     '-A INPUT -p icmp -j ACCEPT',
     ...ports.map((p) => `-A INPUT -i eth0 -p tcp -m tcp --dport ${p} -j ACCEPT`),
+    // The toolbox agent's port, for the daemon only (runtime/runc-agent.ts).
+    `-A INPUT -i eth0 -s ${net.hostAddress} -p tcp -m tcp --dport ${AGENT_PORT} -j ACCEPT`,
     // The sandbox may answer, but not open connections to the host (or anything beyond it).
     '-A OUTPUT -o lo -j ACCEPT',
     '-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT',

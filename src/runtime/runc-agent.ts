@@ -1,10 +1,39 @@
 /**
  * The toolbox agent (native/agent/, docs/ARCHITECTURE.md "The toolbox agent") on the runc
- * runtime: where its binary is, and starting it inside a sandbox.
+ * runtime: where its binary is, the host's read-only copy of it, and starting it inside a
+ * running sandbox with `runc exec`.
+ *
+ * The host copy. A process inside a sandbox can open /proc/PID/exe of the agent while it still
+ * runs from the host's file (the moment before it re-executes from the sandbox's /dev); were
+ * that file writable, the sandbox could replace the binary the daemon starts in every other
+ * sandbox (CVE-2019-5736's lesson). So the daemon copies the binary once into a tmpfs of its
+ * own, remounts it read-only, opens the file, and detaches the mount (`umount -l`): the copy
+ * lives exactly as long as the daemon holds it open, has no path on the host, and any open
+ * for writing fails with EROFS. runc is handed that open file as fd 3 (`--preserve-fds 1`),
+ * and the agent is run as /proc/self/fd/3.
  */
-import { access, constants } from 'node:fs/promises';
+import {
+  access,
+  chmod,
+  constants,
+  copyFile,
+  mkdtemp,
+  open,
+  rmdir,
+  stat,
+  type FileHandle,
+} from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { DormantError, ErrorCode } from '../domain/errors.js';
+import { run } from '../sys/exec.js';
+import { AGENT_PORT, AgentClient, AgentError, type AgentAddress } from './agent-client.js';
+import { isMountPoint } from './rootfs.js';
+import type { CallOptions, SandboxState } from './runtime.js';
+
+/** How long a started agent has to answer its first ping. */
+const START_WAIT_MS = 2000;
+const MOUNT_TIMEOUT_MS = 15_000;
 
 /**
  * Where the agent's binary may be: $DORMANT_AGENT_BINARY, this checkout's build (so the agent
@@ -31,4 +60,137 @@ export async function locateAgentBinary(env: NodeJS.ProcessEnv = process.env): P
     if (p === env.DORMANT_AGENT_BINARY) return undefined;
   }
   return undefined;
+}
+
+/** The read-only copy, made once per process (see the top). */
+let hostCopy: Promise<FileHandle> | undefined;
+
+async function makeHostCopy(): Promise<FileHandle> {
+  const binary = await locateAgentBinary();
+  if (!binary)
+    throw new AgentError(
+      'ENOAGENT',
+      'agent: the dormant-agent binary is not built (npm run build, or scripts/setup.sh installs it in /opt/dormant/bin)',
+    );
+  const size = (await stat(binary)).size;
+  const dir = await mkdtemp('/dev/shm/dormant-agent-');
+  try {
+    const options = `size=${Math.ceil(size / 4096) * 4096 + (64 << 10)},mode=0700,nosuid,nodev`;
+    await run('mount', ['-t', 'tmpfs', '-o', options, 'dormant-agent', dir], { timeoutMs: MOUNT_TIMEOUT_MS });
+    const path = join(dir, 'dormant-agent');
+    await copyFile(binary, path);
+    await chmod(path, 0o555);
+    await run('mount', ['-o', 'remount,ro', dir], { timeoutMs: MOUNT_TIMEOUT_MS });
+    return await open(path, 'r');
+  } finally {
+    if (await isMountPoint(dir)) await run('umount', ['-l', dir], { timeoutMs: MOUNT_TIMEOUT_MS });
+    await rmdir(dir);
+  }
+}
+
+/**
+ * A path that opens the host's read-only copy of the agent (a /proc link to this process's
+ * open file), made on first use.
+ */
+export async function agentHostCopy(): Promise<string> {
+  const copy = (hostCopy ??= makeHostCopy());
+  // a failure (say, the binary is not built yet) is tried again on the next call
+  copy.catch(() => {
+    if (hostCopy === copy) hostCopy = undefined;
+  });
+  const fh = await copy;
+  return `/proc/${process.pid}/fd/${fh.fd}`;
+}
+
+/** How to run runc for sandbox `id`: its path, its arguments with `args` appended, its environment. */
+export type RuncCommand = (id: string, args: string[]) => [string, string[], Record<string, string>];
+
+/**
+ * The runtime's ensureAgent (runtime.ts): the address of the agent of running sandbox `id`
+ * that knows `token`, the one already there or else a new one. Calls for one sandbox run one
+ * after the other, so concurrent first calls start it once.
+ */
+export function agentStarter(
+  rt: { state(id: string, opts?: CallOptions): Promise<SandboxState> },
+  runc: RuncCommand,
+): (id: string, token: string, opts?: CallOptions) => Promise<AgentAddress> {
+  const queues = new Map<string, Promise<unknown>>();
+  return (id, token, opts = {}) => {
+    const prev = queues.get(id) ?? Promise.resolve();
+    const next = prev.catch(() => {}).then(() => ensureAgent(rt, runc, id, token, opts));
+    queues.set(id, next);
+    const forget = (): void => {
+      if (queues.get(id) === next) queues.delete(id);
+    };
+    next.then(forget, forget);
+    return next;
+  };
+}
+
+async function ensureAgent(
+  rt: { state(id: string, opts?: CallOptions): Promise<SandboxState> },
+  runc: RuncCommand,
+  id: string,
+  token: string,
+  opts: CallOptions,
+): Promise<AgentAddress> {
+  const state = await rt.state(id, opts);
+  if (state.status !== 'running')
+    throw new DormantError(
+      ErrorCode.RUNTIME_INVALID_STATE,
+      `sandbox ${id} is ${state.status}: its agent runs only while it runs`,
+      { status: 409 },
+    );
+  const addr: AgentAddress = { host: state.network.address, port: AGENT_PORT, token };
+  const client = new AgentClient(addr, { connectTimeoutMs: 1000 });
+  const first = await client.ping().catch((e: unknown) => e);
+  if (!(first instanceof Error)) return addr;
+  // Something else answers on the agent's port (an agent with another token, or a program of
+  // the sandbox's own): a second agent could not listen there either.
+  if (!(first instanceof AgentError) || !['ECONNREFUSED', 'ETIMEDOUT', 'EHOSTUNREACH'].includes(first.code))
+    throw first;
+  await startAgent(runc, id, token, opts);
+  const deadline = Date.now() + START_WAIT_MS;
+  for (;;) {
+    opts.signal?.throwIfAborted();
+    const r = await client.ping().catch((e: unknown) => e as Error);
+    if (!(r instanceof Error)) return addr;
+    if (Date.now() > deadline)
+      throw new AgentError(
+        'EAGENTSTART',
+        `agent: started in sandbox ${id} but not answering within ${START_WAIT_MS} ms: ${r.message}`,
+      );
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+/**
+ * `runc exec -d` of the host copy as /proc/self/fd/3, the token on its stdin. The process gets
+ * the sandbox's user, capabilities, seccomp filter, namespaces and cgroup, like any exec. runc
+ * returns as soon as it has started it; the shell opens the copy read-only as fd 3.
+ */
+async function startAgent(runc: RuncCommand, id: string, token: string, opts: CallOptions): Promise<void> {
+  const binary = await agentHostCopy();
+  const [runcPath, args, env] = runc(id, [
+    'exec',
+    '-d',
+    '--preserve-fds',
+    '1',
+    id,
+    '/proc/self/fd/3',
+    'serve',
+  ]);
+  try {
+    await run('sh', ['-c', 'exec 3<"$DORMANT_AGENT_COPY" && exec "$@"', 'sh', runcPath, ...args], {
+      env: { ...env, DORMANT_AGENT_COPY: binary },
+      input: `${token}\n`,
+      timeoutMs: opts.timeoutMs ?? 15_000,
+      signal: opts.signal,
+    });
+  } catch (e) {
+    throw new AgentError(
+      'EAGENTSTART',
+      `agent: could not start in sandbox ${id}: ${e instanceof Error ? e.message : String(e)}`,
+    );
+  }
 }

@@ -54,12 +54,15 @@ import {
   type SandboxRecord,
 } from './runc-host.js';
 import { endLazyPagesIn, keepRestoreLog, startLazyPages, watchRestore } from './runc-restore.js';
+import { agentStarter } from './runc-agent.js';
 
 export { DEFAULT_SECCOMP_PROFILE, loadSeccompProfile, type RuncRuntimeOptions } from './runc-host.js';
 
 export class RuncRuntime extends RuncHost implements Runtime {
   /** Page servers of lazy restores in flight, by sandbox (with the restore's work folder). */
   private readonly pageServers = new Map<string, ServedPages & { workDir: string }>();
+  /** The toolbox agent (runc-agent.ts), started with runc as this runtime runs it. */
+  readonly ensureAgent = agentStarter(this, (id, a) => [this.runcPath, this.runcArgs(id, a), this.env]);
 
   private async requireStatus(
     id: string,

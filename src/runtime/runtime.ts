@@ -7,6 +7,7 @@
  * policies: the daemon hands it folders to write CRIU images into and to restore from.
  */
 import type { StepSink } from '../domain/timings.js';
+import type { AgentAddress } from './agent-client.js';
 
 /** A host folder made visible, read-only, inside the sandbox. */
 export interface ReadonlyBind {
@@ -264,4 +265,11 @@ export interface Runtime {
   destroy(id: string, opts?: CallOptions): Promise<void>;
   /** Ids of the sandboxes this runtime has prepared and not destroyed. */
   list(): Promise<string[]>;
+  /**
+   * The toolbox agent of running sandbox `id` (runtime/agent-client.ts speaks to it): the one
+   * there if it answers a ping with `token`, else one started now (concurrent calls start it
+   * once). Optional: a runtime without it has no toolbox. Fails with an AgentError when the
+   * agent cannot start or answer.
+   */
+  ensureAgent?(id: string, token: string, opts?: CallOptions): Promise<AgentAddress>;
 }
