@@ -30,7 +30,12 @@ describe('SDK: an E2B-shaped program', () => {
   before(async () => {
     let rootfs: string;
     ({ dir, rootfs } = await testFolder('e2b-shape'));
-    ({ daemon } = await startTestDaemon({ dataDir: join(dir, 'data'), readonlyBinds: [], policy: false }));
+    ({ daemon } = await startTestDaemon({
+      dataDir: join(dir, 'data'),
+      readonlyBinds: [],
+      policy: false,
+      meterIntervalMs: 250,
+    }));
     // What a ported program's environment holds, in place of E2B_API_KEY.
     process.env.DORMANT_URL = daemon.url;
     process.env.DORMANT_TOKEN = daemon.adminToken;
@@ -100,7 +105,12 @@ describe('SDK: an E2B-shaped program', () => {
     await sandbox.commands.sendStdin(cat.pid, 'world\n', { eof: true });
     assert.equal((await cat.wait()).stdout, 'hello\nworld\n');
 
-    // Files: 1 MiB of random bytes there and back, byte for byte.
+    // Files: 1 MiB of random bytes there and back, byte for byte, under a watched folder.
+    assert.equal(await sandbox.files.makeDir('/data'), true);
+    const events: string[] = [];
+    const watch = await sandbox.files.watchDir('/data', (e) => void events.push(`${e.type}:${e.name}`), {
+      recursive: true,
+    });
     const blob = new Uint8Array(randomBytes(1024 * 1024));
     const written = await sandbox.files.write('/data/blob.bin', blob);
     assert.deepEqual([written.path, written.size], ['/data/blob.bin', blob.length]);
@@ -126,6 +136,16 @@ describe('SDK: an E2B-shaped program', () => {
     assert.equal(await sandbox.files.exists('/data/new'), false);
     const text = await sandbox.files.read('/data/sub/b.txt', { format: 'blob' });
     assert.equal(await text.text(), 'beta');
+    await until(
+      'watch events',
+      () => events.includes('create:blob.bin') && events.includes('create:sub/b.txt'),
+    );
+    await watch.stop();
+
+    // The meter: CPU, memory and disk over time, with E2B's field names.
+    await until('meter samples', async () => (await sandbox.getMetrics()).length >= 2);
+    const last = (await sandbox.getMetrics()).at(-1)!;
+    assert.ok(last.memUsed > 0 && last.timestamp instanceof Date, JSON.stringify(last));
 
     // A terminal: an interactive shell answers typed input.
     let screen = '';
