@@ -58,7 +58,12 @@ describe('Python SDK', () => {
     before(async () => {
       let rootfs: string;
       ({ dir, rootfs } = await testFolder('python-sdk'));
-      ({ daemon } = await startTestDaemon({ dataDir: join(dir, 'data'), readonlyBinds: [], policy: false }));
+      ({ daemon } = await startTestDaemon({
+        dataDir: join(dir, 'data'),
+        readonlyBinds: [],
+        policy: false,
+        meterIntervalMs: 250,
+      }));
       env = { DORMANT_URL: daemon.url, DORMANT_TOKEN: daemon.adminToken, DORMANT_ROOTFS: rootfs };
     });
 

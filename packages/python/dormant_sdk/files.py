@@ -5,6 +5,7 @@ symlinks cannot leave it."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Union
@@ -68,7 +69,12 @@ class WatchHandle:
             out, self._events = self._events, []
         return out
 
+    #: Why the watch ended by itself (the daemon closed it, the connection broke), else None.
+    error: Optional[BaseException] = None
+    stopped: bool = False
+
     def stop(self) -> None:
+        self.stopped = True
         self._stream.close()
 
 
@@ -179,8 +185,10 @@ class Files:
                         handle._events.append(ev)
                     if on_event:
                         on_event(ev)
-            except (OSError, ValueError):
-                pass  # stopped: the socket was shut
+            except Exception:  # noqa: BLE001
+                # Stopped: the socket was shut under the reader (http.client may then fail in
+                # odd ways). Otherwise the daemon ended the watch; either way it is over.
+                handle.error = None if handle.stopped else sys.exc_info()[1]
             finally:
                 s.close()
 

@@ -72,7 +72,9 @@ def main() -> None:
     sandbox.commands.send_stdin(cat.pid, "world\n", eof=True)
     assert cat.wait().stdout == "hello\nworld\n"
 
-    # Files: 1 MiB of random bytes there and back, byte for byte.
+    # Files: 1 MiB of random bytes there and back, byte for byte, under a watched folder.
+    assert sandbox.files.make_dir("/data") is True
+    watch = sandbox.files.watch_dir("/data", recursive=True)
     blob = os.urandom(1024 * 1024)
     written = sandbox.files.write("/data/blob.bin", blob)
     assert (written.path, written.size) == ("/data/blob.bin", len(blob)), written
@@ -91,6 +93,15 @@ def main() -> None:
     assert sandbox.files.rename("/data/a.txt", "/data/new/a.txt").path == "/data/new/a.txt"
     sandbox.files.remove("/data/new")
     assert sandbox.files.exists("/data/new") is False
+    # (Not sub/b.txt: a file made in a new folder at once may come before the folder is watched.)
+    seen = []
+    until("watch events", lambda: seen.extend(watch.get_new_events()) or {"blob.bin", "sub"} <= {
+        e.name for e in seen if e.type == "create"})
+    watch.stop()
+
+    # The meter: CPU, memory and disk over time.
+    until("meter samples", lambda: len(sandbox.get_metrics()) >= 2)
+    assert sandbox.get_metrics()[-1].mem_used > 0
 
     # A terminal: an interactive shell answers typed input.
     screen = []
