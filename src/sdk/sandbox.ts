@@ -41,6 +41,8 @@ export interface ConnectionOptions {
   url?: string;
   /** An API token (`dmt_...`). Default `DORMANT_TOKEN`. */
   token?: string;
+  /** E2B's name for `token`. */
+  apiKey?: string;
   /** How long one request may take, in milliseconds. Default 300 000. */
   requestTimeoutMs?: number;
   /** Aborts the call; it rejects with the signal's reason. */
@@ -142,7 +144,7 @@ const env = (name: string): string | undefined => {
 };
 
 function clientFor(o: ConnectionOptions): DormantClient {
-  const token = o.token ?? env('DORMANT_TOKEN');
+  const token = o.token ?? o.apiKey ?? env('DORMANT_TOKEN');
   return new DormantClient({
     url: o.url ?? env('DORMANT_URL') ?? DEFAULT_URL,
     ...(token !== undefined ? { token } : {}),
