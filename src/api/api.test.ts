@@ -305,7 +305,6 @@ describe('the HTTP API', () => {
     const probes: [string, string, unknown, string][] = [
       ['GET', `/v1/sandboxes/${sbId}`, undefined, 'SANDBOX_NOT_FOUND'],
       ['GET', '/v1/sandboxes/api-test', undefined, 'SANDBOX_NOT_FOUND'],
-      ['DELETE', `/v1/sandboxes/${sbId}`, undefined, 'SANDBOX_NOT_FOUND'],
       ['POST', `/v1/sandboxes/${sbId}/hibernate`, undefined, 'SANDBOX_NOT_FOUND'],
       ['POST', `/v1/sandboxes/${sbId}/exec`, { command: ['true'] }, 'SANDBOX_NOT_FOUND'],
       ['POST', `/v1/sandboxes/${sbId}/fork`, {}, 'SANDBOX_NOT_FOUND'],
@@ -327,6 +326,9 @@ describe('the HTTP API', () => {
       assert.equal(missing.status, 404);
       assert.equal(errorOf(missing).code, code, 'the same answer as for an id that does not exist');
     }
+    // A delete is idempotent: another tenant's sandbox answers 204 like a missing one, untouched.
+    assert.equal((await api(bob, 'DELETE', `/v1/sandboxes/${sbId}`)).status, 204);
+    assert.equal((await api(bob, 'DELETE', '/v1/sandboxes/sb-0000000000000000')).status, 204);
     assert.equal(sandboxOf(await api(alice, 'GET', `/v1/sandboxes/${sbId}`)).state, 'running', 'untouched');
     assert.equal(
       (await api(admin, 'GET', `/v1/sandboxes/${sbId}`)).status,

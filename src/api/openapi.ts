@@ -29,8 +29,13 @@ import {
   ForkBody,
   ImportBody,
   KeepaliveBody,
+  ListSandboxesQuery,
   LogsQuery,
+  MetricsQuery,
   ResumeBody,
+  SandboxListSchema,
+  SandboxMetricsSchema,
+  UpdateSandboxBody,
 } from './schemas.js';
 import { TOOLBOX_ROUTES } from './openapi-toolbox.js';
 
@@ -38,7 +43,7 @@ import { TOOLBOX_ROUTES } from './openapi-toolbox.js';
 export { CheckpointSchema, ErrorSchema, ExecResultSchema, SandboxSchema, TokenSchema, TransitionSchema };
 
 export interface Route {
-  method: 'get' | 'post' | 'put' | 'delete';
+  method: 'get' | 'post' | 'put' | 'delete' | 'patch';
   path: string;
   summary: string;
   body?: z.ZodType;
@@ -70,8 +75,9 @@ const ROUTES: Route[] = [
   {
     method: 'get',
     path: '/v1/sandboxes',
-    summary: "the token's sandboxes (every tenant's for an admin)",
-    ok: [200, z.object({ sandboxes: z.array(SandboxSchema) })],
+    summary: "the token's sandboxes (every tenant's for an admin), filtered, a page at a time",
+    query: ListSandboxesQuery,
+    ok: [200, SandboxListSchema],
   },
   {
     method: 'post',
@@ -89,8 +95,22 @@ const ROUTES: Route[] = [
   {
     method: 'delete',
     path: '/v1/sandboxes/{id}',
-    summary: 'delete the sandbox and its data',
+    summary: 'delete the sandbox and its data (one already gone answers 204 too)',
     ok: [204, null],
+  },
+  {
+    method: 'patch',
+    path: '/v1/sandboxes/{id}',
+    summary: 'change its labels and idle policy',
+    body: UpdateSandboxBody,
+    ok: [200, SandboxSchema],
+  },
+  {
+    method: 'get',
+    path: '/v1/sandboxes/{id}/metrics',
+    summary: "the meter's samples of its CPU, memory and disk",
+    query: MetricsQuery,
+    ok: [200, SandboxMetricsSchema],
   },
   {
     method: 'post',

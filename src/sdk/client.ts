@@ -14,10 +14,14 @@ import type {
   CheckpointInfo,
   CreateSandboxOptions,
   ExecResult,
+  ListSandboxesOptions,
   SandboxInfo,
+  SandboxMetrics,
+  SandboxPage,
   SandboxUrlInfo,
   TokenInfo,
   TransitionInfo,
+  UpdateSandboxOptions,
 } from './contract.gen.js';
 import { apiError, type DormantApiError } from './errors.js';
 import { readEventStream } from './sse.js';
@@ -443,6 +447,44 @@ export class DormantClient {
     return this.request<CheckpointScan>(
       'GET',
       `/v1/checkpoints/${encodeURIComponent(id)}/scan`,
+      undefined,
+      opts,
+    );
+  }
+
+  // ---- metadata: filtered pages, updates, metrics -------------------------------------------
+
+  /** One page of the sandboxes `q` selects; `nextCursor` is there when more remain. */
+  querySandboxes(q: ListSandboxesOptions = {}, opts?: CallOptions): Promise<SandboxPage> {
+    const params = new URLSearchParams();
+    for (const [k, v] of Object.entries(q) as [string, string | number | string[] | undefined][]) {
+      if (v === undefined) continue;
+      for (const one of Array.isArray(v) ? v : [v]) params.append(k, String(one));
+    }
+    const qs = params.toString();
+    return this.request<SandboxPage>('GET', `/v1/sandboxes${qs ? `?${qs}` : ''}`, undefined, opts);
+  }
+  /** Every sandbox `q` selects, page after page. */
+  async *allSandboxes(
+    q: Omit<ListSandboxesOptions, 'cursor'> = {},
+    opts?: CallOptions,
+  ): AsyncGenerator<SandboxInfo> {
+    let cursor: string | undefined;
+    do {
+      const page = await this.querySandboxes({ ...q, ...(cursor !== undefined ? { cursor } : {}) }, opts);
+      yield* page.sandboxes;
+      cursor = page.nextCursor;
+    } while (cursor !== undefined);
+  }
+  /** Changes labels (null removes one) and idle policy values (null: the default again). */
+  updateSandbox(id: string, u: UpdateSandboxOptions, opts?: CallOptions) {
+    return this.request<SandboxInfo>('PATCH', `/v1/sandboxes/${encodeURIComponent(id)}`, u, opts);
+  }
+  /** The meter's samples of the sandbox since `sinceMs` (epoch ms; default: the last hour). */
+  sandboxMetrics(id: string, sinceMs?: number, opts?: CallOptions) {
+    return this.request<SandboxMetrics>(
+      'GET',
+      `/v1/sandboxes/${encodeURIComponent(id)}/metrics${sinceMs !== undefined ? `?since=${sinceMs}` : ''}`,
       undefined,
       opts,
     );

@@ -264,3 +264,87 @@ describe('the lazy-restore marker', () => {
     }
   });
 });
+
+describe('the sandbox query (GET /v1/sandboxes)', () => {
+  const store = new SqliteStateStore(':memory:');
+  const add = (
+    id: string,
+    o: { tenant?: string; at: number; state?: Sandbox['state']; labels?: Record<string, string> },
+  ) => {
+    const s = sandbox(id, o.tenant ?? 't1');
+    s.createdAt = o.at;
+    s.state = o.state ?? 'running';
+    if (o.labels) s.spec.labels = o.labels;
+    store.insertSandbox(s, 'create');
+  };
+  add('sb-c', { at: 2, labels: { team: 'search', tier: 'gold' } });
+  add('sb-a', { at: 2, state: 'paused', labels: { team: 'search' } });
+  add('sb-b', { at: 1, tenant: 't2', labels: { team: 'ads' } });
+  add('sb-d', { at: 3, state: 'hibernated' });
+  const ids = (q: Partial<Parameters<typeof store.querySandboxes>[0]>) =>
+    store.querySandboxes({ limit: 100, ...q }).map((s) => s.id);
+
+  test('filters by tenant, state, name and labels (value or presence), all together', () => {
+    assert.deepEqual(ids({}), ['sb-b', 'sb-a', 'sb-c', 'sb-d'], 'created first, then by id');
+    assert.deepEqual(ids({ tenant: 't1' }), ['sb-a', 'sb-c', 'sb-d']);
+    assert.deepEqual(ids({ states: ['running'] }), ['sb-b', 'sb-c']);
+    assert.deepEqual(ids({ states: ['paused', 'hibernated'] }), ['sb-a', 'sb-d']);
+    assert.deepEqual(ids({ states: [] }), [], 'no state given: none matches');
+    assert.deepEqual(ids({ name: 'sb-d' }), ['sb-d']);
+    assert.deepEqual(ids({ labels: [['team', 'search']] }), ['sb-a', 'sb-c']);
+    assert.deepEqual(ids({ labels: [['team']] }), ['sb-b', 'sb-a', 'sb-c']);
+    assert.deepEqual(
+      ids({
+        labels: [
+          ['team', 'search'],
+          ['tier', 'gold'],
+        ],
+      }),
+      ['sb-c'],
+    );
+    assert.deepEqual(
+      ids({
+        labels: [
+          ['team', 'search'],
+          ['tier', 'silver'],
+        ],
+      }),
+      [],
+    );
+    assert.deepEqual(ids({ labels: [['team', 'search']], states: ['paused'], tenant: 't1' }), ['sb-a']);
+  });
+
+  test('pages: after a place in the order, at most limit, nothing twice', () => {
+    const seen: string[] = [];
+    let after: { createdAt: number; id: string } | undefined;
+    for (;;) {
+      const page = store.querySandboxes({ limit: 1, ...(after ? { after } : {}) });
+      if (page.length === 0) break;
+      seen.push(...page.map((s) => s.id));
+      after = { createdAt: page[0]!.createdAt, id: page[0]!.id };
+    }
+    assert.deepEqual(seen, ['sb-b', 'sb-a', 'sb-c', 'sb-d']);
+  });
+
+  test("one sandbox's samples from a time on, led by the one before, with the disk's use", () => {
+    store.insertSamples([
+      { sandboxId: 'sb-a', at: 10, memoryBytes: 1, cpuUsageUsec: 100 },
+      { sandboxId: 'sb-c', at: 15, memoryBytes: 9, cpuUsageUsec: 900 },
+      { sandboxId: 'sb-a', at: 20, memoryBytes: 2, cpuUsageUsec: 200, diskBytes: 4096 },
+      { sandboxId: 'sb-a', at: 30, memoryBytes: 3, cpuUsageUsec: 300, diskBytes: 8192 },
+    ]);
+    const got = store.sandboxSamples('sb-a', { since: 20, limit: 10 });
+    assert.deepEqual(
+      got.map((x) => [x.at, x.diskBytes]),
+      [
+        [10, undefined],
+        [20, 4096],
+        [30, 8192],
+      ],
+    );
+    assert.deepEqual(
+      store.sandboxSamples('sb-a', { since: 0, limit: 10 }).map((x) => x.at),
+      [10, 20, 30],
+    );
+  });
+});

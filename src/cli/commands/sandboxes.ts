@@ -6,7 +6,7 @@ import pc from 'picocolors';
 import { resolve } from 'node:path';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { formatBytes, formatDurationMs } from '../../domain/units.js';
-import type { SandboxInfo } from '../../sdk/client.js';
+import { DormantApiError, type SandboxInfo } from '../../sdk/client.js';
 import { clientFromEnv } from '../client.js';
 import { printJson } from '../output.js';
 import { withProgress as showProgress } from '../progress.js';
@@ -16,6 +16,23 @@ const collect = (v: string, prev: string[] = []): string[] => [...prev, v];
 function usage(message: string): DormantError {
   return new DormantError(ErrorCode.INVALID_ARGUMENT, message);
 }
+
+/** `--label k=v` options as labels (the daemon checks keys and values). */
+function labelsOf(flag: string, args: readonly string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const kv of args) {
+    const i = kv.indexOf('=');
+    if (i <= 0) throw usage(`${flag} ${kv}: expected KEY=VALUE`);
+    out[kv.slice(0, i)] = kv.slice(i + 1);
+  }
+  return out;
+}
+
+/** `k=v,k2=v2` for a table cell. */
+const labelText = (labels: Record<string, string>): string =>
+  Object.entries(labels)
+    .map(([k, v]) => `${k}=${v}`)
+    .join(',');
 
 const STATE_COLOR: Record<string, (s: string) => string> = {
   running: pc.green,
@@ -31,8 +48,20 @@ function age(iso: string): string {
 
 function sandboxTable(list: SandboxInfo[]): string {
   if (list.length === 0) return 'no sandboxes\n';
+  // The labels column only when some sandbox has labels: most lists stay as narrow as before.
+  const labelled = list.some((s) => Object.keys(s.labels).length > 0);
   const t = new Table({
-    head: ['id', 'name', 'state', 'for', 'memory', 'ports', 'address', 'gpu'].map((h) => pc.bold(h)),
+    head: [
+      'id',
+      'name',
+      'state',
+      'for',
+      'memory',
+      'ports',
+      'address',
+      'gpu',
+      ...(labelled ? ['labels'] : []),
+    ].map((h) => pc.bold(h)),
     style: { head: [], border: [] },
   });
   for (const s of list) {
@@ -46,6 +75,7 @@ function sandboxTable(list: SandboxInfo[]): string {
       s.ports.map((p) => p.port).join(',') || '-',
       s.address ?? '-',
       s.gpus === null ? '-' : `${s.gpus} (${s.gpuPolicy})`,
+      ...(labelled ? [labelText(s.labels) || '-'] : []),
     ]);
   }
   return `${t.toString()}\n`;
@@ -69,6 +99,13 @@ function sandboxDetail(s: SandboxInfo): string {
     ['checkpoint', s.checkpointId ?? '-'],
     ['gpus', s.gpus ?? 'none'],
     ['gpu policy', s.gpuPolicy],
+    ['labels', labelText(s.labels) || '-'],
+    [
+      'policy',
+      Object.entries(s.policy)
+        .map(([k, v]) => `${k.replace(/Ms$/, '')} ${formatDurationMs(v)}`)
+        .join(', ') || 'the defaults',
+    ],
   ];
   if (s.lastError) rows.push(['last error', s.lastError]);
   return `${rows.map(([k, v]) => `${pc.bold(k.padEnd(12))} ${v}`).join('\n')}\n`;
@@ -107,6 +144,7 @@ export function registerSandboxes(program: Command): void {
       '--gpu-policy <policy>',
       'when it holds GPU state: keep-running (never hibernate), filesystem-only (archive instead), checkpoint (CUDA checkpoint)',
     )
+    .option('--label <k=v>', 'a label (repeatable); dormant ls --label k=v finds it', collect, [])
     .option('--json', 'print the sandbox as JSON')
     .argument('[command...]', "the command to run, after -- (default with --image: the image's entrypoint)")
     .addHelpText(
@@ -131,6 +169,7 @@ export function registerSandboxes(program: Command): void {
         throw usage(`--gpu-policy ${o.gpuPolicy}: expected one of ${GPU_POLICIES.join(', ')}`);
       const cpus = Number(o.cpus);
       if (!(cpus > 0)) throw usage(`--cpus ${o.cpus}: expected a positive number`);
+      const labels = labelsOf('--label', o.label);
       const s = await withProgress('creating', !!o.json, () =>
         clientFromEnv().createSandbox({
           command,
@@ -148,6 +187,7 @@ export function registerSandboxes(program: Command): void {
           ...(o.onResume ? { onResume: ['sh', '-c', o.onResume] } : {}),
           ...(o.gpus !== undefined ? { gpus: o.gpus } : {}),
           ...(o.gpuPolicy !== undefined ? { gpuPolicy: o.gpuPolicy as GpuPolicy } : {}),
+          ...(Object.keys(labels).length > 0 ? { labels } : {}),
         }),
       );
       if (o.json) printJson(s);
@@ -157,13 +197,27 @@ export function registerSandboxes(program: Command): void {
   program
     .command('ls')
     .description('list sandboxes')
+    .option(
+      '--label <k=v>',
+      'only sandboxes with this label (repeatable: all must match); k alone: has the label',
+      collect,
+      [],
+    )
+    .option('--state <states>', 'only sandboxes in these states, comma-separated (running,paused)')
     .option('--json', 'print JSON')
     .addHelpText(
       'after',
-      '\nExamples:\n  dormant ls\n  dormant ls --json | jq -r \'.[] | select(.state == "hibernated") | .id\'',
+      '\nExamples:\n  dormant ls\n  dormant ls --state hibernated --label team=search\n  dormant ls --json | jq -r \'.[] | select(.state == "hibernated") | .id\'',
     )
     .action(async (o) => {
-      const list = await clientFromEnv().listSandboxes();
+      const list: SandboxInfo[] = [];
+      // Every page: a listing is short enough to print whole.
+      for await (const s of clientFromEnv().allSandboxes({
+        limit: 1000,
+        ...(o.label.length > 0 ? { label: o.label } : {}),
+        ...(o.state !== undefined ? { state: o.state } : {}),
+      }))
+        list.push(s);
       if (o.json) printJson(list);
       else process.stdout.write(sandboxTable(list));
     });
@@ -267,9 +321,13 @@ export function registerSandboxes(program: Command): void {
     .description("a new sandbox restored from ID's latest checkpoint")
     .argument('<id>')
     .option('--name <name>')
+    .option('--label <k=v>', "the fork's labels instead of its parent's (repeatable)", collect, [])
     .option('--json', 'print the new sandbox as JSON')
     .action(async (id, o) => {
-      const s = await clientFromEnv().fork(id, o.name ? { name: o.name } : {});
+      const s = await clientFromEnv().fork(id, {
+        ...(o.name ? { name: o.name } : {}),
+        ...(o.label.length > 0 ? { labels: labelsOf('--label', o.label) } : {}),
+      });
       if (o.json) printJson(s);
       else process.stdout.write(`${s.id}\n`);
     });
@@ -287,13 +345,62 @@ export function registerSandboxes(program: Command): void {
     });
 
   program
-    .command('rm')
-    .description('delete the sandbox and its data')
-    .argument('<id>')
-    .option('--json', 'print { deleted } as JSON')
+    .command('update')
+    .description("change a sandbox's labels and idle policy")
+    .argument('<id>', 'the sandbox id or name')
+    .option(
+      '--idle <duration>',
+      'hibernate after this long idle; `default`: the tenant or node default again',
+    )
+    .option('--pause-after <duration>', 'freeze after this long idle; `default` drops it')
+    .option('--archive-after <duration>', 'archive after this long hibernated; `default` drops it')
+    .option('--lifetime <duration>', 'end the sandbox this long after it was created; `default` drops it')
+    .option('--label <k=v>', 'set a label (repeatable)', collect, [])
+    .option('--unlabel <k>', 'remove a label (repeatable)', collect, [])
+    .option('--json', 'print the sandbox as JSON')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  dormant update agent --idle 5m --label team=search\n  dormant update agent --unlabel team --lifetime default',
+    )
     .action(async (id, o) => {
-      await clientFromEnv().remove(id);
-      if (o.json) printJson({ deleted: id });
-      else process.stdout.write(`${id} deleted\n`);
+      const d = (v: string | undefined) => (v === undefined ? undefined : v === 'default' ? null : v);
+      const labels: Record<string, string | null> = labelsOf('--label', o.label);
+      for (const k of o.unlabel) labels[k] = null;
+      const u = {
+        ...(Object.keys(labels).length > 0 ? { labels } : {}),
+        ...(o.idle !== undefined ? { idle: d(o.idle) } : {}),
+        ...(o.pauseAfter !== undefined ? { pauseAfter: d(o.pauseAfter) } : {}),
+        ...(o.archiveAfter !== undefined ? { archiveAfter: d(o.archiveAfter) } : {}),
+        ...(o.lifetime !== undefined ? { lifetime: d(o.lifetime) } : {}),
+      };
+      if (Object.keys(u).length === 0)
+        throw usage(
+          'nothing to change: give --idle, --pause-after, --archive-after, --lifetime, --label or --unlabel',
+        );
+      const s = await clientFromEnv().updateSandbox(id, u);
+      if (o.json) printJson(s);
+      else process.stdout.write(sandboxDetail(s));
+    });
+
+  program
+    .command('rm')
+    .alias('kill')
+    .description('delete the sandbox and its data (one already gone is not an error)')
+    .argument('<id>')
+    .option('--json', 'print { deleted, alreadyGone } as JSON')
+    .action(async (id, o) => {
+      const client = clientFromEnv();
+      // The daemon answers a delete of a gone sandbox like any other (it is idempotent); asked
+      // first, the CLI can say which it was.
+      const there = await client.getSandbox(id).then(
+        () => true,
+        (e: unknown) => {
+          if (e instanceof DormantApiError && e.code === 'SANDBOX_NOT_FOUND') return false;
+          throw e;
+        },
+      );
+      if (there) await client.remove(id);
+      if (o.json) printJson({ deleted: id, alreadyGone: !there });
+      else process.stdout.write(there ? `${id} deleted\n` : `${id}: no such sandbox (already deleted?)\n`);
     });
 }

@@ -17,11 +17,20 @@ export interface SandboxUpdate {
   policy?: PolicyPatch;
 }
 
+/** The policy fields by the names the API and the CLI give them. */
+const SHOWN: Record<keyof SandboxPolicy, string> = {
+  hibernateAfterMs: 'idle',
+  pauseAfterMs: 'pauseAfter',
+  archiveAfterMs: 'archiveAfter',
+  deleteAfterMs: 'deleteAfter',
+  lifetimeMs: 'lifetime',
+};
+
 /** What changed, for the event: `idle 1s; labels +team -old`. */
 function describe(u: SandboxUpdate): string {
   const parts: string[] = [];
-  for (const [k, v] of Object.entries(u.policy ?? {}))
-    parts.push(`${k.replace(/Ms$/, '')} ${v === null || v === undefined ? 'default' : formatDurationMs(v)}`);
+  for (const [k, v] of Object.entries(u.policy ?? {}) as [keyof SandboxPolicy, number | null | undefined][])
+    parts.push(`${SHOWN[k]} ${v === null || v === undefined ? 'default' : formatDurationMs(v)}`);
   const l = Object.entries(u.labels ?? {}).map(([k, v]) => `${v === null ? '-' : '+'}${k}`);
   if (l.length > 0) parts.push(`labels ${l.join(' ')}`);
   return parts.join('; ');
