@@ -9,7 +9,6 @@ import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
-import { hostname } from 'node:os';
 import { join } from 'node:path';
 import type { Daemon } from '../daemon/daemon.js';
 import type { DormantClient, SandboxInfo } from '../sdk/client.js';
@@ -124,11 +123,17 @@ describe('the toolbox: files', () => {
   });
 
   test('paths stay inside the sandbox: .. and a symlink to / are contained', async () => {
-    // The sandbox's hostname is its id; the host's is not.
-    assert.notEqual(hostname(), sb.id);
-    assert.equal((await read('/../../../etc/hostname')).toString().trim(), sb.id);
+    // A file only the host has (this test's folder), and one only the sandbox has.
+    const hostFile = join(dir, 'host-only.txt');
+    await writeFile(hostFile, 'host');
+    await json(await call(daemon, 'PUT', files('', '/srv/where.txt'), Buffer.from('inside')));
+    assert.equal((await read('/../../../srv/where.txt')).toString(), 'inside');
+    const viaDots = await call(daemon, 'GET', files('', `/../../..${hostFile}`));
+    assert.deepEqual([viaDots.status, await errorCode(viaDots)], [404, 'FILE_NOT_FOUND']);
     await client.exec(sb.id, ['ln', '-s', '/', '/tmp/root']);
-    assert.equal((await read('/tmp/root/etc/hostname')).toString().trim(), sb.id);
+    assert.equal((await read('/tmp/root/srv/where.txt')).toString(), 'inside');
+    const viaLink = await call(daemon, 'GET', files('', `/tmp/root${hostFile}`));
+    assert.deepEqual([viaLink.status, await errorCode(viaLink)], [404, 'FILE_NOT_FOUND']);
     const marker = `dormant-escape-${randomBytes(6).toString('hex')}`;
     await json(await call(daemon, 'PUT', files('', `/tmp/root/tmp/${marker}`), Buffer.from('x')));
     await json(await call(daemon, 'PUT', files('', `../../../../tmp/${marker}-2`), Buffer.from('x')));

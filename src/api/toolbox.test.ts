@@ -31,8 +31,9 @@ describe('the toolbox: commands', () => {
   const path = (rest: string): string => `/v1/sandboxes/${sb.id}${rest}`;
   const exec = (body: Record<string, unknown>) => call(daemon, 'POST', path('/exec'), body);
 
+  let rootfs: string;
+
   before(async () => {
-    let rootfs: string;
     ({ dir, rootfs } = await testFolder('toolbox'));
     ({ daemon, client } = await startTestDaemon({ dataDir: join(dir, 'data'), policy: false }));
     sb = await client.createSandbox({
@@ -248,13 +249,23 @@ describe('the toolbox: commands', () => {
   });
 
   test('exec and a command wake a hibernated sandbox', async () => {
-    await client.exec(sb.id, ['sh', '-c', 'echo kept > /tmp/kept']);
-    assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
-    const r = await json<{ stdout: string }>(await exec({ command: ['cat', '/tmp/kept'] }));
+    // A sandbox of its own: the others above left background jobs behind.
+    const sleepy = await client.createSandbox({
+      name: 'sleepy',
+      rootfs,
+      command: ['/bin/sh', '-c', 'while true; do sleep 1; done'],
+      memory: '128M',
+    });
+    const at = (rest: string): string => `/v1/sandboxes/${sleepy.id}${rest}`;
+    await client.exec(sleepy.id, ['sh', '-c', 'echo kept > /tmp/kept']);
+    assert.equal((await client.hibernate(sleepy.id)).state, 'hibernated');
+    const r = await json<{ stdout: string }>(
+      await call(daemon, 'POST', at('/exec'), { command: ['cat', '/tmp/kept'] }),
+    );
     assert.equal(r.stdout, 'kept\n');
-    assert.equal((await client.getSandbox(sb.id)).state, 'running');
-    assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
-    const s = await drain(await call(daemon, 'POST', path('/commands'), { cmd: 'cat /tmp/kept' }));
+    assert.equal((await client.getSandbox(sleepy.id)).state, 'running');
+    assert.equal((await client.hibernate(sleepy.id)).state, 'hibernated');
+    const s = await drain(await call(daemon, 'POST', at('/commands'), { cmd: 'cat /tmp/kept' }));
     assert.equal(s.stdout.toString(), 'kept\n');
   });
 });

@@ -12,13 +12,7 @@ import {
   type AgentAddress,
   type ProcessHandle,
 } from '../../runtime/agent-client.js';
-import type { Runtime } from '../../runtime/runtime.js';
 import type { LifecycleContext } from '../context.js';
-
-/** The runtime's optional agent method (runtime/runtime.ts). */
-type AgentRuntime = Runtime & {
-  ensureAgent?(id: string, token: string, opts?: { signal?: AbortSignal }): Promise<AgentAddress>;
-};
 
 /**
  * Without the daemon's secrets (an embedding, a test of another part) the tokens come from a
@@ -55,7 +49,7 @@ async function ensureAgent(ctx: LifecycleContext, s: Sandbox): Promise<AgentAddr
   // the runtime again then. Between changes the address holds.
   const hit = byId.get(s.id);
   if (hit?.since === s.stateSince) return hit.address;
-  const rt = ctx.runtime as AgentRuntime;
+  const rt = ctx.runtime;
   if (!rt.ensureAgent) {
     throw new DormantError(ErrorCode.TOOLBOX_UNAVAILABLE, 'this runtime has no toolbox agent');
   }
