@@ -33,7 +33,7 @@ import { Commands } from './commands.js';
 import { NotFoundError } from './errors.js';
 import { Files } from './files.js';
 import { Pty } from './pty.js';
-import type { SandboxMetricSample, SandboxPage, UpdateSandboxOptions } from './contract.gen.js';
+import type { SandboxMetricSample, UpdateSandboxOptions } from './contract.gen.js';
 
 /** Where the daemon is and who is calling. Defaults: `DORMANT_URL`, `DORMANT_TOKEN`. */
 export interface ConnectionOptions {
@@ -281,28 +281,24 @@ export class Sandbox {
    */
   static async list(opts: SandboxListOptions = {}): Promise<ListedSandbox[]> {
     const client = clientFor(opts);
-    const q = new URLSearchParams();
     const labels = { ...opts.query?.metadata, ...opts.query?.labels };
-    for (const [k, v] of Object.entries(labels)) q.append('label', `${k}=${v}`);
     const state = opts.query?.state;
-    for (const st of state === undefined ? [] : Array.isArray(state) ? state : [state]) q.append('state', st);
     const out: ListedSandbox[] = [];
     let cursor: string | undefined;
     do {
-      const page = new URLSearchParams(q);
-      if (opts.limit !== undefined) page.set('limit', String(Math.min(100, opts.limit - out.length)));
-      if (cursor !== undefined) page.set('cursor', cursor);
-      const qs = page.toString();
-      const r = await client.request<SandboxPage>(
-        'GET',
-        `/v1/sandboxes${qs ? `?${qs}` : ''}`,
-        undefined,
+      const page = await client.querySandboxes(
+        {
+          label: Object.entries(labels).map(([k, v]) => `${k}=${v}`),
+          ...(state !== undefined ? { state } : {}),
+          ...(opts.limit !== undefined ? { limit: Math.min(1000, opts.limit - out.length) } : {}),
+          ...(cursor !== undefined ? { cursor } : {}),
+        },
         call(opts),
       );
-      for (const s of r.sandboxes) out.push({ ...s, sandboxId: s.id, metadata: labelsOf(s) });
-      cursor = r.nextCursor;
+      for (const s of page.sandboxes) out.push({ ...s, sandboxId: s.id, metadata: labelsOf(s) });
+      cursor = page.nextCursor;
     } while (cursor !== undefined && (opts.limit === undefined || out.length < opts.limit));
-    return opts.limit === undefined ? out : out.slice(0, opts.limit);
+    return out;
   }
 
   /**
@@ -386,12 +382,7 @@ export class Sandbox {
    * ```
    */
   async update(changes: UpdateSandboxOptions, opts?: SandboxCallOptions): Promise<SandboxInfo> {
-    return (this.last = await this.client.request<SandboxInfo>(
-      'PATCH',
-      `/v1/sandboxes/${encodeURIComponent(this.id)}`,
-      changes,
-      call(opts),
-    ));
+    return (this.last = await this.client.updateSandbox(this.id, changes, call(opts)));
   }
 
   /**
@@ -404,13 +395,7 @@ export class Sandbox {
    * ```
    */
   async getMetrics(opts: SandboxCallOptions & { since?: number } = {}): Promise<SandboxMetrics[]> {
-    const q = opts.since !== undefined ? `?since=${opts.since}` : '';
-    const r = await this.client.request<{ samples: SandboxMetricSample[] }>(
-      'GET',
-      `/v1/sandboxes/${encodeURIComponent(this.id)}/metrics${q}`,
-      undefined,
-      call(opts),
-    );
+    const r = await this.client.sandboxMetrics(this.id, opts.since, call(opts));
     return r.samples.map((m) => ({
       ...m,
       timestamp: new Date(m.at),
