@@ -30,6 +30,10 @@ const TYPES = [
   ['SandboxPage', 'SandboxListSchema', 'One page of GET /v1/sandboxes.'],
   ['SandboxMetricSample', 'MetricSampleSchema', "One meter sample of a sandbox's CPU, memory and disk."],
   ['SandboxMetrics', 'SandboxMetricsSchema', 'GET /v1/sandboxes/{id}/metrics.'],
+  ['CommandInfo', 'CommandInfoSchema', 'A command run in a sandbox by its toolbox agent.'],
+  ['CommandEvent', 'CommandEventSchema', "One line of a command's ndjson stream."],
+  ['FileInfo', 'FileInfoSchema', 'A file or folder inside a sandbox.'],
+  ['WatchEvent', 'WatchEventSchema', 'A change under a watched folder inside a sandbox.'],
 ];
 /** Request types, made from the schemas' input side (a duration may be `900000` or `"15m"`). */
 const INPUTS = [

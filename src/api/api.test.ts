@@ -103,7 +103,7 @@ describe('the HTTP API', () => {
         assert.ok(
           daemon.app.hasRoute({
             method: m.toUpperCase(),
-            url: p.replace('{id}', ':id'),
+            url: p.replace(/\{(\w+)\}/g, ':$1'),
           }),
           `${m} ${p} is served`,
         );

@@ -37,12 +37,13 @@ import {
   SandboxMetricsSchema,
   UpdateSandboxBody,
 } from './schemas.js';
+import { TOOLBOX_ROUTES } from './openapi-toolbox.js';
 
 // The response schemas live with the request ones (schemas.ts); tests import them from here too.
 export { CheckpointSchema, ErrorSchema, ExecResultSchema, SandboxSchema, TokenSchema, TransitionSchema };
 
-interface Route {
-  method: 'get' | 'post' | 'delete' | 'patch';
+export interface Route {
+  method: 'get' | 'post' | 'put' | 'delete' | 'patch';
   path: string;
   summary: string;
   body?: z.ZodType;
@@ -54,6 +55,7 @@ interface Route {
 }
 
 const idParam = { name: 'id', in: 'path', required: true, schema: { type: 'string' } } as const;
+const cidParam = { name: 'cid', in: 'path', required: true, schema: { type: 'string' } } as const;
 
 const ROUTES: Route[] = [
   {
@@ -149,6 +151,7 @@ const ROUTES: Route[] = [
     body: ExecBody,
     ok: [200, ExecResultSchema],
   },
+  ...TOOLBOX_ROUTES,
   {
     method: 'post',
     path: '/v1/sandboxes/{id}/keepalive',
@@ -256,6 +259,7 @@ export function openApiDocument(version: string): Record<string, unknown> {
   for (const r of ROUTES) {
     const parameters: unknown[] = [];
     if (r.path.includes('{id}')) parameters.push(idParam);
+    if (r.path.includes('{cid}')) parameters.push(cidParam);
     if (r.query) {
       const q = json(r.query, 'input') as { properties?: Record<string, unknown>; required?: string[] };
       for (const [name, schema] of Object.entries(q.properties ?? {}))

@@ -106,6 +106,22 @@ export const ExecBody = z.strictObject({
     .string()
     .max(16 * 1024 * 1024)
     .optional(),
+  stdinBase64: z
+    .string()
+    .max(22_369_624)
+    .optional()
+    .describe('stdin as base64, for bytes that are not text (instead of stdin)'),
+  encoding: z
+    .enum(['utf8', 'base64'])
+    .optional()
+    .describe('of stdout and stderr in the answer; default utf8'),
+  maxOutputBytes: z
+    .number()
+    .int()
+    .positive()
+    .max(64 * 1024 * 1024)
+    .optional()
+    .describe('bytes kept of each of stdout and stderr; default 16 MiB (truncated says what was cut)'),
 });
 
 export const KeepaliveBody = z.strictObject({ for: duration.optional() }).optional();
@@ -397,6 +413,10 @@ export const ExecResultSchema = z.object({
   stdout: z.string(),
   stderr: z.string(),
   durationMs: z.number(),
+  truncated: z
+    .object({ stdout: z.boolean(), stderr: z.boolean() })
+    .describe('output cut at outputLimitBytes'),
+  outputLimitBytes: z.number().int(),
 });
 export type ExecResultView = z.output<typeof ExecResultSchema>;
 
@@ -428,3 +448,5 @@ export const ErrorSchema = z.object({
     hint: z.string().optional().describe('what to do about it'),
   }),
 });
+
+export * from './schemas-toolbox.js';

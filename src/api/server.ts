@@ -14,6 +14,7 @@ import type { SandboxController } from '../control/sandboxes.js';
 import type { CheckpointRecord, StateStore } from '../state/store.js';
 import { authenticate, type Principal } from './auth.js';
 import { registerCheckpointRoutes } from './routes-checkpoints.js';
+import { registerToolboxRoutes } from './routes-toolbox.js';
 import type { VaultReader } from '../checkpoint/source.js';
 import {
   CheckpointsQuery,
@@ -337,21 +338,35 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     return reply.status(201).send(await view(s));
   });
 
-  app.post('/v1/sandboxes/:id/exec', { bodyLimit: execBodyLimit }, async (req) => {
+  app.post('/v1/sandboxes/:id/exec', { bodyLimit: execBodyLimit }, async (req, reply) => {
     const id = sandboxId(req);
     const b = parse(ExecBody, req.body, 'request body');
+    if (b.stdin !== undefined && b.stdinBase64 !== undefined) {
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'give stdin or stdinBase64, not both');
+    }
+    // The caller gone before the end: the command is killed, as its answer has no reader.
+    const gone = new AbortController();
+    reply.raw.once('close', () => reply.raw.writableFinished || gone.abort());
+    const input = b.stdinBase64 !== undefined ? Buffer.from(b.stdinBase64, 'base64') : b.stdin;
     const r = await controller.exec(id, scope(req), b.command, {
       ...(b.timeoutMs !== undefined ? { timeoutMs: b.timeoutMs } : {}),
-      ...(b.stdin !== undefined ? { input: b.stdin } : {}),
+      ...(input !== undefined ? { input: Buffer.from(input) } : {}),
+      ...(b.maxOutputBytes !== undefined ? { maxOutputBytes: b.maxOutputBytes } : {}),
+      signal: gone.signal,
     });
+    const enc = b.encoding ?? 'utf8';
     const out: ExecResultView = {
       exitCode: r.exitCode,
-      stdout: r.stdout,
-      stderr: r.stderr,
+      stdout: r.stdout.toString(enc),
+      stderr: r.stderr.toString(enc),
       durationMs: r.durationMs,
+      truncated: r.truncated,
+      outputLimitBytes: r.outputLimitBytes,
     };
     return out;
   });
+
+  registerToolboxRoutes(app, { controller });
 
   app.post('/v1/sandboxes/:id/keepalive', async (req) => {
     const id = sandboxId(req);

@@ -16,6 +16,7 @@ import { scanSuite } from './scan.js';
 import { loadSuite } from './load.js';
 import { confineSuite } from './confine.js';
 import { cliSuite } from './cli.js';
+import { toolboxSuite } from './toolbox.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -26,6 +27,7 @@ const SUITES: BenchSuite[] = [
   loadSuite,
   confineSuite,
   cliSuite,
+  toolboxSuite,
 ];
 
 async function main(): Promise<void> {

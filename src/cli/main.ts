@@ -8,6 +8,7 @@ import { Command, CommanderError } from '@commander-js/extra-typings';
 import { registerDoctor } from './commands/doctor.js';
 import { registerVault } from './commands/vault.js';
 import { registerSandboxes } from './commands/sandboxes.js';
+import { registerToolbox } from './commands/toolbox.js';
 import { registerServe } from './commands/serve.js';
 import { registerConfig } from './commands/config.js';
 import { registerCheckpoint } from './commands/checkpoint.js';
@@ -47,6 +48,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerServe(program);
   registerConfig(program);
   registerSandboxes(program);
+  registerToolbox(program);
   registerCheckpoint(program);
   registerCost(program);
   registerUrl(program);

@@ -3,6 +3,8 @@
  * exec records activity when it ends; while it runs (a test suite, a long build) the policy
  * must not hibernate the sandbox under it, so the daemon runs a controller that counts them.
  */
+import type { Sandbox } from '../domain/sandbox.js';
+import type { AgentClient } from '../runtime/agent-client.js';
 import { SandboxController } from './sandboxes.js';
 
 /** Live counters per sandbox id. */
@@ -21,16 +23,20 @@ export class Counter {
   }
 }
 
-/** A SandboxController that counts running execs per sandbox. */
+/** A SandboxController that counts running execs (every toolbox call) per sandbox. */
 export class TrackingController extends SandboxController {
   readonly execs = new Counter();
 
-  override async exec(...args: Parameters<SandboxController['exec']>): ReturnType<SandboxController['exec']> {
-    const [ref, tenant] = args;
+  /** Every toolbox call (an exec, a streamed command, a file transfer) counts while it runs. */
+  override async toolbox<T>(
+    ref: string,
+    tenant: string | undefined,
+    fn: (agent: AgentClient, s: Sandbox) => Promise<T>,
+  ): Promise<T> {
     const id = this.get(ref, tenant).id;
     this.execs.begin(id);
     try {
-      return await super.exec(...args);
+      return await super.toolbox(ref, tenant, fn);
     } finally {
       this.execs.end(id);
     }

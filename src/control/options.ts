@@ -31,6 +31,8 @@ export interface EnvSecrets {
     sandboxId: string,
     env: Readonly<Record<string, string>>,
   ): Promise<Record<string, string>>;
+  /** A secret key, stable across restarts, for the toolbox agents' tokens (ops/toolbox.ts). */
+  agentTokenKey?(): Buffer;
 }
 
 export const systemClock: Clock = { now: () => Date.now() };

@@ -29,6 +29,8 @@ import { reconcileAll } from './ops/reconcile.js';
 import { removeSandbox } from './ops/remove.js';
 import { resume } from './ops/resume.js';
 import { updateSandbox, type SandboxUpdate } from './ops/update.js';
+import { execCommand, withAgent, type ExecOptions, type ExecOutcome } from './ops/toolbox.js';
+import type { AgentClient } from '../runtime/agent-client.js';
 
 export {
   systemClock,
@@ -40,6 +42,7 @@ export {
 export { DEFAULT_DISK_BYTES, type CreateSandboxInput } from './ops/create.js';
 export type { ImportArchiveInput } from './ops/import.js';
 export type { PolicyPatch, SandboxUpdate } from './ops/update.js';
+export type { ExecOptions, ExecOutcome } from './ops/toolbox.js';
 
 export class SandboxController {
   private readonly ctx: LifecycleContext;
@@ -94,18 +97,39 @@ export class SandboxController {
     return createSandbox(this.ctx, input);
   }
 
+  /**
+   * Runs a command in the sandbox to its end through its toolbox agent (ops/toolbox.ts),
+   * waking the sandbox first if it sleeps.
+   */
   async exec(
     id: string,
     tenant: string | undefined,
     args: string[],
-    opts: { timeoutMs?: number; input?: string } = {},
-  ) {
-    const s = this.ctx.get(id, tenant);
-    assertLegal('exec', s.state, id);
+    opts: ExecOptions = {},
+  ): Promise<ExecOutcome> {
     if (args.length === 0) throw invalid('exec needs a command');
-    const r = await this.ctx.runtime.exec(id, args, opts);
-    this.ctx.markActive(id);
-    return r;
+    return this.toolbox(id, tenant, (agent, s) => execCommand(agent, s.id, args, opts));
+  }
+
+  /**
+   * Runs `fn` with the toolbox agent of the sandbox (ops/toolbox.ts): the sandbox is woken
+   * first if it sleeps, and the call counts as activity when it starts and when it ends.
+   */
+  async toolbox<T>(
+    id: string,
+    tenant: string | undefined,
+    fn: (agent: AgentClient, s: Sandbox) => Promise<T>,
+  ): Promise<T> {
+    const wake = (sid: string): Promise<Sandbox> => this.resume(sid, undefined, 'toolbox');
+    let sid: string | undefined;
+    try {
+      return await withAgent(this.ctx, id, tenant, wake, (agent, s) => {
+        sid = s.id;
+        return fn(agent, s);
+      });
+    } finally {
+      if (sid !== undefined) this.ctx.markActive(sid);
+    }
   }
 
   /** The sandbox's output log, across hibernations. */

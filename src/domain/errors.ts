@@ -200,6 +200,33 @@ export const ERRORS = {
   PROXY_UPSTREAM: e(502, 'unavailable', 'is the server inside the sandbox listening on that port?'),
   /** The daemon runs no wake proxy. */
   PROXY_DISABLED: e(503, 'unavailable', 'start dormant serve without --no-proxy'),
+
+  // ---- the toolbox (commands and files inside a sandbox, through its agent) ---------------
+  FILE_NOT_FOUND: e(404, 'not-found', 'no such file or folder in the sandbox: check the path'),
+  FILE_EXISTS: e(409, 'conflict', 'something already exists at that path in the sandbox'),
+  NOT_A_DIRECTORY: e(400, 'invalid', 'a part of the path is a file, not a folder'),
+  IS_A_DIRECTORY: e(400, 'invalid', 'the path is a folder: list it, or name a file inside it'),
+  DIRECTORY_NOT_EMPTY: e(409, 'conflict', 'the folder is not empty'),
+  FILE_PERMISSION_DENIED: e(
+    403,
+    'forbidden',
+    'the sandbox’s own permissions refuse this (its user, modes, read-only mounts)',
+  ),
+  /**
+   * A command id the sandbox's agent does not know (COMMAND_NOT_FOUND, the name the toolbox
+   * design gave it, was already the code of a missing host program, with status 500).
+   */
+  PROCESS_NOT_FOUND: e(
+    404,
+    'not-found',
+    'no such command: it never ran, or it ended over 10 minutes ago (GET /v1/sandboxes/{id}/commands lists them)',
+  ),
+  /** The agent in the sandbox cannot be started or does not answer. */
+  TOOLBOX_UNAVAILABLE: e(
+    503,
+    'unavailable',
+    'the sandbox’s toolbox agent did not answer: is the sandbox running, with its network? see the daemon log',
+  ),
 } as const satisfies Record<string, ErrorInfo>;
 
 export type ErrorCode = keyof typeof ERRORS;

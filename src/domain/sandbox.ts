@@ -207,6 +207,11 @@ export interface SandboxSpec {
   importedFrom?: string;
   /** The caller's own key/value labels (validateLabels); absent: none. */
   labels?: Record<string, string>;
+  /**
+   * Set on a fork: the seed of its toolbox agent's token, its origin's (the fork's memory holds
+   * a copy of the origin's agent, which knows only that token). Absent: the sandbox's id.
+   */
+  agentSeed?: string;
 }
 
 export interface Sandbox {

@@ -163,6 +163,50 @@ export class DormantClient {
     );
   }
 
+  /**
+   * Sends one request and resolves with the response as soon as its headers arrive, for the
+   * routes that answer a stream (a command's ndjson output, a file's bytes, watch events). The
+   * client's timeout covers only the wait for the headers: a stream may last as long as its
+   * command does. Cancel it with `opts.signal` or by cancelling the body. A failed answer
+   * rejects with the typed error (errors.ts), as `request` does.
+   */
+  async open(
+    method: string,
+    path: string,
+    opts: CallOptions & { json?: unknown; rawBody?: Uint8Array | Blob | ReadableStream<Uint8Array> } = {},
+  ): Promise<Response> {
+    opts.signal?.throwIfAborted();
+    const headersDue = new AbortController();
+    const timer = setTimeout(() => headersDue.abort(), this.timeoutMs);
+    const raw = opts.rawBody;
+    let res: Response;
+    try {
+      res = await fetch(`${this.url}${path}`, {
+        method,
+        headers: {
+          ...(this.token ? { authorization: `Bearer ${this.token}` } : {}),
+          ...(raw !== undefined
+            ? { 'content-type': 'application/octet-stream' }
+            : opts.json !== undefined
+              ? { 'content-type': 'application/json' }
+              : {}),
+        },
+        ...(raw !== undefined
+          ? { body: raw, ...(raw instanceof ReadableStream ? { duplex: 'half' } : {}) }
+          : opts.json !== undefined
+            ? { body: JSON.stringify(opts.json) }
+            : {}),
+        signal: opts.signal ? AbortSignal.any([headersDue.signal, opts.signal]) : headersDue.signal,
+      });
+    } catch (e) {
+      throw this.transportError(e, method, path, headersDue.signal, opts.signal);
+    } finally {
+      clearTimeout(timer);
+    }
+    if (!res.ok) throw await errorOf(res, `${method} ${path}: HTTP ${res.status}`);
+    return res;
+  }
+
   health(opts?: CallOptions) {
     return this.request<{ ok: boolean; version: string }>('GET', '/v1/health', undefined, opts);
   }
@@ -197,7 +241,23 @@ export class DormantClient {
   keepalive(id: string, forMs?: number | string, opts?: CallOptions) {
     return this.op(id, 'keepalive', forMs === undefined ? {} : { for: forMs }, opts);
   }
-  exec(id: string, command: string[], o: { timeoutMs?: number; stdin?: string } = {}, opts?: CallOptions) {
+  /**
+   * Runs a command and answers when it ends. `stdinBase64` carries bytes that are not text;
+   * `encoding: 'base64'` answers stdout and stderr as base64 (binary-safe); output past
+   * `maxOutputBytes` (default 16 MiB each) is cut and `truncated` says so.
+   */
+  exec(
+    id: string,
+    command: string[],
+    o: {
+      timeoutMs?: number;
+      stdin?: string;
+      stdinBase64?: string;
+      encoding?: 'utf8' | 'base64';
+      maxOutputBytes?: number;
+    } = {},
+    opts?: CallOptions,
+  ) {
     return this.request<ExecResult>(
       'POST',
       `/v1/sandboxes/${encodeURIComponent(id)}/exec`,

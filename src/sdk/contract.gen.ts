@@ -112,6 +112,12 @@ export interface ExecResult {
   stdout: string;
   stderr: string;
   durationMs: number;
+  /** output cut at outputLimitBytes */
+  truncated: {
+    stdout: boolean;
+    stderr: boolean;
+  };
+  outputLimitBytes: number;
 }
 
 /** A sandbox port as reached through the wake proxy. */
@@ -151,6 +157,73 @@ export interface SandboxMetricSample {
 export interface SandboxMetrics {
   /** oldest first, taken while it was running or paused; at most 10 000 */
   samples: SandboxMetricSample[];
+}
+
+/** A command run in a sandbox by its toolbox agent. */
+export interface CommandInfo {
+  /** the command id: its pid inside the sandbox */
+  id: string;
+  pid: number;
+  args: string[];
+  cwd: string;
+  tag: string | null;
+  pty: boolean;
+  running: boolean;
+  exitCode: number | null;
+  /** the signal that ended it */
+  signal: string | null;
+  startedAt: string;
+}
+
+/** One line of a command's ndjson stream. */
+export type CommandEvent =
+  | {
+      type: 'start';
+      id: string;
+      pid: number;
+      /** the output offset the replay starts at */
+      from?: number;
+    }
+  | {
+      type: 'stdout';
+      /** base64 */
+      data: string;
+    }
+  | {
+      type: 'stderr';
+      /** base64 */
+      data: string;
+    }
+  | {
+      type: 'end';
+      exitCode: number | null;
+      signal: string | null;
+      durationMs: number;
+      timedOut: boolean;
+    }
+  | {
+      type: 'error';
+      code: string;
+      message: string;
+    };
+
+/** A file or folder inside a sandbox. */
+export interface FileInfo {
+  name: string;
+  path: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  size: number;
+  /** permission bits */
+  mode: number;
+  mtimeMs: number;
+  symlinkTarget?: string;
+}
+
+/** A change under a watched folder inside a sandbox. */
+export interface WatchEvent {
+  type: 'create' | 'write' | 'remove' | 'rename' | 'chmod';
+  path: string;
+  isDir: boolean;
 }
 
 /** What a new sandbox is made of (POST /v1/sandboxes). */
@@ -322,7 +395,15 @@ export type ApiErrorCode =
   | 'PROXY_NO_ROUTE'
   | 'PROXY_AMBIGUOUS'
   | 'PROXY_UPSTREAM'
-  | 'PROXY_DISABLED';
+  | 'PROXY_DISABLED'
+  | 'FILE_NOT_FOUND'
+  | 'FILE_EXISTS'
+  | 'NOT_A_DIRECTORY'
+  | 'IS_A_DIRECTORY'
+  | 'DIRECTORY_NOT_EMPTY'
+  | 'FILE_PERMISSION_DENIED'
+  | 'PROCESS_NOT_FOUND'
+  | 'TOOLBOX_UNAVAILABLE';
 
 /** Each code: the HTTP status the API answers it with, its family, and what to do about it. */
 export const API_ERRORS: {
@@ -638,4 +719,36 @@ export const API_ERRORS: {
     hint: 'is the server inside the sandbox listening on that port?',
   },
   PROXY_DISABLED: { status: 503, family: 'unavailable', hint: 'start dormant serve without --no-proxy' },
+  FILE_NOT_FOUND: {
+    status: 404,
+    family: 'not-found',
+    hint: 'no such file or folder in the sandbox: check the path',
+  },
+  FILE_EXISTS: {
+    status: 409,
+    family: 'conflict',
+    hint: 'something already exists at that path in the sandbox',
+  },
+  NOT_A_DIRECTORY: { status: 400, family: 'invalid', hint: 'a part of the path is a file, not a folder' },
+  IS_A_DIRECTORY: {
+    status: 400,
+    family: 'invalid',
+    hint: 'the path is a folder: list it, or name a file inside it',
+  },
+  DIRECTORY_NOT_EMPTY: { status: 409, family: 'conflict', hint: 'the folder is not empty' },
+  FILE_PERMISSION_DENIED: {
+    status: 403,
+    family: 'forbidden',
+    hint: 'the sandbox’s own permissions refuse this (its user, modes, read-only mounts)',
+  },
+  PROCESS_NOT_FOUND: {
+    status: 404,
+    family: 'not-found',
+    hint: 'no such command: it never ran, or it ended over 10 minutes ago (GET /v1/sandboxes/{id}/commands lists them)',
+  },
+  TOOLBOX_UNAVAILABLE: {
+    status: 503,
+    family: 'unavailable',
+    hint: 'the sandbox’s toolbox agent did not answer: is the sandbox running, with its network? see the daemon log',
+  },
 };

@@ -5,7 +5,9 @@
  * @example
  * ```ts
  * import { Sandbox } from '@dormant/sdk';
- * const sb = await Sandbox.create({ rootfs: '/srv/rootfs', command: ['sleep', 'infinity'] });
+ * const sb = await Sandbox.create({ rootfs: '/srv/rootfs', labels: { user: 'ada' } });
+ * await sb.commands.run('echo hi', { onStdout: (d) => process.stdout.write(d) });
+ * await sb.files.write('/tmp/a.txt', 'hello');
  * await sb.hibernate();
  * await sb.resume();
  * ```
@@ -16,7 +18,31 @@ export {
   type SandboxCreateOptions,
   type SandboxCallOptions,
   type ExecOptions,
+  type ListedSandbox,
+  type SandboxListOptions,
+  type SandboxMetrics,
 } from './sandbox.js';
+export {
+  Commands,
+  CommandHandle,
+  CommandExitError,
+  type CommandResult,
+  type CommandStartOptions,
+  type OutputCallbacks,
+} from './commands.js';
+export { Files, type WriteData, type WriteInfo, type FilesystemEvent, type WatchHandle } from './files.js';
+export { Pty, type PtyCreateOptions } from './pty.js';
+export type {
+  CommandInfo,
+  FileInfo,
+  WatchEvent,
+  CommandEvent,
+  SandboxMetricSample,
+  SandboxPage,
+  UpdateSandboxOptions,
+  ListSandboxesOptions,
+} from './contract.gen.js';
+export { readNdjson } from './ndjson.js';
 export {
   DormantClient,
   DEFAULT_URL,

@@ -145,8 +145,9 @@ describe('SDK: Sandbox against a running daemon', () => {
     assert.equal(nf.code, 'SANDBOX_NOT_FOUND');
     assert.equal(nf.status, 404);
 
-    await sb.pause();
-    const conflict = await rejection(sb.exec('true'));
+    // exec wakes a sleeping sandbox now: pausing a hibernated one is the conflict here.
+    await sb.hibernate();
+    const conflict = await rejection(sb.pause());
     assert.ok(conflict instanceof ConflictError);
     assert.equal(conflict.code, 'ILLEGAL_TRANSITION');
     assert.ok(conflict.hint);

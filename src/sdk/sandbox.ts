@@ -1,8 +1,14 @@
 /**
  * Sandboxes as objects, in the style users know from E2B: `Sandbox.create()`,
- * `Sandbox.connect(id)`, `Sandbox.list()`, and the lifecycle on the instance. Everything
- * goes through the HTTP API; times are milliseconds and sizes bytes; every call takes an
- * `AbortSignal`; failures are typed errors carrying the API's codes (errors.ts).
+ * `Sandbox.connect(id)`, `Sandbox.list()`, the lifecycle on the instance, and E2B's toolbox:
+ * `sandbox.commands` (commands.ts), `sandbox.files` (files.ts), `sandbox.pty` (pty.ts).
+ * Everything goes through the HTTP API; times are milliseconds and sizes bytes; every call
+ * takes an `AbortSignal`; failures are typed errors carrying the API's codes (errors.ts).
+ *
+ * Where dormant differs from E2B: a sandbox is not killed when its time is up, it falls asleep
+ * (hibernates: processes and memory kept in the vault) and any later call wakes it. So E2B's
+ * `timeoutMs` / `setTimeout(ms)` here set how long the sandbox may stay idle before it
+ * hibernates; `lifetimeMs` is the hard end, and `kill()` deletes it.
  *
  * @example
  * ```ts
@@ -23,6 +29,11 @@ import {
   type SandboxState,
   type TransitionInfo,
 } from './client.js';
+import { Commands } from './commands.js';
+import { NotFoundError } from './errors.js';
+import { Files } from './files.js';
+import { Pty } from './pty.js';
+import type { SandboxMetricSample, UpdateSandboxOptions } from './contract.gen.js';
 
 /** Where the daemon is and who is calling. Defaults: `DORMANT_URL`, `DORMANT_TOKEN`. */
 export interface ConnectionOptions {
@@ -30,6 +41,8 @@ export interface ConnectionOptions {
   url?: string;
   /** An API token (`dmt_...`). Default `DORMANT_TOKEN`. */
   token?: string;
+  /** E2B's name for `token`. */
+  apiKey?: string;
   /** How long one request may take, in milliseconds. Default 300 000. */
   requestTimeoutMs?: number;
   /** Aborts the call; it rejects with the signal's reason. */
@@ -63,7 +76,48 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   lifetimeMs?: number;
   /** A command run inside after every resume (refresh credentials, reconnect). */
   onResume?: string[];
+  /** Labels to find it by (`Sandbox.list({ query: { labels } })`). */
+  labels?: Record<string, string>;
+  /** E2B's name for `labels` (merged with them). */
+  metadata?: Record<string, string>;
+  /** E2B's name for `env` (merged with it): the environment of every process inside. */
+  envs?: Record<string, string>;
+  /**
+   * E2B's sandbox timeout. Here the sandbox is not killed when it runs out: it hibernates
+   * after this long idle (the same as `idleTimeoutMs`), and the next call wakes it.
+   */
+  timeoutMs?: number;
 }
+
+/** A sandbox as `Sandbox.list` gives it: the API's view, with E2B's names for two fields. */
+export type ListedSandbox = SandboxInfo & {
+  /** Same as `id`. */
+  sandboxId: string;
+  /** Same as `labels`. */
+  metadata: Record<string, string>;
+};
+
+/** What `Sandbox.list` selects. */
+export interface SandboxListOptions extends ConnectionOptions {
+  query?: {
+    /** Only sandboxes carrying all of these labels. */
+    labels?: Record<string, string>;
+    /** E2B's name for `labels` (merged with them). */
+    metadata?: Record<string, string>;
+    /** Only sandboxes in this state (or in one of these). */
+    state?: SandboxState | SandboxState[];
+  };
+  /** At most this many (all of them by default; pages are followed). */
+  limit?: number;
+}
+
+/** One meter sample, with E2B's names for its fields alongside the API's (null: not known). */
+export type SandboxMetrics = SandboxMetricSample & {
+  timestamp: Date;
+  cpuUsedPct: number | null;
+  memUsed: number;
+  diskUsed: number | null;
+};
 
 /** Options of one call: an `AbortSignal`. */
 export interface SandboxCallOptions {
@@ -73,8 +127,15 @@ export interface SandboxCallOptions {
 export interface ExecOptions extends SandboxCallOptions {
   /** Kill the command after this long. Default 60 000. */
   timeoutMs?: number;
-  /** Written to the command's standard input. */
-  stdin?: string;
+  /** Written to the command's standard input (bytes may hold NUL). */
+  stdin?: string | Uint8Array;
+}
+
+/** Base64 of bytes (no Buffer: the SDK runs wherever fetch does). */
+function toBase64(bytes: Uint8Array): string {
+  let bin = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(bin);
 }
 
 const env = (name: string): string | undefined => {
@@ -83,7 +144,7 @@ const env = (name: string): string | undefined => {
 };
 
 function clientFor(o: ConnectionOptions): DormantClient {
-  const token = o.token ?? env('DORMANT_TOKEN');
+  const token = o.token ?? o.apiKey ?? env('DORMANT_TOKEN');
   return new DormantClient({
     url: o.url ?? env('DORMANT_URL') ?? DEFAULT_URL,
     ...(token !== undefined ? { token } : {}),
@@ -92,6 +153,12 @@ function clientFor(o: ConnectionOptions): DormantClient {
 }
 
 const call = (o: SandboxCallOptions | undefined): CallOptions => (o?.signal ? { signal: o.signal } : {});
+
+/** A program run when neither a command nor an image's own is given: idle, waiting for calls. */
+const IDLE_COMMAND = ['sleep', 'infinity'];
+
+/** Labels carried by the API's view (an older daemon's has none). */
+const labelsOf = (info: SandboxInfo): Record<string, string> => info.labels ?? {};
 
 /** States a sandbox sleeps in; `connect` resumes from them. */
 const SLEEPING = new Set<SandboxState>(['paused', 'hibernated', 'archived']);
@@ -105,12 +172,26 @@ export class Sandbox {
   readonly id: string;
   /** The HTTP client this sandbox talks through (for calls the instance has no method for). */
   readonly client: DormantClient;
+  /** Commands inside: `run` (streamed), background handles, `list`, `kill`, `connect`. */
+  readonly commands: Commands;
+  /** Files inside: `read`, `write`, `list`, `makeDir`, `remove`, `rename`, `watchDir`, ... */
+  readonly files: Files;
+  /** Terminals inside: `create`, `sendInput`, `resize`, `kill`. */
+  readonly pty: Pty;
   private last: SandboxInfo;
 
   private constructor(client: DormantClient, info: SandboxInfo) {
     this.client = client;
     this.id = info.id;
     this.last = info;
+    this.commands = new Commands(client, info.id);
+    this.files = new Files(client, info.id);
+    this.pty = new Pty(this.commands);
+  }
+
+  /** E2B's name for {@link id}. */
+  get sandboxId(): string {
+    return this.id;
   }
 
   /**
@@ -127,19 +208,40 @@ export class Sandbox {
    * });
    * ```
    */
-  static async create(opts: SandboxCreateOptions): Promise<Sandbox> {
+  static async create(opts?: SandboxCreateOptions): Promise<Sandbox>;
+  /**
+   * E2B's form: the template is an OCI image layout on the daemon's machine (`DIR` or
+   * `DIR:TAG`), as `image`.
+   */
+  static async create(template: string, opts?: SandboxCreateOptions): Promise<Sandbox>;
+  static async create(a: string | SandboxCreateOptions = {}, b: SandboxCreateOptions = {}): Promise<Sandbox> {
+    const opts = typeof a === 'string' ? { ...b, image: a } : a;
     const client = clientFor(opts);
+    // Neither given: what the environment names (DORMANT_IMAGE, else DORMANT_ROOTFS), as E2B
+    // falls back on its default template, so a ported program need not name one.
+    const image = opts.image ?? (opts.rootfs === undefined ? env('DORMANT_IMAGE') : undefined);
+    const rootfs = opts.rootfs ?? (image === undefined ? env('DORMANT_ROOTFS') : undefined);
+    const envs =
+      opts.env !== undefined || opts.envs !== undefined ? { ...opts.env, ...opts.envs } : undefined;
+    const labels =
+      opts.labels !== undefined || opts.metadata !== undefined
+        ? { ...opts.metadata, ...opts.labels }
+        : undefined;
+    // A rootfs names no program to run; an E2B sandbox just waits for calls, so this one idles.
+    const command = opts.command ?? (image === undefined ? IDLE_COMMAND : undefined);
+    const idle = opts.idleTimeoutMs ?? opts.timeoutMs;
     const info = await client.createSandbox(
       {
         ...(opts.name !== undefined ? { name: opts.name } : {}),
-        ...(opts.rootfs !== undefined ? { rootfs: opts.rootfs } : {}),
-        ...(opts.image !== undefined ? { image: opts.image } : {}),
-        ...(opts.command !== undefined ? { command: opts.command } : {}),
-        ...(opts.env !== undefined ? { env: opts.env } : {}),
+        ...(rootfs !== undefined ? { rootfs } : {}),
+        ...(image !== undefined ? { image } : {}),
+        ...(command !== undefined ? { command } : {}),
+        ...(envs !== undefined ? { env: envs } : {}),
+        ...(labels !== undefined ? { labels } : {}),
         ...(opts.ports !== undefined ? { ports: opts.ports } : {}),
         ...(opts.memoryBytes !== undefined ? { memory: opts.memoryBytes } : {}),
         ...(opts.cpus !== undefined ? { cpus: opts.cpus } : {}),
-        ...(opts.idleTimeoutMs !== undefined ? { idle: opts.idleTimeoutMs } : {}),
+        ...(idle !== undefined ? { idle } : {}),
         ...(opts.pauseAfterMs !== undefined ? { pauseAfter: opts.pauseAfterMs } : {}),
         ...(opts.archiveAfterMs !== undefined ? { archiveAfter: opts.archiveAfterMs } : {}),
         ...(opts.lifetimeMs !== undefined ? { lifetime: opts.lifetimeMs } : {}),
@@ -167,15 +269,57 @@ export class Sandbox {
   }
 
   /**
-   * The token's sandboxes (every tenant's for an admin token), as the daemon sees them now.
+   * The token's sandboxes (every tenant's for an admin token), as the daemon sees them now,
+   * oldest first; `query` filters by labels and state (on the daemon), `limit` caps the count.
+   * The pages of the answer are followed.
    *
    * @example
    * ```ts
-   * const asleep = (await Sandbox.list()).filter((s) => s.state === 'hibernated');
+   * const asleep = await Sandbox.list({ query: { state: 'hibernated' } });
+   * const mine = await Sandbox.list({ query: { labels: { user: 'ada' } }, limit: 10 });
    * ```
    */
-  static async list(opts: ConnectionOptions = {}): Promise<SandboxInfo[]> {
-    return clientFor(opts).listSandboxes(call(opts));
+  static async list(opts: SandboxListOptions = {}): Promise<ListedSandbox[]> {
+    const client = clientFor(opts);
+    const labels = { ...opts.query?.metadata, ...opts.query?.labels };
+    const state = opts.query?.state;
+    const out: ListedSandbox[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = await client.querySandboxes(
+        {
+          label: Object.entries(labels).map(([k, v]) => `${k}=${v}`),
+          ...(state !== undefined ? { state } : {}),
+          ...(opts.limit !== undefined ? { limit: Math.min(1000, opts.limit - out.length) } : {}),
+          ...(cursor !== undefined ? { cursor } : {}),
+        },
+        call(opts),
+      );
+      for (const s of page.sandboxes) out.push({ ...s, sandboxId: s.id, metadata: labelsOf(s) });
+      cursor = page.nextCursor;
+    } while (cursor !== undefined && (opts.limit === undefined || out.length < opts.limit));
+    return out;
+  }
+
+  /**
+   * Deletes a sandbox by id or name; resolves false when there was none (E2B's static kill).
+   * @example
+   * ```ts
+   * await Sandbox.kill('sb-0123456789abcdef');
+   * ```
+   */
+  static async kill(id: string, opts: ConnectionOptions = {}): Promise<boolean> {
+    const client = clientFor(opts);
+    // The daemon's delete is idempotent (a gone sandbox answers as a deleted one), so whether
+    // there was one to kill is asked first.
+    try {
+      await client.getSandbox(id, call(opts));
+    } catch (e) {
+      if (e instanceof NotFoundError) return false;
+      throw e;
+    }
+    await client.remove(id, call(opts));
+    return true;
   }
 
   /** What the daemon said about this sandbox last (state, memory, ports, ...). */
@@ -199,6 +343,73 @@ export class Sandbox {
     return (this.last = await this.client.getSandbox(this.id, call(opts)));
   }
 
+  /** The labels it carries (E2B's `metadata`), as of the last call. */
+  get labels(): Record<string, string> {
+    return labelsOf(this.last);
+  }
+
+  /**
+   * E2B's `setTimeout`: here, how long the sandbox may stay idle before it hibernates,
+   * counted from its last activity (a call, a request through the proxy). It is not killed
+   * then, only put to sleep; the next call wakes it. Use `lifetimeMs` at create, or `kill()`,
+   * to end it.
+   * @example
+   * ```ts
+   * await sb.setTimeout(10 * 60_000);
+   * ```
+   */
+  async setTimeout(timeoutMs: number, opts?: SandboxCallOptions): Promise<SandboxInfo> {
+    return this.update({ idle: timeoutMs }, opts);
+  }
+
+  /**
+   * Adds, changes (a string) or removes (null) labels.
+   * @example
+   * ```ts
+   * await sb.setLabels({ stage: 'review', draft: null });
+   * ```
+   */
+  async setLabels(labels: Record<string, string | null>, opts?: SandboxCallOptions): Promise<SandboxInfo> {
+    return this.update({ labels }, opts);
+  }
+
+  /**
+   * Changes labels and the idle policy (`PATCH /v1/sandboxes/{id}`): durations in
+   * milliseconds or like `15m`; null puts the default back.
+   * @example
+   * ```ts
+   * await sb.update({ idle: '30m', archiveAfter: null });
+   * ```
+   */
+  async update(changes: UpdateSandboxOptions, opts?: SandboxCallOptions): Promise<SandboxInfo> {
+    return (this.last = await this.client.updateSandbox(this.id, changes, call(opts)));
+  }
+
+  /**
+   * CPU, memory and disk over time, from the daemon's meter (oldest first); `since` is a time
+   * in milliseconds since the epoch.
+   * @example
+   * ```ts
+   * const last = (await sb.getMetrics()).at(-1);
+   * console.log(last?.cpuUsedPct, last?.memUsed);
+   * ```
+   */
+  async getMetrics(opts: SandboxCallOptions & { since?: number } = {}): Promise<SandboxMetrics[]> {
+    const r = await this.client.sandboxMetrics(this.id, opts.since, call(opts));
+    return r.samples.map((m) => ({
+      ...m,
+      timestamp: new Date(m.at),
+      cpuUsedPct: m.cpuPercent,
+      memUsed: m.memoryBytes,
+      diskUsed: m.diskBytes,
+    }));
+  }
+
+  /** Whether it runs now (asks the daemon). A sleeping sandbox still answers every call. */
+  async isRunning(opts?: SandboxCallOptions): Promise<boolean> {
+    return (await this.getInfo(opts)).state === 'running';
+  }
+
   /**
    * Runs a command inside and resolves with its output and exit code (a non-zero exit is
    * not an error). A string runs through `sh -c`.
@@ -217,7 +428,8 @@ export class Sandbox {
       argv,
       {
         ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
-        ...(opts.stdin !== undefined ? { stdin: opts.stdin } : {}),
+        ...(typeof opts.stdin === 'string' ? { stdin: opts.stdin } : {}),
+        ...(opts.stdin instanceof Uint8Array ? { stdinBase64: toBase64(opts.stdin) } : {}),
       },
       call(opts),
     );

@@ -275,6 +275,15 @@ export class TenantSecrets {
     return Buffer.from(`dormant sandbox env v1\n${tenant}\n${sandboxId}\n${name}`);
   }
 
+  /**
+   * The key of the toolbox agents' tokens (control/ops/toolbox.ts): derived from the master
+   * key through HKDF with a label of its own, so it is stable across daemon restarts (a
+   * hibernated sandbox's agent still knows its token) and tells nothing of the keys beside it.
+   */
+  agentTokenKey(): Buffer {
+    return deriveKey(this.wrap, 'toolbox agent token');
+  }
+
   /** `env` with every value sealed (names unchanged). */
   async seal(
     tenant: string,

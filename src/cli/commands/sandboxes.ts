@@ -234,27 +234,6 @@ export function registerSandboxes(program: Command): void {
     });
 
   program
-    .command('exec')
-    .description('run a command inside; its output and exit code come back')
-    .argument('<id>')
-    .argument('<command...>', 'after --')
-    .option('--timeout <ms>', 'kill the command after this many milliseconds', '60000')
-    .addHelpText(
-      'after',
-      "\nExamples:\n  dormant exec agent -- ls /srv\n  dormant exec agent -- sh -c 'cd /srv && make test'   # exit code passed through",
-    )
-    .option('--json', 'print { exitCode, stdout, stderr } as JSON')
-    .action(async (id, command, o) => {
-      const r = await clientFromEnv().exec(id, command, { timeoutMs: Number(o.timeout) });
-      if (o.json) printJson(r);
-      else {
-        process.stdout.write(r.stdout);
-        process.stderr.write(r.stderr);
-      }
-      process.exitCode = r.exitCode;
-    });
-
-  program
     .command('logs')
     .description("the sandbox's output, across hibernations")
     .argument('<id>')

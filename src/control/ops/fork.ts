@@ -37,6 +37,7 @@ export async function forkSandbox(
       env: await ctx.sealEnv(src.tenant, forkId, await ctx.openEnv(src)),
       // The parent's labels, unless the fork is given its own.
       ...(opts.labels !== undefined ? { labels: validateLabels(opts.labels) } : {}),
+      agentSeed: src.spec.agentSeed ?? src.id,
     },
     id: forkId,
     name,

@@ -1,0 +1,165 @@
+/**
+ * What the toolbox costs against `runc exec` on the host, into the same sandbox: one command
+ * round trip (`true`) through the HTTP API and the in-sandbox agent, and 100 MiB written and
+ * read through the files API against `runc exec ID cat` with the bytes piped in or out.
+ */
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startDaemon, type Daemon } from '../daemon/daemon.js';
+import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
+import type { BenchRow, BenchSuite } from './harness.js';
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)]!;
+}
+
+async function timed(fn: () => Promise<unknown>): Promise<number> {
+  const t = performance.now();
+  await fn();
+  return performance.now() - t;
+}
+
+/** `runc exec` in the daemon's runc root, `input` piped in, the output counted and dropped. */
+function runcExec(root: string, id: string, args: string[], input?: Buffer): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('runc', ['--root', root, 'exec', id, ...args], {
+      stdio: ['pipe', 'pipe', 'inherit'],
+    });
+    let bytes = 0;
+    child.stdout.on('data', (b: Buffer) => (bytes += b.length));
+    child.on('error', reject);
+    child.on('close', (code) =>
+      code === 0 ? resolve(bytes) : reject(new Error(`runc exec exited ${code}`)),
+    );
+    child.stdin.end(input);
+  });
+}
+
+async function api(d: Daemon, method: string, path: string, body?: Buffer | object): Promise<Response> {
+  const raw = Buffer.isBuffer(body);
+  const res = await fetch(`${d.url}${path}`, {
+    method,
+    headers: {
+      authorization: `Bearer ${d.adminToken}`,
+      ...(body !== undefined
+        ? { 'content-type': raw ? 'application/octet-stream' : 'application/json' }
+        : {}),
+    },
+    ...(body !== undefined ? { body: raw ? body : JSON.stringify(body) } : {}),
+  });
+  if (!res.ok) throw new Error(`${method} ${path}: HTTP ${res.status} ${await res.text()}`);
+  return res;
+}
+
+export const toolboxSuite: BenchSuite = {
+  name: 'toolbox',
+  async run({ quick }) {
+    const loadAtStart = loadavg()[0] ?? 0;
+    const tmp = await mkdtemp(join(tmpdir(), 'dormant-bench-toolbox-'));
+    const rootfs = join(tmp, 'rootfs');
+    await buildBusyboxRootfs(rootfs);
+    const dataDir = join(tmp, 'data');
+    const d = await startDaemon({
+      dataDir,
+      listen: '127.0.0.1:0',
+      policy: false,
+      proxy: false,
+      warn: () => undefined,
+    });
+    const root = join(dataDir, 'runtime', 'runc');
+    const rounds = quick ? 20 : 100;
+    const fileRounds = quick ? 3 : 5;
+    const size = 100 * 1024 * 1024;
+    try {
+      const sb = d.controller.get(
+        (
+          await d.controller.create({
+            tenant: 'bench',
+            admin: true,
+            name: 'bench',
+            rootfs,
+            command: ['/bin/sh', '-c', 'while true; do sleep 1; done'],
+            memoryBytes: 1024 * 1024 * 1024,
+            diskBytes: 4 * size,
+          })
+        ).id,
+      );
+      const base = `/v1/sandboxes/${sb.id}`;
+      // The agent starts on the first call: not part of a round trip.
+      await (await api(d, 'POST', `${base}/commands`, { args: ['true'] })).text();
+      const viaApi: number[] = [];
+      const viaRunc: number[] = [];
+      for (let i = 0; i < rounds; i++) {
+        viaApi.push(
+          await timed(async () => (await api(d, 'POST', `${base}/commands`, { args: ['true'] })).text()),
+        );
+        viaRunc.push(await timed(() => runcExec(root, sb.id, ['true'])));
+      }
+      const data = randomBytes(size);
+      const put: number[] = [];
+      const get: number[] = [];
+      const runcIn: number[] = [];
+      const runcOut: number[] = [];
+      for (let i = 0; i < fileRounds; i++) {
+        put.push(await timed(() => api(d, 'PUT', `${base}/files?path=/tmp/api.bin`, data)));
+        get.push(
+          await timed(async () => {
+            const got = await (await api(d, 'GET', `${base}/files?path=/tmp/api.bin`)).arrayBuffer();
+            if (got.byteLength !== size) throw new Error(`read ${got.byteLength} bytes`);
+          }),
+        );
+        runcIn.push(await timed(() => runcExec(root, sb.id, ['sh', '-c', 'cat > /tmp/runc.bin'], data)));
+        runcOut.push(
+          await timed(async () => {
+            const n = await runcExec(root, sb.id, ['cat', '/tmp/runc.bin']);
+            if (n !== size) throw new Error(`read ${n} bytes`);
+          }),
+        );
+      }
+      const mibps = (ms: number): number => 100 / (ms / 1000);
+      const rows: BenchRow[] = [
+        {
+          name: "command round trip ('true')",
+          dormant: median(viaApi),
+          peer: median(viaRunc),
+          peerName: 'runc exec',
+          unit: 'ms',
+          better: 'lower',
+        },
+        {
+          name: 'write 100 MiB into the sandbox',
+          dormant: mibps(median(put)),
+          peer: mibps(median(runcIn)),
+          peerName: 'runc exec cat >',
+          unit: 'MiB/s',
+          better: 'higher',
+        },
+        {
+          name: 'read 100 MiB out of the sandbox',
+          dormant: mibps(median(get)),
+          peer: mibps(median(runcOut)),
+          peerName: 'runc exec cat',
+          unit: 'MiB/s',
+          better: 'higher',
+        },
+      ];
+      return {
+        title: 'Toolbox: commands and files through the in-sandbox agent',
+        description: `One busybox sandbox; dormant's figure goes through the HTTP API (loopback) and the sandbox's toolbox agent (POST /v1/sandboxes/ID/commands, PUT and GET /v1/sandboxes/ID/files), the peer's is \`runc exec\` on the host into the same sandbox. ${rounds} command rounds and ${fileRounds} file rounds, alternated; medians.`,
+        rows,
+        notes: [
+          `Load average at the start: ${loadAtStart.toFixed(1)} on ${String(cpus().length)} cores.`,
+          'The API figures include the HTTP request and the JSON/ndjson framing; the runc ones do not pay for authentication or the wake check.',
+        ],
+      };
+    } finally {
+      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+      await d.close();
+      await rm(tmp, { recursive: true, force: true });
+    }
+  },
+};
