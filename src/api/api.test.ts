@@ -338,12 +338,16 @@ describe('the HTTP API', () => {
   });
 
   test('illegal transitions are 409 ILLEGAL_TRANSITION with a hint', async () => {
+    // exec wakes a paused sandbox now (the toolbox does); resuming a running one from a
+    // checkpoint is the illegal transition here.
     await api(alice, 'POST', `/v1/sandboxes/${sbId}/pause`);
-    const r = await api(alice, 'POST', `/v1/sandboxes/${sbId}/exec`, { command: ['true'] });
+    assert.equal((await api(alice, 'POST', `/v1/sandboxes/${sbId}/exec`, { command: ['true'] })).status, 200);
+    const cks = await api(alice, 'GET', `/v1/checkpoints?sandbox=${sbId}`);
+    const ck = (cks.body as { checkpoints: { id: string }[] }).checkpoints[0]!.id;
+    const r = await api(alice, 'POST', `/v1/sandboxes/${sbId}/resume`, { from: ck });
     assert.equal(r.status, 409);
     assert.equal(errorOf(r).code, 'ILLEGAL_TRANSITION');
     assert.ok(errorOf(r).hint);
-    await api(alice, 'POST', `/v1/sandboxes/${sbId}/resume`);
   });
 
   test('/metrics: Prometheus text for an admin, 403 for a tenant', async () => {

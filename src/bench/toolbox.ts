@@ -5,7 +5,8 @@
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { createReadStream } from 'node:fs';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startDaemon, type Daemon } from '../daemon/daemon.js';
@@ -23,19 +24,16 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
   return performance.now() - t;
 }
 
-/** `runc exec` in the daemon's runc root, `input` piped in, the output counted and dropped. */
-function runcExec(root: string, id: string, args: string[], input?: Buffer): Promise<number> {
+/** Runs `cmd`, stdin from `inputFile` (or none), stdout counted and dropped; its byte count. */
+function run(cmd: string, args: string[], inputFile?: string): Promise<number> {
   return new Promise((resolve, reject) => {
-    const child = spawn('runc', ['--root', root, 'exec', id, ...args], {
-      stdio: ['pipe', 'pipe', 'inherit'],
-    });
+    const child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'inherit'] });
     let bytes = 0;
     child.stdout.on('data', (b: Buffer) => (bytes += b.length));
     child.on('error', reject);
-    child.on('close', (code) =>
-      code === 0 ? resolve(bytes) : reject(new Error(`runc exec exited ${code}`)),
-    );
-    child.stdin.end(input);
+    child.on('close', (code) => (code === 0 ? resolve(bytes) : reject(new Error(`${cmd} exited ${code}`))));
+    if (inputFile !== undefined) createReadStream(inputFile).pipe(child.stdin);
+    else child.stdin.end();
   });
 }
 
@@ -97,27 +95,37 @@ export const toolboxSuite: BenchSuite = {
         viaApi.push(
           await timed(async () => (await api(d, 'POST', `${base}/commands`, { args: ['true'] })).text()),
         );
-        viaRunc.push(await timed(() => runcExec(root, sb.id, ['true'])));
+        viaRunc.push(await timed(() => run('runc', ['--root', root, 'exec', sb.id, 'true'])));
       }
-      const data = randomBytes(size);
+      // The transfers run in processes of their own (curl, runc), as a client's would: the
+      // daemon's thread then does only the daemon's work. Both read the same cached file.
+      const file = join(tmp, 'data.bin');
+      await writeFile(file, randomBytes(size));
+      const url = `${d.url}${base}/files`;
+      const auth = ['-fsS', '-H', `authorization: Bearer ${d.adminToken}`];
       const put: number[] = [];
       const get: number[] = [];
       const runcIn: number[] = [];
       const runcOut: number[] = [];
+      const exact = (n: number): void => {
+        if (n !== size) throw new Error(`read ${n} bytes`);
+      };
       for (let i = 0; i < fileRounds; i++) {
-        put.push(await timed(() => api(d, 'PUT', `${base}/files?path=/tmp/api.bin`, data)));
-        get.push(
-          await timed(async () => {
-            const got = await (await api(d, 'GET', `${base}/files?path=/tmp/api.bin`)).arrayBuffer();
-            if (got.byteLength !== size) throw new Error(`read ${got.byteLength} bytes`);
-          }),
+        put.push(
+          await timed(() =>
+            run('curl', [...auth, '-o', '/dev/null', '-T', file, `${url}?path=/tmp/api.bin`]),
+          ),
         );
-        runcIn.push(await timed(() => runcExec(root, sb.id, ['sh', '-c', 'cat > /tmp/runc.bin'], data)));
+        get.push(await timed(async () => exact(await run('curl', [...auth, `${url}?path=/tmp/api.bin`]))));
+        runcIn.push(
+          await timed(() =>
+            run('runc', ['--root', root, 'exec', sb.id, 'sh', '-c', 'cat > /tmp/runc.bin'], file),
+          ),
+        );
         runcOut.push(
-          await timed(async () => {
-            const n = await runcExec(root, sb.id, ['cat', '/tmp/runc.bin']);
-            if (n !== size) throw new Error(`read ${n} bytes`);
-          }),
+          await timed(async () =>
+            exact(await run('runc', ['--root', root, 'exec', sb.id, 'cat', '/tmp/runc.bin'])),
+          ),
         );
       }
       const mibps = (ms: number): number => 100 / (ms / 1000);
@@ -149,7 +157,7 @@ export const toolboxSuite: BenchSuite = {
       ];
       return {
         title: 'Toolbox: commands and files through the in-sandbox agent',
-        description: `One busybox sandbox; dormant's figure goes through the HTTP API (loopback) and the sandbox's toolbox agent (POST /v1/sandboxes/ID/commands, PUT and GET /v1/sandboxes/ID/files), the peer's is \`runc exec\` on the host into the same sandbox. ${rounds} command rounds and ${fileRounds} file rounds, alternated; medians.`,
+        description: `One busybox sandbox; dormant's figure goes through the HTTP API (loopback) and the sandbox's toolbox agent (POST /v1/sandboxes/ID/commands, PUT and GET /v1/sandboxes/ID/files), the peer's is \`runc exec\` on the host into the same sandbox. The files go through curl (\`PUT -T\`, \`GET\`) and through \`runc exec ID sh -c 'cat > F'\` and \`runc exec ID cat F\`, each a process of its own reading the same cached file, as a client's would be. ${rounds} command rounds and ${fileRounds} file rounds, alternated; medians.`,
         rows,
         notes: [
           `Load average at the start: ${loadAtStart.toFixed(1)} on ${String(cpus().length)} cores.`,
