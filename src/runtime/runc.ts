@@ -53,6 +53,7 @@ import {
   privateFile,
   type SandboxRecord,
 } from './runc-host.js';
+import { engineBindsOf, ensureEngineBinds } from './engine-binds.js';
 import { endLazyPagesIn, keepRestoreLog, startLazyPages, watchRestore } from './runc-restore.js';
 
 export { DEFAULT_SECCOMP_PROFILE, loadSeccompProfile, type RuncRuntimeOptions } from './runc-host.js';
@@ -154,6 +155,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
     await writeFileAtomic(criuConf, criuConfigText());
     const config = buildOciConfig({
       spec,
+      engineBindSources: await ensureEngineBinds(dir, spec.engineBinds ?? []),
       netnsPath: `/var/run/netns/${rec.network.netns}`,
       cgroupsPath: this.cgroupPath(id),
       criuConfigPath: criuConf,
@@ -213,6 +215,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
       network: rec.network,
       logPath: this.logPath(id),
       upperDir: this.upperDir(id),
+      ...engineBindsOf(this.dir(id), rec.spec.engineBinds),
     };
   }
 

@@ -2,7 +2,7 @@
 
 import { randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { mkdir, readFile, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { release } from 'node:os';
@@ -22,6 +22,8 @@ import {
 } from '../../checkpoint/import.js';
 import { applyDeletedFiles, applyRootfsDiff } from '../../checkpoint/rootfs-diff.js';
 import { assertWithinProfile } from '../../checkpoint/profile-check-io.js';
+import { narrowToProfile } from '../../checkpoint/narrow.js';
+import { fillEngineBinds, readArchiveMounts } from '../../checkpoint/engine-mounts.js';
 import { LifecycleContext, invalid } from '../context.js';
 import { DEFAULT_MEMORY, DEFAULT_DISK_BYTES, checkDiskBytes } from './create.js';
 
@@ -178,8 +180,14 @@ async function importFrom(
     const base = await importBase(ctx, facts, input.image, input.tenant, input.admin === true);
     // Reading the images refuses malformed ones before anything is created.
     const report = await inspectCheckpoint(ck);
-    // And what they would restore is held to a sandbox's profile, also before anything is made.
-    await assertWithinProfile(ck.imagesDir, ctx.checkpointProfile(input.admin === true), 'the archive');
+    // And what they would restore is held to a sandbox's profile, also before anything is made:
+    // first the engines' default privileges a sandbox goes without are taken out of the images
+    // (podman's CAP_SETFCAP, its clear no_new_privs), then anything still beyond is refused.
+    const profile = ctx.checkpointProfile(input.admin === true);
+    const narrowed = await narrowToProfile(ck.imagesDir, profile);
+    await assertWithinProfile(ck.imagesDir, profile, 'the archive');
+    // The engine's own bind mounts (the profile check allowed only those) and the root's mode.
+    const mounts = await readArchiveMounts(ck.imagesDir);
     const command = facts.command.length > 0 ? facts.command : base.image.command;
     if (command.length === 0) throw invalid(`archive ${input.archive} records no command`);
     const derived = (() => {
@@ -213,6 +221,9 @@ async function importFrom(
         diskBytes: checkDiskBytes(ctx.opts.defaultDiskBytes ?? DEFAULT_DISK_BYTES),
         policy: {},
         importedFrom: basename(archive),
+        ...(facts.hostname !== undefined ? { hostname: facts.hostname } : {}),
+        ...(mounts.binds.length > 0 ? { engineBinds: mounts.binds } : {}),
+        ...(mounts.cgroupBinds ? { cgroupNamespace: false as const } : {}),
       },
       createdAt: now,
       stateSince: now,
@@ -226,6 +237,13 @@ async function importFrom(
       // The layer is written at rest (overlayfs must not see its upper dir change under it).
       await ctx.runtime.stop(id);
       ctx.step('import:prepared');
+      await fillEngineBinds(ck.rootDir, st.engineBinds ?? [], {
+        hostname: facts.hostname ?? name,
+        address: st.network.address,
+      });
+      // CRIU checks the root it restores into against the one it dumped (the overlay's root is
+      // the writable layer's folder); the layer's tar carries the mode to every later restore.
+      if (mounts.rootMode !== undefined) await chmod(st.upperDir, mounts.rootMode);
       if (ck.rootDir !== undefined) {
         const diff = join(ck.rootDir, 'rootfs-diff.tar');
         if (
@@ -261,6 +279,14 @@ async function importFrom(
         engine: facts.engine,
         [FS_META]: 'tar',
         ...(m.criuVersion !== undefined ? { criuVersion: m.criuVersion } : {}),
+        // What the images held that a sandbox does not get (taken out above).
+        ...(narrowed.capabilities.length > 0 || narrowed.noNewPrivs
+          ? {
+              narrowed: [...narrowed.capabilities, ...(narrowed.noNewPrivs ? ['no_new_privs set'] : [])].join(
+                ',',
+              ),
+            }
+          : {}),
       };
       const put = await ctx.vault.putCheckpoint({
         tenant: input.tenant,
