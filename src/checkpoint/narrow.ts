@@ -4,7 +4,8 @@
  * CAP_SETFCAP and leaves no_new_privs clear; docker adds CAP_MKNOD and CAP_NET_RAW. CRIU
  * restores the creds the images hold, so the images are what must change: each thread's
  * capability sets lose these, and no_new_privs is set as runc sets it for a sandbox. Only
- * ever narrower: anything else beyond the profile is still refused by profile-check.ts.
+ * ever narrower: anything else beyond the profile is still refused by profile-check.ts. And
+ * the one mark an export takes out for podman's restore (clearTcpCloseMark).
  */
 import { readFile, readdir, rename, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -13,6 +14,7 @@ import { readVarint, type Field } from '../criu/images/proto.js';
 import { imageBudget, readImageEntries } from '../criu/images/reader.js';
 import { editSub, rewriteImage, rewriteMessage, uint } from '../criu/images/write.js';
 import { CAPABILITY_NAMES, type SandboxProfile } from './profile-check.js';
+import { decodeFileEntry, decodeInventory } from '../criu/images/messages.js';
 
 /** Engine defaults a sandbox drops (restoring without them is what a sandbox would be). */
 export const ENGINE_DEFAULT_CAPS: readonly string[] = Object.freeze([
@@ -100,3 +102,36 @@ export async function narrowToProfile(dir: string, profile: SandboxProfile): Pro
   }
   return { capabilities: [...dropped].sort(), noNewPrivs: nnp };
 }
+
+/** TCP states (linux/tcp_states.h) a socket restores as without established-connection state. */
+const TCP_CLOSE = 7;
+const TCP_LISTEN = 10;
+
+/**
+ * Makes a dump that dormant took with CRIU's tcp-close (criu.conf, runtime/oci.ts) restorable by
+ * a runtime that cannot pass that option (podman 4's restore has no --tcp-close): its inventory's
+ * tcp_close mark is cleared when no TCP socket in it holds a connection (only listening or
+ * unconnected ones), where the mark changes nothing. Returns whether the dump is now free of it;
+ * false leaves it marked (such a runtime then refuses it, saying so).
+ */
+export async function clearTcpCloseMark(dir: string): Promise<boolean> {
+  const budget = imageBudget();
+  const inv = await readImageEntries(dir, 'inventory.img', Magic.INVENTORY, budget);
+  if (inv?.[0] === undefined || !decodeInventory(inv[0]).tcpClose) return true;
+  for (const raw of (await readImageEntries(dir, 'files.img', Magic.FILES, budget)) ?? []) {
+    const sk = decodeFileEntry(raw).inet;
+    if (sk !== undefined && sk.proto === IPPROTO_TCP && sk.state !== TCP_LISTEN && sk.state !== TCP_CLOSE)
+      return false;
+  }
+  const next = rewriteImage(await readFile(join(dir, 'inventory.img')), (e) =>
+    rewriteMessage(e, (fields) => fields.filter((f) => f.no !== INVENTORY_TCP_CLOSE)),
+  );
+  const tmp = join(dir, '.inventory.img.cleared');
+  await writeFile(tmp, next, { mode: 0o600 });
+  await rename(tmp, join(dir, 'inventory.img'));
+  return true;
+}
+
+const IPPROTO_TCP = 6;
+// inventory_entry.tcp_close (CRIU's inventory.proto).
+const INVENTORY_TCP_CLOSE = 10;
