@@ -23,6 +23,8 @@ import { run } from '../sys/exec.js';
 import { apiError, startTestDaemon, tearDown } from './testing/daemon.js';
 import { eventually, httpGet } from './testing/host.js';
 import { connect } from 'node:net';
+import type { Field } from '../criu/images/proto.js';
+import { editSub, rewriteImage, rewriteMessage } from '../criu/images/write.js';
 
 const hasPodman = await run('podman', ['--version'], { timeoutMs: 10_000 }).then(
   () => true,
@@ -50,6 +52,7 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
   let layout: string;
   let daemon: Daemon;
   let client: DormantClient;
+  let counterArchive: string | undefined;
 
   const podman = (args: string[], timeoutMs = 120_000) => run('podman', args, { timeoutMs });
 
@@ -117,6 +120,7 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
     const hostname = (await podman(['exec', name, 'cat', '/etc/hostname'])).stdout.trim();
     const archive = join(dir, 'counter.tar.zst');
     await podman(['container', 'checkpoint', '--export', archive, name]);
+    counterArchive = archive;
     // The checkpoint stopped the container; its files say where the counter was.
     const tenant = new DormantClient({
       url: daemon.url,
@@ -164,6 +168,31 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
     const e = await apiError(client.importCheckpoint({ archive, image: layout }));
     assert.equal(e.code, 'CHECKPOINT_OUTSIDE_PROFILE');
     assert.match(e.message, /\/data/);
+    assert.equal((await client.listSandboxes()).length, before, 'nothing is left of it');
+  });
+
+  test('a podman checkpoint whose processes used a CPU feature this node lacks is refused at import, naming it', async (t) => {
+    if (counterArchive === undefined) return t.skip('no podman checkpoint was made');
+    const flags = (await readFile('/proc/cpuinfo', 'utf8')).split('\n').find((l) => l.startsWith('flags'));
+    if (flags?.includes(' amx_tile')) return t.skip('this CPU has AMX');
+    // The archive as made on a CPU with AMX, whose tiles its pid 1 had in use: XSAVE
+    // component 17 set in the thread's xstate_bv.
+    const tree = join(dir, 'amx');
+    await mkdir(tree);
+    await run('tar', ['--zstd', '-C', tree, '-xf', counterArchive], { timeoutMs: 60_000 });
+    const core = join(tree, 'checkpoint', 'core-1.img');
+    const amx = (fields: Field[]): Field[] =>
+      fields.map((f) => (f.no === 1 && f.wire === 0 ? { ...f, value: f.value | (1n << 17n) } : f));
+    await writeFile(
+      core,
+      rewriteImage(await readFile(core), (e) => rewriteMessage(e, editSub(2, editSub(3, editSub(13, amx))))),
+    );
+    const edited = join(dir, 'amx.tar');
+    await run('tar', ['-C', tree, '-cf', edited, '.'], { timeoutMs: 60_000 });
+    const before = (await client.listSandboxes()).length;
+    const e = await apiError(client.importCheckpoint({ archive: edited, image: layout }));
+    assert.equal(e.code, 'RESTORE_INCOMPATIBLE', e.message);
+    assert.match(e.message, /CPU lacks features [^;]*amx_tile/);
     assert.equal((await client.listSandboxes()).length, before, 'nothing is left of it');
   });
 });

@@ -5,7 +5,6 @@ import { createWriteStream } from 'node:fs';
 import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { release } from 'node:os';
 import { basename, join } from 'node:path';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { newId, validateName, type Sandbox, type SandboxSpec } from '../../domain/sandbox.js';
@@ -24,6 +23,9 @@ import { applyDeletedFiles, applyRootfsDiff } from '../../checkpoint/rootfs-diff
 import { assertWithinProfile } from '../../checkpoint/profile-check-io.js';
 import { narrowToProfile } from '../../checkpoint/narrow.js';
 import { fillEngineBinds, readArchiveMounts } from '../../checkpoint/engine-mounts.js';
+import { cpuFlagsInUse } from '../../checkpoint/cpu.js';
+import { checkCompatible } from './restore.js';
+import type { CheckpointRecord } from '../../state/store.js';
 import { LifecycleContext, invalid } from '../context.js';
 import { DEFAULT_MEMORY, DEFAULT_DISK_BYTES, checkDiskBytes } from './create.js';
 
@@ -188,6 +190,25 @@ async function importFrom(
     await assertWithinProfile(ck.imagesDir, profile, 'the archive');
     // The engine's own bind mounts (the profile check allowed only those) and the root's mode.
     const mounts = await readArchiveMounts(ck.imagesDir);
+    // The CPU features its processes hold state of: one this node lacks is refused now, with
+    // what differs, rather than a process that dies at its next such instruction after resume.
+    const cpuFlags = await cpuFlagsInUse(ck.imagesDir);
+    const m0 = report.metadata;
+    const probe: CheckpointRecord = {
+      id: basename(archive),
+      sandboxId: id,
+      tenant: input.tenant,
+      createdAt: 0,
+      kind: 'memory',
+      logicalBytes: 0,
+      storedBytes: 0,
+      meta: {
+        ...(m0.arch !== undefined ? { arch: NODE_ARCH[m0.arch] ?? m0.arch } : {}),
+        ...(m0.criuVersion !== undefined ? { criuVersion: m0.criuVersion } : {}),
+        cpuFlags,
+      },
+    };
+    await checkCompatible(ctx, 'being imported', probe);
     const command = facts.command.length > 0 ? facts.command : base.image.command;
     if (command.length === 0) throw invalid(`archive ${input.archive} records no command`);
     const derived = (() => {
@@ -271,7 +292,8 @@ async function importFrom(
       const ckId = newId('ck', randomBytes);
       const meta: Record<string, string> = {
         arch: m.arch !== undefined ? (NODE_ARCH[m.arch] ?? m.arch) : platform.arch,
-        kernel: m.kernel ?? release(),
+        // What the archive says of the kernel it was made on; absent, nothing is claimed.
+        ...(m.kernel !== undefined ? { kernel: m.kernel } : {}),
         kind: 'memory',
         importedFrom: basename(archive),
         // Which profile it was checked against (admins' may be in the host's user namespace).
@@ -295,6 +317,7 @@ async function importFrom(
         srcDir: ck.imagesDir,
         meta,
       });
+      const record = { cpuFlags };
       // The plaintext is in the vault now: off the staging at once.
       await ck.close();
       ctx.step('import:stored');
@@ -306,7 +329,7 @@ async function importFrom(
         kind: 'memory',
         logicalBytes: put.logicalBytes,
         storedBytes: put.storedBytes,
-        meta,
+        meta: { ...meta, ...record },
       });
       ctx.store.transition(
         id,
