@@ -83,7 +83,11 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
   });
 
   /** Runs `script` in a new container of the test's image; returns its name. */
-  async function runContainer(script: string, extra: string[] = []): Promise<string> {
+  async function runContainer(
+    script: string,
+    extra: string[] = [],
+    network = `ns:/run/netns/${netns}`,
+  ): Promise<string> {
     const name = `dormant-test-${tag}-${containers.length}`;
     containers.push(name);
     await podman([
@@ -94,7 +98,7 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
       '--runtime',
       'runc',
       '--network',
-      `ns:/run/netns/${netns}`,
+      network,
       '--ulimit',
       'nofile=1024:1024',
       '--ulimit',
@@ -194,5 +198,14 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
     assert.equal(e.code, 'RESTORE_INCOMPATIBLE', e.message);
     assert.match(e.message, /CPU lacks features [^;]*amx_tile/);
     assert.equal((await client.listSandboxes()).length, before, 'nothing is left of it');
+  });
+
+  test('a podman checkpoint of a container with --network none is refused at import, saying why', async () => {
+    const name = await runContainer('while :; do sleep 1; done', [], 'none');
+    const archive = join(dir, 'none.tar.zst');
+    await podman(['container', 'checkpoint', '--export', archive, name]);
+    const e = await apiError(client.importCheckpoint({ archive, image: layout }));
+    assert.equal(e.code, 'CHECKPOINT_OUTSIDE_PROFILE');
+    assert.match(e.message, /network namespace is inside the checkpoint/);
   });
 });

@@ -28,6 +28,12 @@ export interface ArchiveFacts {
   ports: number[];
   /** The container's hostname (spec.dump), when it is one a sandbox may have. */
   hostname?: string;
+  /**
+   * The container had a network namespace of its own making with no path (podman's
+   * `--network none`): CRIU dumped it with the processes, and restores it as it was, out of
+   * reach of the sandbox's network.
+   */
+  networkInDump?: true;
 }
 
 const str = (v: unknown): string | undefined => (typeof v === 'string' && v !== '' ? v : undefined);
@@ -105,6 +111,10 @@ export async function readArchiveFacts(rootDir: string | undefined): Promise<Arc
   const imageName = str(config.rootfsImageName) ?? str(annotations['io.kubernetes.cri-o.ImageName']);
   const cwd = str(process.cwd);
   const hostname = str(spec.hostname);
+  const namespaces = Array.isArray(obj(spec.linux).namespaces)
+    ? (obj(spec.linux).namespaces as unknown[])
+    : [];
+  const networkInDump = namespaces.some((n) => obj(n).type === 'network' && str(obj(n).path) === undefined);
   return {
     engine,
     ...(name !== undefined ? { name } : {}),
@@ -116,6 +126,7 @@ export async function readArchiveFacts(rootDir: string | undefined): Promise<Arc
     ...(typeof limit === 'number' && Number.isSafeInteger(limit) && limit > 0 ? { memoryBytes: limit } : {}),
     ports,
     ...(hostname !== undefined && /^[a-zA-Z0-9][a-zA-Z0-9.-]{0,62}$/.test(hostname) ? { hostname } : {}),
+    ...(networkInDump ? { networkInDump: true as const } : {}),
   };
 }
 

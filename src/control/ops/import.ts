@@ -179,6 +179,12 @@ async function importFrom(
     const ck = await openCheckpointPath(archive, { stagingDir: dir, ...ctx.opts.importLimits });
     ctx.step('import:unpacked');
     const facts = await readArchiveFacts(ck.rootDir);
+    if (facts.networkInDump === true)
+      throw new DormantError(
+        'CHECKPOINT_OUTSIDE_PROFILE',
+        "the container's network namespace is inside the checkpoint (podman --network none): a sandbox's network is dormant's, and that one would restore out of its reach",
+        { hint: 'checkpoint the container with a network of podman (its default) or --network ns:PATH' },
+      );
     const base = await importBase(ctx, facts, input.image, input.tenant, input.admin === true);
     // Reading the images refuses malformed ones before anything is created.
     const report = await inspectCheckpoint(ck);
