@@ -208,4 +208,41 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
     assert.equal(e.code, 'CHECKPOINT_OUTSIDE_PROFILE');
     assert.match(e.message, /network namespace is inside the checkpoint/);
   });
+
+  test("a CRI-O-layout archive (podman's dump with the kubelet's spec.dump and config.dump) imports and resumes", async (t) => {
+    if (counterArchive === undefined) return t.skip('no podman checkpoint was made');
+    const tree = join(dir, 'crio');
+    await mkdir(tree);
+    await run('tar', ['--zstd', '-C', tree, '-xf', counterArchive], { timeoutMs: 60_000 });
+    // What CRI-O writes: its annotations name the container and image; config.dump holds the
+    // image's name and ref (its id), no podman fields.
+    const spec = JSON.parse(await readFile(join(tree, 'spec.dump'), 'utf8')) as Record<string, unknown>;
+    const podmanConfig = JSON.parse(await readFile(join(tree, 'config.dump'), 'utf8')) as Record<
+      string,
+      string
+    >;
+    spec.annotations = {
+      'io.kubernetes.cri-o.ContainerName': 'counter',
+      'io.kubernetes.cri-o.ImageName': image,
+      'io.kubernetes.container.name': 'counter',
+      'io.kubernetes.pod.name': 'counter-pod',
+    };
+    await writeFile(join(tree, 'spec.dump'), JSON.stringify(spec));
+    await writeFile(
+      join(tree, 'config.dump'),
+      JSON.stringify({
+        id: podmanConfig.id,
+        name: 'k8s_counter_counter-pod_default_0',
+        rootfsImageName: image,
+        rootfsImageRef: podmanConfig.rootfsImageID,
+      }),
+    );
+    const archive = join(dir, 'crio.tar');
+    await run('tar', ['-C', tree, '-cf', archive, '.'], { timeoutMs: 60_000 });
+    const sb = await client.importCheckpoint({ archive, image: layout, ports: [8080] });
+    assert.equal(sb.name, 'counter', "the name CRI-O's annotations give");
+    const r = await client.resume(sb.id);
+    const at = Number(await eventually('httpd answers', () => httpGet(r.address!, 8080, '/count')));
+    assert.ok(at >= 3, `the counter carried on (${at})`);
+  });
 });
