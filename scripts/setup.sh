@@ -7,7 +7,9 @@
 #     busybox-static (test root filesystems), iproute2, zstd, python3 (test programs inside
 #     sandboxes), restic and borgbackup (the peers `npm run bench` compares the vault with),
 #     haproxy (the peer relay of the proxy bench; only its binary is used: the service Debian
-#     starts on install is stopped and disabled again).
+#     starts on install is stopped and disabled again), podman (the interchange tests make real
+#     podman checkpoints at run time and restore dormant's exports with it; its checkpoints go
+#     through runc, which finds the private CRIU below through the wrapper on PATH).
 #   - CRIU >= 4.2 and checkpointctl into a private prefix, /opt/dormant/criu, NOT through the
 #     host's apt. bookworm's CRIU 3.17 cannot start on current kernels and trixie's 4.1.1 cannot
 #     dump a process with a TCP socket (since kernel 6.16); sid's 4.2.1 works but needs a newer
@@ -27,7 +29,7 @@ APTDIR=${DORMANT_APT_DIR:-/opt/dormant/apt}
 BINDIR=${DORMANT_BIN_DIR:-/usr/local/bin}
 SUITE=${DORMANT_CRIU_SUITE:-sid}
 MIN_CRIU=4.2
-HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy)
+HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy podman)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -141,4 +143,9 @@ else
   log "no gcc: dormant-agent and dormant-cuda-ckpt not built (the toolbox and GPU checkpoints need them)"
 fi
 
-log "ready: $("$BINDIR/criu" --version | head -n1 | tr -d '\n'), runc $(runc --version | sed -n 's/^runc version //p')"
+# 5. podman checkpoints with the CRIU of step 3: runc (the runtime the tests pick) runs the
+# first `criu` on PATH, and /usr/sbin/criu from the host's suites must not come before it.
+criu_on_path=$(command -v criu || true)
+[ "$criu_on_path" = "$BINDIR/criu" ] || log "warning: \`criu\` on PATH is ${criu_on_path:-missing}, not ${BINDIR}/criu: podman checkpoints would use it"
+
+log "ready: $("$BINDIR/criu" --version | head -n1 | tr -d '\n'), runc $(runc --version | sed -n 's/^runc version //p'), podman $(podman --version | sed -n 's/^podman version //p')"

@@ -362,7 +362,9 @@ describe('checkpoint import and export', () => {
     assert.equal(e.code, 'CHECKPOINT_OUTSIDE_PROFILE', e.message);
     assert.equal(e.status, 422);
     assert.match(e.message, /pid 1 thread 1: capabilities [A-Z_, ]*CAP_SYS_ADMIN[A-Z_, ]* in the effective/);
-    assert.match(e.message, /no_new_privs is 0/);
+    // no_new_privs clear is podman's default: the import sets it (checkpoint/narrow.ts), and
+    // refuses for what it cannot take away, the capabilities.
+    assert.doesNotMatch(e.message, /no_new_privs/);
     assert.doesNotMatch(e.message, /\/tmp\//, 'no host path in what a tenant sees');
     await nothingLeft(before);
 

@@ -91,6 +91,7 @@ function wakeTarget(controller: TrackingController, store: StateStore, clock: Cl
       return s.address;
     },
     touch: (id) => touchKeepingLease(controller, clock, id),
+    listening: (id, port) => controller.listensOn(id, port),
     authenticate: (token) => {
       try {
         return authenticate(`Bearer ${token}`, store.listTokens());

@@ -16,6 +16,7 @@ import { createGzip } from 'node:zlib';
 import { CompressStream } from 'zstd-napi';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { Compression } from './archive.js';
+import { clearTcpCloseMark } from './narrow.js';
 import { scanCheckpoint, type ScanReport } from './scan.js';
 import type { OpenedCheckpoint } from './source.js';
 import { TAR_END, tarHeader, tarPadding } from './tar.js';
@@ -113,6 +114,8 @@ export function podmanMetadata(m: PodmanMetadata): { config: Buffer; spec: Buffe
     rootfsImage: m.image ?? '',
     rootfsImageRef: m.image ?? '',
     rootfsImageName: m.imageName ?? m.image ?? '',
+    // podman 4 restores only with both or neither of its name and id (its rootfsImageID).
+    rootfsImageID: m.image ?? '',
     runtime: m.runtime ?? 'runc',
     createdTime: m.createdAt ?? new Date().toISOString(),
     checkpointedTime: m.checkpointedAt ?? new Date().toISOString(),
@@ -207,6 +210,8 @@ export async function exportCheckpoint(
         extra.push({ name: n, file: p });
     }
   }
+  // podman 4 restores with no --tcp-close. Only on a copy of the images: a folder is the user's.
+  if (ck.kind !== 'folder') await clearTcpCloseMark(ck.imagesDir);
   const members = await podmanMembers(ck.imagesDir, opts.meta, extra);
   const { sizeBytes } = await writeArchive(opts.out, members, {
     compression: opts.compression ?? 'zstd',

@@ -26,6 +26,14 @@ export interface ArchiveFacts {
   cwd?: string;
   memoryBytes?: number;
   ports: number[];
+  /** The container's hostname (spec.dump), when it is one a sandbox may have. */
+  hostname?: string;
+  /**
+   * The container had a network namespace of its own making with no path (podman's
+   * `--network none`): CRIU dumped it with the processes, and restores it as it was, out of
+   * reach of the sandbox's network.
+   */
+  networkInDump?: true;
 }
 
 const str = (v: unknown): string | undefined => (typeof v === 'string' && v !== '' ? v : undefined);
@@ -72,7 +80,13 @@ export async function readArchiveFacts(rootDir: string | undefined): Promise<Arc
     if (i > 0) env[kv.slice(0, i)] = kv.slice(i + 1);
   }
   const ids = new Set<string>();
-  for (const v of [config.rootfsImageRef, config.rootfsImage, annotations[ANNOTATION_MANIFEST]]) {
+  // podman 4 records the image id (its config digest) as rootfsImageID.
+  for (const v of [
+    config.rootfsImageRef,
+    config.rootfsImage,
+    config.rootfsImageID,
+    annotations[ANNOTATION_MANIFEST],
+  ]) {
     const d = asDigest(v);
     if (d) ids.add(d);
   }
@@ -96,6 +110,11 @@ export async function readArchiveFacts(rootDir: string | undefined): Promise<Arc
     str(config.name);
   const imageName = str(config.rootfsImageName) ?? str(annotations['io.kubernetes.cri-o.ImageName']);
   const cwd = str(process.cwd);
+  const hostname = str(spec.hostname);
+  const namespaces = Array.isArray(obj(spec.linux).namespaces)
+    ? (obj(spec.linux).namespaces as unknown[])
+    : [];
+  const networkInDump = namespaces.some((n) => obj(n).type === 'network' && str(obj(n).path) === undefined);
   return {
     engine,
     ...(name !== undefined ? { name } : {}),
@@ -106,6 +125,8 @@ export async function readArchiveFacts(rootDir: string | undefined): Promise<Arc
     ...(cwd !== undefined ? { cwd } : {}),
     ...(typeof limit === 'number' && Number.isSafeInteger(limit) && limit > 0 ? { memoryBytes: limit } : {}),
     ports,
+    ...(hostname !== undefined && /^[a-zA-Z0-9][a-zA-Z0-9.-]{0,62}$/.test(hostname) ? { hostname } : {}),
+    ...(networkInDump ? { networkInDump: true as const } : {}),
   };
 }
 

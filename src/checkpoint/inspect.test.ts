@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { run, which } from '../sys/exec.js';
 import { inspectCheckpoint, type InspectFile, type InspectReport } from './inspect.js';
 import { openCheckpointPath } from './source.js';
+import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { dump, podmanArchive, shm, startPython, TREE_PY } from './testing/fixtures.js';
 
 interface CtlReport {
@@ -164,11 +165,19 @@ describe('checkpoint inspect', { timeout: 180_000 }, () => {
   test('podman itself: an archive from `podman container checkpoint --export` (needs podman)', async (t) => {
     const podman = await which('podman');
     if (podman === undefined) {
-      t.skip('podman is not installed on this machine (its bookworm build needs trixie libc6)');
+      t.skip('podman is not installed on this machine (scripts/setup.sh installs it)');
       return;
     }
     const name = `dormant-inspect-${process.pid}`;
+    const image = `localhost/dormant-inspect-${process.pid}:latest`;
     const out = join(dir, 'podman.tar.zst');
+    // An image of the test's own busybox root, never one pulled from a registry.
+    const rootfs = join(dir, 'podman-rootfs');
+    await buildBusyboxRootfs(rootfs);
+    await run('tar', ['-C', rootfs, '-cf', `${rootfs}.tar`, '.'], { timeoutMs: 60_000 });
+    await run(podman, ['import', `${rootfs}.tar`, image], { timeoutMs: 120_000 });
+    // No network (nothing to reach), and the ulimits processes here may set (no CAP_SYS_RESOURCE).
+    const args = ['--network', 'none', '--ulimit', 'nofile=1024:1024', '--ulimit', 'nproc=4096:4096'];
     await run(
       podman,
       [
@@ -178,7 +187,8 @@ describe('checkpoint inspect', { timeout: 180_000 }, () => {
         name,
         '--runtime',
         'runc',
-        'busybox',
+        ...args,
+        image,
         'sh',
         '-c',
         'nc -lk -p 8080 & sleep 3600',
@@ -203,6 +213,7 @@ describe('checkpoint inspect', { timeout: 180_000 }, () => {
         assert.ok(r.processes.some((x) => x.pid === p.pid && x.comm === p.command));
     } finally {
       await run(podman, ['rm', '-f', name], { timeoutMs: 60_000, okExitCodes: [0, 1, 125] });
+      await run(podman, ['rmi', '-f', image], { timeoutMs: 60_000, okExitCodes: [0, 1, 125] });
     }
   });
 });

@@ -143,7 +143,7 @@ export class LifecycleContext {
       ...(s.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
       args: s.spec.command,
       env: await this.openEnv(s),
-      hostname: s.name,
+      hostname: s.spec.hostname ?? s.name,
       ports: s.spec.ports.map((p) => p.port),
       limits: {
         memoryBytes: s.spec.memoryBytes,
@@ -154,6 +154,10 @@ export class LifecycleContext {
       },
       ...(this.opts.readonlyBinds ? { readonlyBinds: this.opts.readonlyBinds } : {}),
       ...(s.spec.devices !== undefined && s.spec.devices.length > 0 ? { devices: s.spec.devices } : {}),
+      ...(s.spec.engineBinds !== undefined && s.spec.engineBinds.length > 0
+        ? { engineBinds: s.spec.engineBinds }
+        : {}),
+      ...(s.spec.cgroupNamespace === false ? { cgroupNamespace: false } : {}),
     };
   }
 

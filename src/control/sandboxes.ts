@@ -10,6 +10,7 @@
  * where an operation holds it throughout, and dispatches.
  */
 import { statfs } from 'node:fs/promises';
+import { tcpListening } from '../sys/listening.js';
 import { assertLegal, type Sandbox, type SandboxState } from '../domain/sandbox.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { Compression } from '../checkpoint/archive.js';
@@ -136,6 +137,15 @@ export class SandboxController {
   async logPath(id: string, tenant?: string): Promise<string> {
     this.ctx.get(id, tenant);
     return (await this.ctx.runtime.state(id)).logPath;
+  }
+
+  /**
+   * Whether running sandbox `id` has a listener on TCP `port`, from its network namespace's
+   * socket tables (no connection made); undefined when it has no process or they cannot be read.
+   */
+  async listensOn(id: string, port: number): Promise<boolean | undefined> {
+    const pid = (await this.ctx.runtime.state(id).catch(() => undefined))?.pid;
+    return pid === undefined ? undefined : tcpListening(pid, port);
   }
 
   async pause(id: string, tenant?: string, reason = 'pause'): Promise<Sandbox> {

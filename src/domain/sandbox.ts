@@ -212,6 +212,16 @@ export interface SandboxSpec {
    * a copy of the origin's agent, which knows only that token). Absent: the sandbox's id.
    */
   agentSeed?: string;
+  /** Its hostname, when not its name (an imported container keeps the one it had). */
+  hostname?: string;
+  /**
+   * The container engine's bind mounts an imported checkpoint holds as external mounts
+   * (/etc/hostname, /etc/hosts, /run/.containerenv, /dev/shm, ...): the sandbox gets each,
+   * writable, from a source of the runtime's.
+   */
+  engineBinds?: { destination: string; dir: boolean }[];
+  /** false: no cgroup namespace (an import whose checkpoint holds cgroup v1 binds). */
+  cgroupNamespace?: false;
 }
 
 export interface Sandbox {

@@ -37,6 +37,12 @@ export interface WakeTarget {
   wake(id: string, reason: string): Promise<string>;
   /** Records activity now. */
   touch(id: string): void;
+  /**
+   * Whether the sandbox listens on `port`, found without connecting (undefined: cannot tell).
+   * Optional: without it the proxy connects once to find out, which spends one of the server's
+   * accepts.
+   */
+  listening?(id: string, port: number): Promise<boolean | undefined>;
   /** The principal of an API token; undefined when unknown or revoked. */
   authenticate(token: string): ProxyPrincipal | undefined;
 }
@@ -420,26 +426,31 @@ export class WakeProxy {
       })
       .finally(() => clearTimeout(timer));
     // A sandbox started afresh (from archived) needs a moment before its server listens.
-    await this.accepting(address, port, deadline).catch(() => {
+    await this.accepting(s.id, address, port, deadline).catch(() => {
       throw timedOut();
     });
     return address;
   }
 
-  private async accepting(address: string, port: number, deadline: number): Promise<void> {
+  private async accepting(id: string, address: string, port: number, deadline: number): Promise<void> {
     for (;;) {
-      const ok = await new Promise<boolean>((resolve, reject) => {
-        const c = connect({ host: address, port });
-        c.once('connect', () => {
-          c.destroy();
-          resolve(true);
-        });
-        c.once('error', (e) => {
-          c.destroy();
-          if (errnoCode(e) === 'ECONNREFUSED') resolve(false);
-          else reject(e);
-        });
-      });
+      // Asked of the sandbox's socket tables first: a probe connection would take the accept
+      // of a server that accepts once (its client then never gets through).
+      const known = await this.target.listening?.(id, port);
+      const ok =
+        known ??
+        (await new Promise<boolean>((resolve, reject) => {
+          const c = connect({ host: address, port });
+          c.once('connect', () => {
+            c.destroy();
+            resolve(true);
+          });
+          c.once('error', (e) => {
+            c.destroy();
+            if (errnoCode(e) === 'ECONNREFUSED') resolve(false);
+            else reject(e);
+          });
+        }));
       if (ok) return;
       if (Date.now() > deadline) throw new Error('not accepting');
       await new Promise((r) => setTimeout(r, 50));

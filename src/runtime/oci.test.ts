@@ -140,6 +140,56 @@ describe('buildOciConfig', () => {
       /device \/etc\/passwd/,
     );
   });
+  test("an imported container's engine binds: writable, from the runtime's sources, its /dev/shm instead of the sandbox's; no cgroup namespace when asked", () => {
+    const imported = compileSandboxSpec({
+      id: 'imp',
+      rootfs: '/r',
+      args: ['sh'],
+      engineBinds: [
+        { destination: '/dev/shm', dir: true },
+        { destination: '/etc/hostname', dir: false },
+      ],
+      cgroupNamespace: false,
+    });
+    const c = buildOciConfig({
+      spec: imported,
+      netnsPath: '/var/run/netns/dormant-imp',
+      cgroupsPath: '/dormant/imp',
+      criuConfigPath: '/state/imp/criu.conf',
+      engineBindSources: {
+        '/dev/shm': '/state/imp/binds/dev_shm',
+        '/etc/hostname': '/state/imp/binds/etc_hostname',
+      },
+    }) as {
+      mounts: { destination: string; type: string; source: string; options?: string[] }[];
+      linux: { namespaces: { type: string }[] };
+    };
+    const shm = c.mounts.filter((m) => m.destination === '/dev/shm');
+    assert.deepEqual(shm, [
+      {
+        destination: '/dev/shm',
+        type: 'bind',
+        source: '/state/imp/binds/dev_shm',
+        options: ['bind', 'rprivate', 'nosuid', 'nodev', 'noexec'],
+      },
+    ]);
+    assert.equal(
+      c.mounts.find((m) => m.destination === '/etc/hostname')?.source,
+      '/state/imp/binds/etc_hostname',
+    );
+    assert.ok(!c.linux.namespaces.some((n) => n.type === 'cgroup'));
+    assert.equal('engineBinds' in spec, false, 'a spec without them is unchanged (prepare compares it)');
+    assert.throws(
+      () =>
+        compileSandboxSpec({
+          id: 'x',
+          rootfs: '/r',
+          args: ['a'],
+          engineBinds: [{ destination: '/../etc', dir: false }],
+        }),
+      /engine bind/,
+    );
+  });
 });
 
 describe('network addressing', () => {

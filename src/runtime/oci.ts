@@ -52,6 +52,9 @@ export function compileSandboxSpec(raw: SandboxSpec): Readonly<SandboxSpec> {
   for (const b of raw.readonlyBinds ?? [])
     if (!b.source.startsWith('/') || !b.destination.startsWith('/'))
       throw invalid(`sandbox ${raw.id}: bind ${b.source}:${b.destination} must use absolute paths`);
+  for (const b of raw.engineBinds ?? [])
+    if (!b.destination.startsWith('/') || b.destination.split('/').includes('..') || b.destination === '/')
+      throw invalid(`sandbox ${raw.id}: engine bind ${b.destination} must be an absolute path below /`);
   for (const d of raw.devices ?? [])
     if (
       !/^\/dev\/[A-Za-z0-9][A-Za-z0-9._-]*$/.test(d.path) ||
@@ -73,6 +76,10 @@ export function compileSandboxSpec(raw: SandboxSpec): Readonly<SandboxSpec> {
     ports: Object.freeze(ports.sort((a, b) => a - b)),
     limits: Object.freeze({ ...limits }),
     readonlyBinds: Object.freeze((raw.readonlyBinds ?? []).map((b) => Object.freeze({ ...b }))),
+    ...(raw.engineBinds !== undefined && raw.engineBinds.length > 0
+      ? { engineBinds: Object.freeze(raw.engineBinds.map((b) => Object.freeze({ ...b }))) }
+      : {}),
+    ...(raw.cgroupNamespace === false ? { cgroupNamespace: false } : {}),
     // Only when there are some: the spec of a sandbox without devices stays what it was.
     ...(raw.devices !== undefined && raw.devices.length > 0
       ? {
@@ -142,6 +149,8 @@ export interface OciConfigInput {
   seccomp?: Readonly<Record<string, unknown>>;
   /** An AppArmor profile the host has loaded, for the sandbox's processes. */
   apparmorProfile?: string;
+  /** The host sources of the spec's engine binds, by destination (runc.ts makes them). */
+  engineBindSources?: Readonly<Record<string, string>>;
 }
 
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -152,6 +161,7 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
   const env = { PATH: DEFAULT_PATH, HOME: '/root', HOSTNAME: spec.hostname ?? spec.id, ...spec.env };
   const limits = spec.limits ?? {};
   const devices = spec.devices ?? [];
+  const engineBinds = spec.engineBinds ?? [];
   const resources: Record<string, unknown> = {
     // Everything denied, then exactly the declared devices (a GPU's nodes) allowed.
     devices: [
@@ -192,12 +202,17 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
         source: 'devpts',
         options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620', 'gid=5'],
       },
-      {
-        destination: '/dev/shm',
-        type: 'tmpfs',
-        source: 'shm',
-        options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'],
-      },
+      // An engine's /dev/shm (an imported sandbox's) replaces the sandbox's own.
+      ...(engineBinds.some((b) => b.destination === '/dev/shm')
+        ? []
+        : [
+            {
+              destination: '/dev/shm',
+              type: 'tmpfs',
+              source: 'shm',
+              options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'],
+            },
+          ]),
       {
         destination: '/dev/mqueue',
         type: 'mqueue',
@@ -217,6 +232,17 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
         source: b.source,
         options: ['bind', 'ro', 'nosuid', 'nodev'],
       })),
+      ...engineBinds.map((b) => {
+        const source = input.engineBindSources?.[b.destination];
+        if (source === undefined)
+          throw invalid(`sandbox ${spec.id}: engine bind ${b.destination} has no source`);
+        return {
+          destination: b.destination,
+          type: 'bind',
+          source,
+          options: ['bind', 'rprivate', 'nosuid', 'nodev', ...(b.dir ? ['noexec'] : [])],
+        };
+      }),
     ],
     annotations: { 'org.criu.config': input.criuConfigPath },
     linux: {
@@ -242,8 +268,8 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
         { type: 'uts' },
         { type: 'mount' },
         // Its own cgroup namespace: /proc/self/cgroup and the cgroup mounts inside show `/`,
-        // not the host's cgroup path of the sandbox.
-        { type: 'cgroup' },
+        // not the host's cgroup path of the sandbox (all but imports that had none).
+        ...(spec.cgroupNamespace === false ? [] : [{ type: 'cgroup' }]),
       ],
       ...(input.seccomp !== undefined ? { seccomp: input.seccomp } : {}),
       maskedPaths: [...MASKED_PATHS],

@@ -53,6 +53,7 @@ import {
   privateFile,
   type SandboxRecord,
 } from './runc-host.js';
+import { engineBindsOf, ensureEngineBinds } from './engine-binds.js';
 import { endLazyPagesIn, keepRestoreLog, startLazyPages, watchRestore } from './runc-restore.js';
 import { agentStarter } from './runc-agent.js';
 
@@ -157,6 +158,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
     await writeFileAtomic(criuConf, criuConfigText());
     const config = buildOciConfig({
       spec,
+      engineBindSources: await ensureEngineBinds(dir, spec.engineBinds ?? []),
       netnsPath: `/var/run/netns/${rec.network.netns}`,
       cgroupsPath: this.cgroupPath(id),
       criuConfigPath: criuConf,
@@ -216,6 +218,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
       network: rec.network,
       logPath: this.logPath(id),
       upperDir: this.upperDir(id),
+      ...engineBindsOf(this.dir(id), rec.spec.engineBinds),
     };
   }
 

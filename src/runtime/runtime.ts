@@ -59,6 +59,25 @@ export interface SandboxSpec {
   readonlyBinds?: readonly ReadonlyBind[];
   /** Character devices the sandbox may use (created in its /dev, allowed in its cgroup). */
   devices?: readonly DeviceNode[];
+  /**
+   * Writable bind mounts a container engine gives its containers (podman's /etc/hostname,
+   * /etc/hosts, /run/.containerenv, its /dev/shm), for a sandbox imported from one: a
+   * checkpoint records them as external mounts that the restore must supply. Their sources are
+   * the runtime's (SandboxState.engineBinds), outside anything the sandbox can replace.
+   */
+  engineBinds?: readonly EngineBind[];
+  /**
+   * false: no cgroup namespace of its own. For a container imported from an engine that gave
+   * it none (podman on cgroup v1): its checkpoint holds the cgroup hierarchies as bind mounts,
+   * which runc maps on restore only without one. Default true.
+   */
+  cgroupNamespace?: boolean;
+}
+
+/** An engine's bind mount: a file, or a folder (`dir`), at `destination` inside. */
+export interface EngineBind {
+  destination: string;
+  dir: boolean;
 }
 
 /** The addresses of a sandbox's private link (a /30 of the runtime's subnet). */
@@ -90,6 +109,8 @@ export interface SandboxState {
   logPath: string;
   /** The writable layer: everything the sandbox changed in its filesystem. */
   upperDir: string;
+  /** Where the host side of each of its engine binds is (SandboxSpec.engineBinds). */
+  engineBinds?: { destination: string; source: string }[];
 }
 
 export interface CallOptions {

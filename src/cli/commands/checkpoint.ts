@@ -118,10 +118,14 @@ export function registerCheckpoint(program: Command): void {
   const ck = program.command('checkpoint').description('checkpoints: list, inspect, scan, export, import');
   ck.command('ls')
     .description('checkpoints, newest first')
-    .argument('[id]', 'only this sandbox')
+    .argument('[id]', 'only this sandbox (its id or name)')
     .option('--json', 'print JSON')
     .action(async (id, o) => {
-      const list = await clientFromEnv().listCheckpoints(id);
+      const client = clientFromEnv();
+      // The list is filtered by id: a name is made one first (an unknown one is an error, not
+      // an empty list).
+      const sandbox = id !== undefined ? (await client.getSandbox(id)).id : undefined;
+      const list = await client.listCheckpoints(sandbox);
       if (o.json) {
         printJson(list);
         return;

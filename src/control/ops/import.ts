@@ -2,10 +2,9 @@
 
 import { randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { mkdir, readFile, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, readFile, rm, stat } from 'node:fs/promises';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { release } from 'node:os';
 import { basename, join } from 'node:path';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { newId, validateName, type Sandbox, type SandboxSpec } from '../../domain/sandbox.js';
@@ -22,6 +21,11 @@ import {
 } from '../../checkpoint/import.js';
 import { applyDeletedFiles, applyRootfsDiff } from '../../checkpoint/rootfs-diff.js';
 import { assertWithinProfile } from '../../checkpoint/profile-check-io.js';
+import { narrowToProfile } from '../../checkpoint/narrow.js';
+import { fillEngineBinds, readArchiveMounts } from '../../checkpoint/engine-mounts.js';
+import { cpuFlagsInUse } from '../../checkpoint/cpu.js';
+import { checkCompatible } from './restore.js';
+import type { CheckpointRecord } from '../../state/store.js';
 import { LifecycleContext, invalid } from '../context.js';
 import { DEFAULT_MEMORY, DEFAULT_DISK_BYTES, checkDiskBytes } from './create.js';
 
@@ -175,11 +179,42 @@ async function importFrom(
     const ck = await openCheckpointPath(archive, { stagingDir: dir, ...ctx.opts.importLimits });
     ctx.step('import:unpacked');
     const facts = await readArchiveFacts(ck.rootDir);
+    if (facts.networkInDump === true)
+      throw new DormantError(
+        'CHECKPOINT_OUTSIDE_PROFILE',
+        "the container's network namespace is inside the checkpoint (podman --network none): a sandbox's network is dormant's, and that one would restore out of its reach",
+        { hint: 'checkpoint the container with a network of podman (its default) or --network ns:PATH' },
+      );
     const base = await importBase(ctx, facts, input.image, input.tenant, input.admin === true);
     // Reading the images refuses malformed ones before anything is created.
     const report = await inspectCheckpoint(ck);
-    // And what they would restore is held to a sandbox's profile, also before anything is made.
-    await assertWithinProfile(ck.imagesDir, ctx.checkpointProfile(input.admin === true), 'the archive');
+    // And what they would restore is held to a sandbox's profile, also before anything is made:
+    // first the engines' default privileges a sandbox goes without are taken out of the images
+    // (podman's CAP_SETFCAP, its clear no_new_privs), then anything still beyond is refused.
+    const profile = ctx.checkpointProfile(input.admin === true);
+    const narrowed = await narrowToProfile(ck.imagesDir, profile);
+    await assertWithinProfile(ck.imagesDir, profile, 'the archive');
+    // The engine's own bind mounts (the profile check allowed only those) and the root's mode.
+    const mounts = await readArchiveMounts(ck.imagesDir);
+    // The CPU features its processes hold state of: one this node lacks is refused now, with
+    // what differs, rather than a process that dies at its next such instruction after resume.
+    const cpuFlags = await cpuFlagsInUse(ck.imagesDir);
+    const m0 = report.metadata;
+    const probe: CheckpointRecord = {
+      id: basename(archive),
+      sandboxId: id,
+      tenant: input.tenant,
+      createdAt: 0,
+      kind: 'memory',
+      logicalBytes: 0,
+      storedBytes: 0,
+      meta: {
+        ...(m0.arch !== undefined ? { arch: NODE_ARCH[m0.arch] ?? m0.arch } : {}),
+        ...(m0.criuVersion !== undefined ? { criuVersion: m0.criuVersion } : {}),
+        cpuFlags,
+      },
+    };
+    await checkCompatible(ctx, 'being imported', probe);
     const command = facts.command.length > 0 ? facts.command : base.image.command;
     if (command.length === 0) throw invalid(`archive ${input.archive} records no command`);
     const derived = (() => {
@@ -213,6 +248,9 @@ async function importFrom(
         diskBytes: checkDiskBytes(ctx.opts.defaultDiskBytes ?? DEFAULT_DISK_BYTES),
         policy: {},
         importedFrom: basename(archive),
+        ...(facts.hostname !== undefined ? { hostname: facts.hostname } : {}),
+        ...(mounts.binds.length > 0 ? { engineBinds: mounts.binds } : {}),
+        ...(mounts.cgroupBinds ? { cgroupNamespace: false as const } : {}),
       },
       createdAt: now,
       stateSince: now,
@@ -226,6 +264,13 @@ async function importFrom(
       // The layer is written at rest (overlayfs must not see its upper dir change under it).
       await ctx.runtime.stop(id);
       ctx.step('import:prepared');
+      await fillEngineBinds(ck.rootDir, st.engineBinds ?? [], {
+        hostname: facts.hostname ?? name,
+        address: st.network.address,
+      });
+      // CRIU checks the root it restores into against the one it dumped (the overlay's root is
+      // the writable layer's folder); the layer's tar carries the mode to every later restore.
+      if (mounts.rootMode !== undefined) await chmod(st.upperDir, mounts.rootMode);
       if (ck.rootDir !== undefined) {
         const diff = join(ck.rootDir, 'rootfs-diff.tar');
         if (
@@ -253,7 +298,8 @@ async function importFrom(
       const ckId = newId('ck', randomBytes);
       const meta: Record<string, string> = {
         arch: m.arch !== undefined ? (NODE_ARCH[m.arch] ?? m.arch) : platform.arch,
-        kernel: m.kernel ?? release(),
+        // What the archive says of the kernel it was made on; absent, nothing is claimed.
+        ...(m.kernel !== undefined ? { kernel: m.kernel } : {}),
         kind: 'memory',
         importedFrom: basename(archive),
         // Which profile it was checked against (admins' may be in the host's user namespace).
@@ -261,6 +307,14 @@ async function importFrom(
         engine: facts.engine,
         [FS_META]: 'tar',
         ...(m.criuVersion !== undefined ? { criuVersion: m.criuVersion } : {}),
+        // What the images held that a sandbox does not get (taken out above).
+        ...(narrowed.capabilities.length > 0 || narrowed.noNewPrivs
+          ? {
+              narrowed: [...narrowed.capabilities, ...(narrowed.noNewPrivs ? ['no_new_privs set'] : [])].join(
+                ',',
+              ),
+            }
+          : {}),
       };
       const put = await ctx.vault.putCheckpoint({
         tenant: input.tenant,
@@ -269,6 +323,7 @@ async function importFrom(
         srcDir: ck.imagesDir,
         meta,
       });
+      const record = { cpuFlags };
       // The plaintext is in the vault now: off the staging at once.
       await ck.close();
       ctx.step('import:stored');
@@ -280,7 +335,7 @@ async function importFrom(
         kind: 'memory',
         logicalBytes: put.logicalBytes,
         storedBytes: put.storedBytes,
-        meta,
+        meta: { ...meta, ...record },
       });
       ctx.store.transition(
         id,
