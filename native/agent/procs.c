@@ -412,7 +412,15 @@ static void child(const char *cwd, char **argv, char **env, int pty_master, cons
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
   signal(SIGPIPE, SIG_DFL);
-  setsid(); /* its own session and process group: a timeout or a kill reaches all of it */
+  /* Its own process group, so a timeout or a kill reaches all of it. A terminal needs its own
+   * session too (to be its controlling tty); a plain command stays in the agent's session:
+   * were it a session leader, a background child it leaves (`sleep 30 &`) would be an orphan
+   * whose session leader is gone and whose parent (the agent, a subreaper) is in another
+   * session, a process tree CRIU cannot restore ("Can't find a session leader"). */
+  if (pty_master >= 0)
+    setsid();
+  else
+    setpgid(0, 0);
   if (pty_master >= 0) {
     int s = open(slave, O_RDWR);
     if (s < 0 || ioctl(s, TIOCSCTTY, 0) < 0) goto fail;

@@ -268,4 +268,39 @@ describe('the toolbox: commands', () => {
     const s = await drain(await call(daemon, 'POST', at('/commands'), { cmd: 'cat /tmp/kept' }));
     assert.equal(s.stdout.toString(), 'kept\n');
   });
+
+  test('hibernate/resume keeps working with a background job left behind and an agent started after a restore', async () => {
+    // A command's orphan (the leader of its process group gone): it once broke the resume.
+    const orphan = await client.createSandbox({
+      name: 'orphan',
+      rootfs,
+      command: ['sleep', 'infinity'],
+      memory: '64M',
+    });
+    assert.equal(
+      (await client.exec(orphan.id, ['sh', '-c', 'sleep 300 & echo started'])).stdout,
+      'started\n',
+    );
+    await client.hibernate(orphan.id);
+    await client.resume(orphan.id);
+    assert.match(
+      (await client.exec(orphan.id, ['ps', '-eo', 'args'])).stdout,
+      /sleep 300/,
+      'the orphan came back',
+    );
+    // An agent first started into a restored sandbox sits outside the time namespace CRIU
+    // made for it: it is ended before the next dump (else that resume fails) and starts again.
+    const late = await client.createSandbox({
+      name: 'late',
+      rootfs,
+      command: ['sleep', 'infinity'],
+      memory: '64M',
+    });
+    await client.hibernate(late.id);
+    await client.resume(late.id);
+    await client.exec(late.id, ['sh', '-c', 'echo again > /tmp/again']);
+    await client.hibernate(late.id);
+    assert.equal((await client.resume(late.id)).state, 'running');
+    assert.equal((await client.exec(late.id, ['cat', '/tmp/again'])).stdout, 'again\n');
+  });
 });

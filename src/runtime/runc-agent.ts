@@ -18,6 +18,8 @@ import {
   constants,
   copyFile,
   mkdtemp,
+  readFile,
+  readlink,
   open,
   rmdir,
   stat,
@@ -165,9 +167,19 @@ async function ensureAgent(
 }
 
 /**
- * `runc exec -d` of the host copy as /proc/self/fd/3, the token on its stdin. The process gets
- * the sandbox's user, capabilities, seccomp filter, namespaces and cgroup, like any exec. runc
- * returns as soon as it has started it; the shell opens the copy read-only as fd 3.
+ * `runc exec` of the host copy as /proc/self/fd/3, the token on its stdin. The process gets
+ * the sandbox's user, capabilities, seccomp filter, namespaces and cgroup, like any exec; the
+ * shell opens the copy read-only as fd 3. Two things runc does not do for us:
+ * - The time namespace. A restored sandbox runs in one CRIU made, which runc (1.1) does not
+ *   know and so does not join (and cannot be made to: runc run inside it misreads its pid 1's
+ *   start time and calls the container stopped). An agent started after a restore sits in the
+ *   host's, and CRIU cannot restore a tree with a task outside its time namespace: such tasks
+ *   are ended before each dump ({@link endOutsideTimeNamespace}); the agent starts again on
+ *   the next toolbox call. An agent started before the first dump is dumped and restored with
+ *   the sandbox, inside it.
+ * - Not detached (no `-d`): the agent's first stage forks the agent and exits at once, and
+ *   runc waits for it and reaps it. Detached, it was left a zombie in the sandbox's pid
+ *   namespace with a parent outside it, for as long as the host's pid 1 does not reap.
  */
 async function startAgent(runc: RuncCommand, id: string, token: string, opts: CallOptions): Promise<void> {
   const binary = await agentHostCopy().catch((e: unknown) => {
@@ -177,15 +189,7 @@ async function startAgent(runc: RuncCommand, id: string, token: string, opts: Ca
       `agent: no read-only copy of the agent on this host: ${e instanceof Error ? e.message : String(e)}`,
     );
   });
-  const [runcPath, args, env] = runc(id, [
-    'exec',
-    '-d',
-    '--preserve-fds',
-    '1',
-    id,
-    '/proc/self/fd/3',
-    'serve',
-  ]);
+  const [runcPath, args, env] = runc(id, ['exec', '--preserve-fds', '1', id, '/proc/self/fd/3', 'serve']);
   try {
     await run('sh', ['-c', 'exec 3<"$DORMANT_AGENT_COPY" && exec "$@"', 'sh', runcPath, ...args], {
       env: { ...env, DORMANT_AGENT_COPY: binary },
@@ -199,4 +203,79 @@ async function startAgent(runc: RuncCommand, id: string, token: string, opts: Ca
       `agent: could not start in sandbox ${id}: ${e instanceof Error ? e.message : String(e)}`,
     );
   }
+}
+
+/** Whether the cgroup holding these cgroup.procs files is frozen (v1 freezer or v2). */
+async function isFrozen(procsFiles: string[]): Promise<boolean> {
+  for (const f of procsFiles) {
+    const dir = dirname(f);
+    const v1 = await readFile(join(dir, 'freezer.state'), 'utf8').catch(() => undefined);
+    if (v1 !== undefined) return v1.trim() !== 'THAWED';
+    const v2 = await readFile(join(dir, 'cgroup.freeze'), 'utf8').catch(() => undefined);
+    if (v2 !== undefined) return v2.trim() === '1';
+  }
+  return false;
+}
+
+/** The time namespace of a process, or undefined once it is gone or a zombie. */
+async function timeNamespace(pid: number): Promise<string | undefined> {
+  return readlink(`/proc/${pid}/ns/time`).catch(() => undefined);
+}
+
+/**
+ * Ends (SIGKILL) the sandbox's processes that are not in its pid 1's time namespace, before a
+ * dump: a task started by `runc exec` into a restored sandbox (the toolbox agent and what it
+ * runs, mostly) sits in the host's time namespace while the rest sits in the one CRIU made at
+ * the restore, and CRIU cannot restore such a tree. Called with the sandbox frozen: it is
+ * thawed while they die (a frozen task cannot, with the v1 freezer) and frozen again. Returns
+ * the pids ended; [] (and nothing touched) in the usual case.
+ */
+export async function endOutsideTimeNamespace(
+  rt: {
+    pids(id: string): Promise<number[]>;
+    procsFiles(id: string): string[];
+    freeze(id: string, opts?: CallOptions): Promise<void>;
+    thaw(id: string, opts?: CallOptions): Promise<void>;
+  },
+  id: string,
+): Promise<number[]> {
+  const pids = await rt.pids(id);
+  // Its pid 1: the task whose innermost pid (the last NSpid) is 1.
+  let own: string | undefined;
+  for (const pid of pids) {
+    const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
+    if (/^NSpid:.*\s1$/m.test(status)) own = await timeNamespace(pid);
+  }
+  if (own === undefined) return [];
+  const outside: number[] = [];
+  for (const pid of pids) {
+    const ns = await timeNamespace(pid);
+    if (ns !== undefined && ns !== own) outside.push(pid);
+  }
+  if (outside.length === 0) return [];
+  for (const pid of outside) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // Gone already.
+    }
+  }
+  const frozen = await isFrozen(rt.procsFiles(id));
+  if (frozen) await rt.thaw(id);
+  try {
+    const deadline = Date.now() + 5000;
+    for (;;) {
+      const left = (await Promise.all(outside.map(timeNamespace))).filter((ns) => ns !== undefined);
+      if (left.length === 0) break;
+      if (Date.now() > deadline)
+        throw new DormantError(
+          ErrorCode.RUNTIME_INVALID_STATE,
+          `sandbox ${id}: ${left.length} process(es) started after its restore (outside its time namespace) did not end`,
+        );
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  } finally {
+    if (frozen) await rt.freeze(id);
+  }
+  return outside;
 }

@@ -55,7 +55,7 @@ import {
 } from './runc-host.js';
 import { engineBindsOf, ensureEngineBinds } from './engine-binds.js';
 import { endLazyPagesIn, keepRestoreLog, startLazyPages, watchRestore } from './runc-restore.js';
-import { agentStarter } from './runc-agent.js';
+import { agentStarter, endOutsideTimeNamespace } from './runc-agent.js';
 
 export { DEFAULT_SECCOMP_PROFILE, loadSeccompProfile, type RuncRuntimeOptions } from './runc-host.js';
 
@@ -143,8 +143,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
       rec = { spec: recordSpec(spec), slot, network: slotNetwork(id, this.subnet, slot) };
       await writeFileAtomic(recordPath, JSON.stringify(rec, null, 2));
     }
-    // The disk quota: the writable layer's image is mounted at fs/ before upper/ and work/
-    // are made in it.
+    // The disk quota: the layer's image is mounted at fs/ before upper/ and work/ go in it.
     const diskBytes = spec.limits?.diskBytes;
     if (diskBytes !== undefined) {
       await mkdir(join(dir, 'fs'), { recursive: true, mode: 0o700 });
@@ -175,8 +174,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
     const id = spec.id;
     const current = await this.runcState(id, opts);
     if (current !== undefined && current.status !== 'stopped') return this.state(id, opts);
-    // A container whose processes are gone (its command exited, or the node rebooted) is
-    // only a record in runc's state: clear it so the sandbox starts afresh.
+    // A container whose processes are gone (exited, reboot) is only a record: cleared.
     if (current !== undefined) await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
     const offset = await this.runcLogSize(id);
     try {
@@ -354,11 +352,10 @@ export class RuncRuntime extends RuncHost implements Runtime {
   async checkpoint(id: string, options: CheckpointOptions): Promise<CheckpointResult> {
     // runc runs criu from the bundle folder: relative paths would land there.
     const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
-    // No `runc state` first (~0.1 s): runc checkpoint refuses a container that is not running
-    // or paused, and the status is looked up then, for the error.
+    // No `runc state` first (~0.1 s): runc checkpoint refuses one not running or paused.
     const rec = await this.readRecord(id);
-    await mkdir(opts.imagesDir, { recursive: true, mode: 0o700 });
-    await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
+    await endOutsideTimeNamespace(this, id); // runc-agent.ts: what CRIU could not restore
+    for (const d of [opts.imagesDir, opts.workDir]) await mkdir(d, { recursive: true, mode: 0o700 });
     const args = ['checkpoint', '--image-path', opts.imagesDir, '--work-path', opts.workDir];
     if (opts.leaveRunning === true) args.push('--leave-running');
     const logPath = join(opts.workDir, 'dump.log');
