@@ -2,7 +2,8 @@
  * dormant-agent serve [--listen ADDR:PORT] [--no-install]
  *
  * Reads the token from the first line of stdin, then (unless --no-install) copies itself into
- * the sandbox's own /dev (/dev/.dormant/agent) and re-executes from there, so that the process
+ * the sandbox's own /dev (/dev/.dormant/agent; /.dormant/agent where /dev is noexec) and
+ * re-executes from there, so that the process
  * CRIU checkpoints and /proc/PID/exe name a file of the sandbox, never the host's copy it was
  * started from. Then it detaches (own session, stdio on /dev/null, no other fds) and serves
  * one request per TCP connection, each on its own thread.
@@ -26,8 +27,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define INSTALL_DIR "/dev/.dormant"
-#define INSTALL_PATH INSTALL_DIR "/agent"
 #define TOKEN_ENV "DORMANT_AGENT_TOKEN"
 #define MAX_TOKEN 1024
 #define MAX_CONNS 512
@@ -76,36 +75,59 @@ static int token_ok(const char *given) {
   return diff == 0;
 }
 
+/* Where the agent copies itself, in order: the sandbox's own /dev tmpfs (nothing of the user's
+ * filesystem changes), else the root of its filesystem, for a sandbox whose /dev is mounted
+ * noexec (a podman container's is). */
+static const char *const INSTALL_DIRS[] = {"/dev/.dormant", "/.dormant"};
+
+/* Copies /proc/self/exe to DIR/agent (dir 0700, file 0500) and execs it; returns only when
+ * that fails, with errno set. */
+static void install_at(const char *dir, char **argv) {
+  char path[64], tmp[80];
+  snprintf(path, sizeof path, "%s/agent", dir);
+  snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
+  if (mkdir(dir, 0700) < 0 && errno != EEXIST) return;
+  if (chmod(dir, 0700) < 0) return;
+  int in = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  if (in < 0) return;
+  int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
+  struct stat st;
+  int ok = out >= 0 && fstat(in, &st) == 0;
+  off_t off = 0;
+  while (ok && off < st.st_size) {
+    ssize_t w = sendfile(out, in, &off, (size_t)(st.st_size - off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) ok = 0;
+  }
+  int saved = errno;
+  close(in);
+  if (out >= 0 && (fchmod(out, 0500) < 0 || close(out) < 0)) ok = 0;
+  if (!ok || rename(tmp, path) < 0) {
+    unlink(tmp);
+    errno = ok ? errno : saved;
+    return;
+  }
+  if (setenv(TOKEN_ENV, token, 1) < 0) die("setenv");
+  argv[0] = "dormant-agent"; /* rather than the /proc/self/fd path it was started as */
+  execv(path, argv);
+}
+
 static void install_and_reexec(char **argv) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n > 0) {
     self[n] = 0;
-    if (strcmp(self, INSTALL_PATH) == 0) return; /* already running from the sandbox's copy */
+    for (size_t i = 0; i < sizeof INSTALL_DIRS / sizeof *INSTALL_DIRS; i++) {
+      size_t l = strlen(INSTALL_DIRS[i]);
+      if (strncmp(self, INSTALL_DIRS[i], l) == 0 && strcmp(self + l, "/agent") == 0)
+        return; /* already running from the sandbox's copy */
+    }
   }
-  if (mkdir(INSTALL_DIR, 0700) < 0 && errno != EEXIST) die("mkdir " INSTALL_DIR);
-  if (chmod(INSTALL_DIR, 0700) < 0) die("chmod " INSTALL_DIR);
-  int in = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-  if (in < 0) die("open /proc/self/exe");
-  char tmp[64];
-  snprintf(tmp, sizeof tmp, INSTALL_PATH ".%d", (int)getpid());
-  int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0700);
-  if (out < 0) die("create agent copy");
-  struct stat st;
-  if (fstat(in, &st) < 0) die("stat /proc/self/exe");
-  off_t off = 0;
-  while (off < st.st_size) {
-    ssize_t w = sendfile(out, in, &off, (size_t)(st.st_size - off));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) die("copy agent");
+  for (size_t i = 0; i < sizeof INSTALL_DIRS / sizeof *INSTALL_DIRS; i++) {
+    install_at(INSTALL_DIRS[i], argv);
+    fprintf(stderr, "dormant-agent: install into %s: %s\n", INSTALL_DIRS[i], strerror(errno));
   }
-  if (fchmod(out, 0500) < 0 || close(out) < 0) die("chmod agent copy");
-  close(in);
-  if (rename(tmp, INSTALL_PATH) < 0) die("rename agent copy");
-  if (setenv(TOKEN_ENV, token, 1) < 0) die("setenv");
-  argv[0] = "dormant-agent"; /* rather than the /proc/self/fd path it was started as */
-  execv(INSTALL_PATH, argv);
-  die("exec " INSTALL_PATH);
+  die("no folder of the sandbox lets the agent run from it");
 }
 
 /*

@@ -366,7 +366,10 @@ describe('hostile input at the API edges', () => {
         method === 'POST' ? '/v1/sandboxes/..%2F..%2Fetc/hibernate' : '/v1/sandboxes/..%2F..%2Fetc',
         { authorization: `Bearer ${admin}` },
       );
-      assert.ok([400, 404].includes(r.status), `${method}: ${r.status} ${r.text}`);
+      // DELETE is idempotent: a sandbox that does not exist is already deleted (204, no body).
+      const ok = method === 'DELETE' ? [204, 400, 404] : [400, 404];
+      assert.ok(ok.includes(r.status), `${method}: ${r.status} ${r.text}`);
+      assert.ok(!r.text.includes('root:x:0:0'));
     }
     const huge = await raw(daemon.url, 'GET', `/v1/sandboxes/${'a'.repeat(100_000)}`, {
       authorization: `Bearer ${admin}`,
@@ -407,12 +410,15 @@ describe('hostile input at the API edges', () => {
         ['GET', `/v1/sandboxes/${sbId}`],
         ['GET', '/v1/sandboxes/admins'],
         ['POST', `/v1/sandboxes/${sbId}/exec`],
-        ['DELETE', `/v1/sandboxes/${sbId}`],
         ['GET', `/v1/sandboxes/${sbId}/logs`],
       ] as const) {
         const r = await api(method, path, method === 'POST' ? { command: ['id'] } : undefined, token);
         refused(r, `mallory ${method} ${path}`, 404, 'SANDBOX_NOT_FOUND');
       }
+      // DELETE is idempotent: another tenant's sandbox is "already gone" for mallory (204),
+      // and it is untouched.
+      assert.equal((await api('DELETE', `/v1/sandboxes/${sbId}`, undefined, token)).status, 204);
+      assert.equal(((await api('GET', `/v1/sandboxes/${sbId}`)).body as { state: string }).state, 'running');
       assert.deepEqual((await api('GET', '/v1/sandboxes', undefined, token)).body, { sandboxes: [] });
       refused(
         await api('POST', '/v1/tokens', { tenant: 'mallory', admin: true }, token),

@@ -214,6 +214,31 @@ describe('checkpoint profile check', () => {
     );
   });
 
+  test("a thread without its own seccomp record (as CRIU 4.2 dumps them) is judged by its leader's", () => {
+    const unrecorded = (leaderMode: number): ProfileImages => {
+      const im = sandboxImages();
+      const noRecord: CoreEntry = { ...core(), threadCore: { creds: creds() } };
+      im.tasks = [
+        {
+          pid: 1,
+          ids: SANDBOX,
+          threads: [
+            { tid: 1, core: core(creds(), leaderMode) },
+            { tid: 2, core: noRecord },
+          ],
+        },
+      ];
+      return im;
+    };
+    assert.deepEqual(problems(unrecorded(2)), []);
+    assert.ok(
+      problems(unrecorded(0)).includes(
+        'pid 1 thread 2: seccomp mode 0 (disabled): a sandbox runs under a seccomp filter',
+      ),
+      'a leader without a filter fails its threads too',
+    );
+  });
+
   test('ids that are no id and unknown securebits are refused', () => {
     const p = problems(
       thread(sandboxImages(), core(creds({ euid: 0xffffffff, groups: [0, 0xffffffff], secbits: 0x10000 }))),

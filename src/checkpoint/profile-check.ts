@@ -530,7 +530,16 @@ export function checkAgainstProfile(images: ProfileImages, profile: SandboxProfi
         // CRIU would restore this thread with its own credentials: root, every capability.
         out.push({ where, what: 'no credentials recorded (thread_core.creds)' });
       else checkCreds(where, creds, profile, idMaps, out);
-      checkSeccomp(where, core, th.tid === task.pid, images, profile, out);
+      // CRIU (4.2, checked) records seccomp on the leader's core only: a thread's core holds
+      // none though the thread runs under the same filter, and CRIU restores it so (a restored
+      // multi-threaded task's threads show Seccomp: 2). A thread without a record is judged by
+      // its leader's; a thread's own record, where there is one, by itself.
+      const leaderCore = task.threads.find((x) => x.tid === task.pid)?.core;
+      const judged =
+        th.tid !== task.pid && core.threadCore?.seccompMode === undefined && leaderCore !== undefined
+          ? leaderCore
+          : core;
+      checkSeccomp(where, judged, judged === leaderCore || th.tid === task.pid, images, profile, out);
     }
   }
   checkMounts(images, profile, out);

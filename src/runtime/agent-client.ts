@@ -236,7 +236,8 @@ function frameError(f: Frame | undefined, expected: string): AgentError {
  * socket is paused while more than HIGH_WATER bytes wait to be pulled.
  */
 class Channel {
-  private pending: Buffer = Buffer.alloc(0);
+  private chunks: Buffer[] = [];
+  private have = 0;
   private frames: Frame[] = [];
   private queued = 0;
   private end: AgentError | null | undefined; // null: clean EOF
@@ -250,23 +251,54 @@ class Channel {
   }
 
   private onData(b: Buffer): void {
-    this.pending = this.pending.length ? Buffer.concat([this.pending, b]) : b;
-    while (this.pending.length >= 5) {
-      const len = this.pending.readUInt32BE(1);
+    // The chunks as they came, joined only when a frame spans them: one copy per frame at
+    // most (joining on every chunk copied a 256 KiB frame's bytes about three times).
+    this.chunks.push(b);
+    this.have += b.length;
+    while (this.have >= 5) {
+      const len = this.bytes(5, false).readUInt32BE(1);
       if (len > MAX_FRAME) {
         this.finish(protoError('a frame larger than 1 MiB'));
         this.socket.destroy();
         return;
       }
-      if (this.pending.length < 5 + len) break;
-      const type = String.fromCharCode(this.pending[0]!);
-      const data = Buffer.from(this.pending.subarray(5, 5 + len));
-      this.pending = this.pending.subarray(5 + len);
-      this.frames.push({ type, data });
+      if (this.have < 5 + len) break;
+      const whole = this.bytes(5 + len, true);
+      this.frames.push({ type: String.fromCharCode(whole[0]!), data: whole.subarray(5) });
       this.queued += len;
     }
     if (this.queued > HIGH_WATER) this.socket.pause();
     this.wake();
+  }
+
+  /** The first `n` received bytes (n <= have), removed from the queue when `take`. */
+  private bytes(n: number, take: boolean): Buffer {
+    const first = this.chunks[0]!;
+    let out: Buffer;
+    if (first.length >= n) out = first.subarray(0, n);
+    else {
+      out = Buffer.allocUnsafe(n);
+      let at = 0;
+      for (const c of this.chunks) {
+        at += c.copy(out, at, 0, Math.min(c.length, n - at));
+        if (at === n) break;
+      }
+    }
+    if (take) {
+      this.have -= n;
+      let left = n;
+      while (left > 0) {
+        const c = this.chunks[0]!;
+        if (c.length <= left) {
+          this.chunks.shift();
+          left -= c.length;
+        } else {
+          this.chunks[0] = c.subarray(left);
+          left = 0;
+        }
+      }
+    }
+    return out;
   }
 
   private finish(e: AgentError | null): void {
@@ -611,6 +643,9 @@ export class AgentClient {
     }
     let pulling = false;
     const stream = new Readable({
+      // A few of the agent's 256 KiB frames in flight, not one: the default 16 KiB mark
+      // stopped the pull after every frame until the consumer asked again.
+      highWaterMark: 1 << 20,
       read() {
         if (pulling) return;
         pulling = true;

@@ -191,12 +191,17 @@ async function startAgent(runc: RuncCommand, id: string, token: string, opts: Ca
   });
   const [runcPath, args, env] = runc(id, ['exec', '--preserve-fds', '1', id, '/proc/self/fd/3', 'serve']);
   try {
-    await run('sh', ['-c', 'exec 3<"$DORMANT_AGENT_COPY" && exec "$@"', 'sh', runcPath, ...args], {
+    const r = await run('sh', ['-c', 'exec 3<"$DORMANT_AGENT_COPY" && exec "$@"', 'sh', runcPath, ...args], {
       env: { ...env, DORMANT_AGENT_COPY: binary },
       input: `${token}\n`,
       timeoutMs: opts.timeoutMs ?? 15_000,
       signal: opts.signal,
+      okExitCodes: Array.from({ length: 256 }, (_, i) => i),
     });
+    // What the agent or runc said is the useful part (the command line is long and the same
+    // every time): the agent's own errors come on its stderr before it detaches.
+    if (r.exitCode !== 0)
+      throw new Error(`exit ${String(r.exitCode)}: ${r.stderr.trim().slice(-500) || '(nothing on stderr)'}`);
   } catch (e) {
     throw new AgentError(
       'EAGENTSTART',
