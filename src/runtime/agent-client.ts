@@ -460,12 +460,19 @@ class FollowedProcess implements ProcessHandle {
 
 export class AgentClient {
   private readonly connectTimeoutMs: number;
+  private readonly env: Readonly<Record<string, string>>;
 
+  /**
+   * `env`: the environment every command gets under its own `env` (the sandbox's current
+   * one, as `runc exec` gave from its config: the agent's own is only what it was started
+   * with, and a restored agent keeps that).
+   */
   constructor(
     readonly addr: AgentAddress,
-    opts: { connectTimeoutMs?: number } = {},
+    opts: { connectTimeoutMs?: number; env?: Readonly<Record<string, string>> } = {},
   ) {
     this.connectTimeoutMs = opts.connectTimeoutMs ?? 2000;
+    this.env = opts.env ?? {};
   }
 
   /** Connects and sends the request; the caller owns the channel. */
@@ -522,7 +529,7 @@ export class AgentClient {
     opts.signal?.throwIfAborted();
     const fields: [string, string | number][] = spec.args.map((a) => ['arg', a]);
     if (spec.cwd !== undefined) fields.push(['cwd', spec.cwd]);
-    for (const [k, v] of Object.entries(spec.env ?? {})) fields.push(['env', `${k}=${v}`]);
+    for (const [k, v] of Object.entries({ ...this.env, ...spec.env })) fields.push(['env', `${k}=${v}`]);
     if (spec.timeoutMs) fields.push(['timeout_ms', Math.max(1, Math.ceil(spec.timeoutMs))]);
     if (spec.stdin) fields.push(['stdin', 1]);
     if (spec.pty) fields.push(['pty', `${Math.trunc(spec.pty.cols)} ${Math.trunc(spec.pty.rows)}`]);

@@ -112,8 +112,13 @@ export type RuncCommand = (id: string, args: string[]) => [string, string[], Rec
  * that knows `token`, the one already there or else a new one. Calls for one sandbox run one
  * after the other, so concurrent first calls start it once.
  */
+type AgentHost = {
+  state(id: string, opts?: CallOptions): Promise<SandboxState>;
+  pids(id: string): Promise<number[]>;
+};
+
 export function agentStarter(
-  rt: { state(id: string, opts?: CallOptions): Promise<SandboxState> },
+  rt: AgentHost,
   runc: RuncCommand,
 ): (id: string, token: string, opts?: CallOptions) => Promise<AgentAddress> {
   const queues = new Map<string, Promise<unknown>>();
@@ -130,7 +135,7 @@ export function agentStarter(
 }
 
 async function ensureAgent(
-  rt: { state(id: string, opts?: CallOptions): Promise<SandboxState> },
+  rt: AgentHost,
   runc: RuncCommand,
   id: string,
   token: string,
@@ -147,9 +152,16 @@ async function ensureAgent(
   const client = new AgentClient(addr, { connectTimeoutMs: 1000 });
   const first = await client.ping().catch((e: unknown) => e);
   if (!(first instanceof Error)) return addr;
-  // Something else answers on the agent's port (an agent with another token, or a program of
-  // the sandbox's own): a second agent could not listen there either.
-  if (!(first instanceof AgentError) || !['ECONNREFUSED', 'ETIMEDOUT', 'EHOSTUNREACH'].includes(first.code))
+  // An agent with another token: one carried in by an imported checkpoint (made where the
+  // sandbox had another id, so another seed). It is ended and ours started in its place; its
+  // commands run on. Anything else answering on the agent's port (a program of the sandbox's
+  // own) is left alone: a second agent could not listen there either.
+  if (first instanceof AgentError && first.code === 'EAUTH' && (await endForeignAgents(rt, id)) > 0) {
+    /* ended: start ours below */
+  } else if (
+    !(first instanceof AgentError) ||
+    !['ECONNREFUSED', 'ETIMEDOUT', 'EHOSTUNREACH'].includes(first.code)
+  )
     throw first;
   await startAgent(runc, id, token, opts);
   const deadline = Date.now() + START_WAIT_MS;
@@ -208,6 +220,29 @@ async function startAgent(runc: RuncCommand, id: string, token: string, opts: Ca
       `agent: could not start in sandbox ${id}: ${e instanceof Error ? e.message : String(e)}`,
     );
   }
+}
+
+/**
+ * Ends (SIGKILL) the sandbox's agents (processes running a copy of the agent from where it
+ * installs itself) and waits until they no longer listen; returns how many were ended.
+ */
+async function endForeignAgents(rt: AgentHost, id: string): Promise<number> {
+  const agents: number[] = [];
+  for (const pid of await rt.pids(id)) {
+    const exe = await readlink(`/proc/${pid}/exe`).catch(() => '');
+    if (/^\/(dev\/)?\.dormant\/agent( \(deleted\))?$/.test(exe)) agents.push(pid);
+  }
+  for (const pid of agents) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // Gone already.
+    }
+  }
+  const deadline = Date.now() + 2000;
+  while (Date.now() < deadline && (await Promise.all(agents.map(timeNamespace))).some((n) => n !== undefined))
+    await new Promise((r) => setTimeout(r, 20));
+  return agents.length;
 }
 
 /** Whether the cgroup holding these cgroup.procs files is frozen (v1 freezer or v2). */

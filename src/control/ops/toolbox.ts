@@ -88,8 +88,9 @@ export async function withAgent<T>(
   // resume answers what it cannot leave (deleting, failed) with its own error.
   if (s.state !== 'running') s = await wake(s.id);
   ctx.markActive(s.id);
+  const env = await ctx.openEnv(s);
   for (let attempt = 0; ; attempt++) {
-    const agent = new AgentClient(await ensureAgent(ctx, s));
+    const agent = new AgentClient(await ensureAgent(ctx, s), { env });
     try {
       return await fn(agent, s);
     } catch (e) {
