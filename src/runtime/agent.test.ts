@@ -83,8 +83,16 @@ describe('the toolbox agent in a runc sandbox', { skip }, () => {
     // Again: the running agent is found, none is added.
     await rt.ensureAgent(id, token);
     assert.equal((await client.ping()).pid, pid);
-    // Another token is refused by the running agent, and no second agent is started for it.
-    assert.equal((await agentError(rt.ensureAgent(id, 'another-token'))).code, 'EAUTH');
+    // An agent with another token (what an imported checkpoint carries in) is ended and one
+    // with the caller's token started in its place: the old token is refused from then on.
+    const other = new AgentClient(await rt.ensureAgent(id, 'another-token'));
+    assert.notEqual((await other.ping()).pid, pid);
+    assert.equal((await agentError(client.ping())).code, 'EAUTH');
+    const again = (await rt.exec(id, ['ps', '-o', 'pid,args'])).stdout.split('\n');
+    assert.equal(again.filter((l) => l.includes('serve') && !l.includes('ps -o')).length, 1, 'one agent');
+    // And back, for the tests below.
+    client = new AgentClient(await rt.ensureAgent(id, token));
+    await client.ping();
   });
 
   test('paths resolve inside the sandbox: `..` and a symlink to / reach its files, not the host', async () => {
