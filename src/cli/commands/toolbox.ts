@@ -8,7 +8,6 @@ import { stat } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { Readable, type Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import WebSocket from 'ws';
 import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { apiError } from '../../sdk/errors.js';
 import type { CommandEvent, CommandInfo, FileInfo } from '../../sdk/contract.gen.js';
@@ -192,6 +191,8 @@ async function terminal(id: string, common: object, interactive: boolean): Promi
   const info = (await res.json()) as CommandInfo;
   const token = tokenFromEnv();
   const url = `${daemonUrl().replace(/\/+$/, '').replace(/^http/, 'ws')}${sandboxPath(id, `/commands/${info.id}/ws`)}`;
+  // Loaded for a terminal only: every other command starts without the WebSocket library.
+  const { default: WebSocket } = await import('ws');
   const ws = new WebSocket(url, { headers: token ? { authorization: `Bearer ${token}` } : {} });
   const stdin = process.stdin;
   const raw = interactive && stdin.isTTY;
