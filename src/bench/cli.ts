@@ -11,13 +11,9 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startDaemon } from '../daemon/daemon.js';
 import type { BenchRow, BenchSuite } from './harness.js';
+import { median } from './harness.js';
 
 const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'dormant');
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)]!;
-}
 
 function timedRun(args: string[], env: NodeJS.ProcessEnv): number {
   const t = performance.now();

@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { RuncRuntime } from '../runtime/runc.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import type { BenchRow, BenchSuite } from './harness.js';
+import { median, timed } from './harness.js';
 
 /** 200k getppid calls through libc: where a filter's per-syscall cost would show. */
 const SYSCALLS_PY = `
@@ -19,17 +20,6 @@ t = time.perf_counter()
 for _ in range(200000): libc.getppid()
 print(time.perf_counter() - t)
 `;
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)]!;
-}
-
-async function timed(fn: () => Promise<unknown>): Promise<number> {
-  const t = performance.now();
-  await fn();
-  return performance.now() - t;
-}
 
 export const confineSuite: BenchSuite = {
   name: 'confine',

@@ -107,3 +107,16 @@ export function mergeReport(existing: string, fresh: Map<string, string>, order:
   }
   return `${HEADER}\n${sections.join('\n')}`;
 }
+
+/** The middle value (the upper one of an even count): the figure each suite reports. */
+export function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)]!;
+}
+
+/** Milliseconds `fn` took. */
+export async function timed(fn: () => Promise<unknown>): Promise<number> {
+  const t = performance.now();
+  await fn();
+  return performance.now() - t;
+}

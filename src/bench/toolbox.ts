@@ -12,17 +12,7 @@ import { join } from 'node:path';
 import { startDaemon, type Daemon } from '../daemon/daemon.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import type { BenchRow, BenchSuite } from './harness.js';
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)]!;
-}
-
-async function timed(fn: () => Promise<unknown>): Promise<number> {
-  const t = performance.now();
-  await fn();
-  return performance.now() - t;
-}
+import { median, timed } from './harness.js';
 
 /** Runs `cmd`, stdin from `inputFile` (or none), stdout counted and dropped; its byte count. */
 function run(cmd: string, args: string[], inputFile?: string): Promise<number> {
