@@ -16,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/sendfile.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -201,6 +204,88 @@ void op_ls(struct conn *c, const struct request *rq) {
 
 /* ---- read, write ---- */
 
+#define RAW_MIN (1u << 20) /* smallest file sent raw */
+
+/* Ends the connection with a reset, not a FIN: a raw read's client then sees an error, not
+ * a file that ended early. */
+static void reset_conn(struct conn *c) {
+  struct linger l = {.l_onoff = 1, .l_linger = 0};
+  setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+}
+
+/* Whether a raw read suits this file: a large regular file of a real file system. The
+ * sizes of /proc and /sys files say nothing of their contents (0, or 4096), so those, and
+ * small files where framing costs nothing, go the framed way. */
+static int raw_worth(int fd, const struct stat *st) {
+  struct statfs fs;
+  if (!S_ISREG(st->st_mode) || st->st_size < (off_t)RAW_MIN || fstatfs(fd, &fs) < 0) return 0;
+  switch ((unsigned long)fs.f_type) {
+  case PROC_SUPER_MAGIC:
+  case SYSFS_MAGIC:
+  case CGROUP_SUPER_MAGIC:
+  case CGROUP2_SUPER_MAGIC:
+  case DEBUGFS_MAGIC:
+  case TRACEFS_MAGIC:
+  case SECURITYFS_MAGIC:
+    return 0;
+  }
+  return 1;
+}
+
+/* Sends bytes [off, size) of fd by pread and send; -1 on error or a file that shrank. */
+static int copy_plain(int sock, int fd, off_t off, off_t size) {
+  char *buf = malloc(DATA_CHUNK);
+  int r = buf ? 0 : -1;
+  while (r == 0 && off < size) {
+    size_t want = size - off < (off_t)DATA_CHUNK ? (size_t)(size - off) : DATA_CHUNK;
+    ssize_t n = pread(fd, buf, want, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      r = -1;
+      break;
+    }
+    for (ssize_t at = 0; at < n;) {
+      ssize_t w = send(sock, buf + at, (size_t)(n - at), MSG_NOSIGNAL);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        r = -1;
+        break;
+      }
+      at += w;
+    }
+    off += n;
+  }
+  free(buf);
+  return r;
+}
+
+/* A raw read (the client asked with raw=1, for a regular file): after the R frame, exactly
+ * `size` bytes with no framing, straight from the page cache (sendfile: one copy fewer than
+ * read and send, and no frame headers to parse), then the end of the connection. The client
+ * counts the bytes: a file that shrank meanwhile, or any error, resets the connection. A
+ * file that grew is sent as it was when the read began (its first `size` bytes). */
+static void read_raw(struct conn *c, int fd, off_t size) {
+  struct sb b;
+  sb_init(&b);
+  sb_fmt(&b, "{\"size\":%lld,\"raw\":true}", (long long)size);
+  if (send_sb(c, 'R', &b) < 0) return;
+  off_t off = 0;
+  while (off < size) {
+    size_t want = size - off < (off_t)(4u << 20) ? (size_t)(size - off) : (4u << 20);
+    ssize_t n = sendfile(c->fd, fd, &off, want);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EINVAL || errno == ENOSYS)) {
+      /* A file system without sendfile from its files: the same bytes by read and send. */
+      if (copy_plain(c->fd, fd, off, size) < 0) reset_conn(c);
+      return;
+    }
+    if (n <= 0) {
+      reset_conn(c);
+      return;
+    }
+  }
+}
+
 void op_read(struct conn *c, const struct request *rq) {
   const char *path = need_path(c, rq, "path");
   if (!path) return;
@@ -214,6 +299,12 @@ void op_read(struct conn *c, const struct request *rq) {
   if (S_ISDIR(st.st_mode)) {
     close(fd);
     send_errno(c, EISDIR, path);
+    return;
+  }
+  const char *raw = req_get(rq, "raw");
+  if (raw && strcmp(raw, "1") == 0 && raw_worth(fd, &st)) {
+    read_raw(c, fd, st.st_size);
+    close(fd);
     return;
   }
   char *buf = malloc(DATA_CHUNK);

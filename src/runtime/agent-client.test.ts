@@ -10,7 +10,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, truncate, writeFile } from 'node:fs/promises';
 import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -269,6 +269,40 @@ describe(
       );
       const info = await client.stat(join(dir, 'log.txt'));
       assert.deepEqual([info.size, info.mode, info.type, info.name], [2, 0o600, 'file', 'log.txt']);
+    });
+
+    test('a large file comes raw, byte for byte; /proc files by their contents, not their size', async () => {
+      const data = randomBytes(3 << 20);
+      await client.write(join(dir, 'big.bin'), data);
+      const r = await client.read(join(dir, 'big.bin'));
+      const chunks: Buffer[] = [];
+      for await (const c of r.stream) chunks.push(c as Buffer);
+      assert.equal(r.size, data.length);
+      assert.ok(Buffer.concat(chunks).equals(data), 'the same bytes');
+      // /proc/self/status has size 0 and a few KiB of text
+      const p = await client.read('/proc/self/status');
+      let text = '';
+      for await (const c of p.stream) text += (c as Buffer).toString();
+      assert.match(text, /^Name:/);
+    });
+
+    test('a file that shrinks while it is read ends the read with an error, not a short file', async () => {
+      const path = join(dir, 'shrinks.bin');
+      await client.write(path, Buffer.alloc(64 << 20, 7));
+      const r = await client.read(path);
+      const it = r.stream[Symbol.asyncIterator]();
+      await it.next(); // the agent is sending; most of the file is still to come
+      await truncate(path, 1 << 20);
+      const err = await (async () => {
+        try {
+          for (let c = await it.next(); !c.done; c = await it.next());
+        } catch (e) {
+          return e as Error;
+        }
+        return undefined;
+      })();
+      assert.ok(err, 'the read failed');
+      assert.match(err.message, /ended after|ECONNRESET|reset/);
     });
 
     test('stat, ls, mkdir, rename and remove do what they say; errors keep their errno', async () => {

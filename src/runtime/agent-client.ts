@@ -242,6 +242,8 @@ class Channel {
   private queued = 0;
   private end: AgentError | null | undefined; // null: clean EOF
   private waiter: (() => void) | undefined;
+  /** Set by holdAfterFrame: bytes after the next frame stay unparsed (a raw read's data). */
+  private holding: 'no' | 'armed' | 'held' = 'no';
 
   constructor(readonly socket: Socket) {
     socket.on('data', (b: Buffer) => this.onData(b));
@@ -255,7 +257,7 @@ class Channel {
     // most (joining on every chunk copied a 256 KiB frame's bytes about three times).
     this.chunks.push(b);
     this.have += b.length;
-    while (this.have >= 5) {
+    while (this.have >= 5 && this.holding !== 'held') {
       const len = this.bytes(5, false).readUInt32BE(1);
       if (len > MAX_FRAME) {
         this.finish(protoError('a frame larger than 1 MiB'));
@@ -266,6 +268,10 @@ class Channel {
       const whole = this.bytes(5 + len, true);
       this.frames.push({ type: String.fromCharCode(whole[0]!), data: whole.subarray(5) });
       this.queued += len;
+      if (this.holding === 'armed') {
+        this.holding = 'held';
+        this.socket.pause();
+      }
     }
     if (this.queued > HIGH_WATER) this.socket.pause();
     this.wake();
@@ -325,6 +331,68 @@ class Channel {
       if (this.end) throw this.end;
       await new Promise<void>((resolve) => (this.waiter = resolve));
     }
+  }
+
+  /**
+   * Parses only the next frame; the bytes after it are left for rawStream (or for frames
+   * again, with resumeFrames). Call before any answer can have arrived.
+   */
+  holdAfterFrame(): void {
+    this.holding = 'armed';
+  }
+
+  /** Goes back to parsing frames after holdAfterFrame (the agent did not switch to raw). */
+  resumeFrames(): void {
+    this.holding = 'no';
+    this.onData(Buffer.alloc(0));
+    if (this.queued <= HIGH_WATER) this.socket.resume();
+  }
+
+  /**
+   * The rest of the connection as plain bytes, after a held frame: exactly `size` of them.
+   * Fewer (the agent reset the connection, or ended it early) is an error, never a short file.
+   */
+  rawStream(size: number): Readable {
+    const socket = this.socket;
+    const leftover = this.chunks;
+    this.chunks = [];
+    this.have = 0;
+    socket.removeAllListeners('data');
+    socket.removeAllListeners('end');
+    let got = 0;
+    const stream = new Readable({
+      highWaterMark: 1 << 20,
+      read: () => socket.resume(),
+      destroy: (err, cb) => {
+        socket.destroy();
+        cb(err);
+      },
+    });
+    const take = (b: Buffer): void => {
+      got += b.length;
+      if (got > size) {
+        stream.destroy(protoError(`more than the ${size} bytes announced`));
+        return;
+      }
+      if (!stream.push(b)) socket.pause();
+    };
+    const ended = (): void => {
+      if (got === size) stream.push(null);
+      else
+        stream.destroy(
+          protoError(`the file ended after ${got} of ${size} bytes (it shrank, or the agent failed)`),
+        );
+    };
+    for (const b of leftover) take(b);
+    if (this.end === null)
+      ended(); // the whole answer had already arrived
+    else if (this.end) stream.destroy(this.end);
+    else {
+      socket.on('data', take);
+      socket.on('end', ended);
+      socket.on('error', (e) => stream.destroy(socketError(e)));
+    }
+    return stream;
   }
 
   /** The next frame, which must be of the type given (`!` becomes its AgentError). */
@@ -640,14 +708,25 @@ export class AgentClient {
 
   /** The file's bytes as a stream; the agent is read only as fast as the stream is consumed. */
   async read(path: string): Promise<{ size: number; stream: Readable }> {
-    const ch = await this.open('read', [['path', path]]);
+    // raw=1: the agent may send a regular file's bytes unframed after its answer (an agent of
+    // before raw reads ignores the field and frames them as always).
+    const ch = await this.open('read', [
+      ['path', path],
+      ['raw', 1],
+    ]);
+    ch.holdAfterFrame();
     let size: number;
+    let raw: boolean;
     try {
-      size = num(asRecord(parseJson(await ch.expect('R')), 'read'), 'size');
+      const r = asRecord(parseJson(await ch.expect('R')), 'read');
+      size = num(r, 'size');
+      raw = r.raw === true;
     } catch (e) {
       ch.close();
       throw e;
     }
+    if (raw) return { size, stream: ch.rawStream(size) };
+    ch.resumeFrames();
     let pulling = false;
     const stream = new Readable({
       // A few of the agent's 256 KiB frames in flight, not one: the default 16 KiB mark
