@@ -194,7 +194,10 @@ describe('a restore CRIU refuses leaves nothing behind, and the sandbox resumes 
     const log = /criu's log of the failed restore: (\S+)$/.exec(e.hint ?? '')?.[1];
     assert.ok(log, `the hint names the kept CRIU log: ${e.hint ?? ''}`);
     assert.equal((await stat(log)).mode & 0o777, 0o600, 'the kept log is private');
-    assert.match(await readFile(log, 'utf8'), criuSays, 'the kept log says why');
+    const kept = await readFile(log, 'utf8');
+    assert.match(kept, criuSays, 'the kept log says why');
+    // The same log through the API (what `dormant logs --restore ID` prints).
+    assert.equal(await c.restoreLog(sb.id), kept, 'logs --restore shows the kept log');
     return e;
   }
 
@@ -202,10 +205,20 @@ describe('a restore CRIU refuses leaves nothing behind, and the sandbox resumes 
     const sb = await create('missing-file');
     const [n, token] = await serveCounter(sb);
     assert.equal((await client.hibernate(sb.id)).state, 'hibernated');
+    const none = await client.restoreLog(sb.id).then(
+      () => assert.fail('a restore log before any failed restore'),
+      (x: unknown) => x as DormantApiError,
+    );
+    assert.equal(none.code, 'NO_RESTORE_LOG', 'no restore has failed yet');
     await rename(join(rootfs, 'srv/held.txt'), join(dir, 'held.txt'));
     try {
       const e = await failedResume(sb, /Can't open file srv\/held\.txt/);
       t.diagnostic(e.message.slice(0, 400));
+      // The sandbox's tenant reads what CRIU said, without the node's folders.
+      const { token } = await client.createToken({ tenant: sb.tenant });
+      const asTenant = await new DormantClient({ url: client.url, token }).restoreLog(sb.id);
+      assert.match(asTenant, /Can't open file srv\/held\.txt/);
+      assert.ok(!asTenant.includes(join(dir, 'data')), "no host path of the node in the tenant's copy");
       await nothingOfTheRestore(sb);
       // The same refusal again, not a different error from what the first one left.
       await failedResume(sb, /Can't open file srv\/held\.txt/);

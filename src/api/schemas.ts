@@ -133,6 +133,11 @@ export const LogsQuery = z.object({
     .enum(['1', 'true', '0', 'false'])
     .optional()
     .transform((v) => v === '1' || v === 'true'),
+  restore: z
+    .enum(['1', 'true', '0', 'false'])
+    .optional()
+    .transform((v) => v === '1' || v === 'true')
+    .describe("the log of the sandbox's last failed restore (CRIU's) instead of its output"),
 });
 
 export const ForkBody = z

@@ -377,7 +377,21 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
 
   app.get('/v1/sandboxes/:id/logs', async (req, reply) => {
     const id = sandboxId(req);
-    const { follow } = parse(LogsQuery, req.query, 'query');
+    const { follow, restore } = parse(LogsQuery, req.query, 'query');
+    if (restore) {
+      if (follow)
+        throw new DormantError(
+          ErrorCode.INVALID_ARGUMENT,
+          'follow and restore cannot be combined: a restore log does not grow',
+        );
+      const text = await controller.restoreLog(id, scope(req));
+      if (text === undefined)
+        throw new DormantError('NO_RESTORE_LOG', `no restore of sandbox ${id} has failed on this node`);
+      // A tenant reads what CRIU said, not where the node keeps things.
+      return reply
+        .type('text/plain; charset=utf-8')
+        .send(req.principal.admin ? text : scrubHostPaths(text, hostPaths));
+    }
     const path = await controller.logPath(id, scope(req));
     const size = await stat(path).then(
       (s) => s.size,

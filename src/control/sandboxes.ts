@@ -9,9 +9,10 @@
  * the ports, the options and the helpers they share); this class takes the sandbox's lock
  * where an operation holds it throughout, and dispatches.
  */
-import { statfs } from 'node:fs/promises';
+import { open, statfs } from 'node:fs/promises';
 import { tcpListening } from '../sys/listening.js';
 import { assertLegal, type Sandbox, type SandboxState } from '../domain/sandbox.js';
+import { errnoCode } from '../domain/errors.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { Compression } from '../checkpoint/archive.js';
 import type { GpuHolder } from '../sys/gpu.js';
@@ -130,6 +131,32 @@ export class SandboxController {
       });
     } finally {
       if (sid !== undefined) this.ctx.markActive(sid);
+    }
+  }
+
+  /**
+   * The log of the sandbox's last failed restore (CRIU's), at most its last `maxBytes`; undefined
+   * when no restore of it has failed (or the runtime keeps no such log).
+   */
+  async restoreLog(id: string, tenant?: string, maxBytes = 4 << 20): Promise<string | undefined> {
+    this.ctx.get(id, tenant);
+    const path = this.ctx.runtime.restoreLogPath?.(id);
+    if (path === undefined) return undefined;
+    let fh;
+    try {
+      fh = await open(path, 'r');
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT') return undefined;
+      throw e;
+    }
+    try {
+      const { size } = await fh.stat();
+      const len = Math.min(size, maxBytes);
+      const buf = Buffer.alloc(len);
+      await fh.read(buf, 0, len, size - len);
+      return (size > len ? `[... the first ${size - len} bytes left out]\n` : '') + buf.toString('utf8');
+    } finally {
+      await fh.close();
     }
   }
 

@@ -89,6 +89,12 @@ export const ERRORS = {
   NO_CHECKPOINT: e(409, 'conflict', 'hibernate the sandbox first (a running one has no checkpoint yet)'),
   HIBERNATE_FAILED: e(500, 'operation', 'the sandbox keeps running; see the daemon log for why'),
   RESUME_FAILED: e(500, 'operation', 'the checkpoint is kept; see the daemon log, then resume again'),
+  /** `logs --restore` of a sandbox none of whose restores failed (on this node). */
+  NO_RESTORE_LOG: e(
+    404,
+    'not-found',
+    'only a failed resume leaves a restore log; dormant logs ID shows the output',
+  ),
   /** The checkpoint was made on a node this one cannot restore (CPU, kernel, CRIU). */
   RESTORE_INCOMPATIBLE: e(409, 'conflict', 'resume it on a node like the one that made it'),
   /** The newest checkpoint failed to restore and is marked damaged. */

@@ -293,4 +293,10 @@ export interface Runtime {
    * agent cannot start or answer.
    */
   ensureAgent?(id: string, token: string, opts?: CallOptions): Promise<AgentAddress>;
+
+  /**
+   * Where the runtime keeps the log of the sandbox's last failed restore (CRIU's, for runc),
+   * whether or not one exists. Optional: a runtime that keeps none has no such log.
+   */
+  restoreLogPath?(id: string): string;
 }

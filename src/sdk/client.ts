@@ -268,6 +268,15 @@ export class DormantClient {
   logs(id: string, opts?: CallOptions) {
     return this.request<string>('GET', `/v1/sandboxes/${encodeURIComponent(id)}/logs`, undefined, opts);
   }
+  /** CRIU's log of the sandbox's last failed restore (NO_RESTORE_LOG when none failed). */
+  restoreLog(id: string, opts?: CallOptions) {
+    return this.request<string>(
+      'GET',
+      `/v1/sandboxes/${encodeURIComponent(id)}/logs?restore=1`,
+      undefined,
+      opts,
+    );
+  }
   /** Streams the sandbox's output as it grows; ends when the signal aborts or the sandbox is deleted. */
   async followLogs(id: string, onChunk: (text: string) => void, opts: CallOptions = {}): Promise<void> {
     const res = await fetch(`${this.url}/v1/sandboxes/${encodeURIComponent(id)}/logs?follow=1`, {

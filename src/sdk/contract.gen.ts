@@ -337,6 +337,7 @@ export type ApiErrorCode =
   | 'NO_CHECKPOINT'
   | 'HIBERNATE_FAILED'
   | 'RESUME_FAILED'
+  | 'NO_RESTORE_LOG'
   | 'RESTORE_INCOMPATIBLE'
   | 'CHECKPOINT_DAMAGED'
   | 'FILESYSTEM_PACK_FAILED'
@@ -483,6 +484,11 @@ export const API_ERRORS: {
     status: 500,
     family: 'operation',
     hint: 'the checkpoint is kept; see the daemon log, then resume again',
+  },
+  NO_RESTORE_LOG: {
+    status: 404,
+    family: 'not-found',
+    hint: 'only a failed resume leaves a restore log; dormant logs ID shows the output',
   },
   RESTORE_INCOMPATIBLE: {
     status: 409,

@@ -238,9 +238,17 @@ export function registerSandboxes(program: Command): void {
     .description("the sandbox's output, across hibernations")
     .argument('<id>')
     .option('-f, --follow', 'keep printing as it grows')
+    .option('--restore', "CRIU's log of the sandbox's last failed restore instead of its output")
     .option('--json', 'print { logs } as JSON')
     .action(async (id, o) => {
       const client = clientFromEnv();
+      if (o.restore) {
+        if (o.follow) throw usage('--restore and --follow cannot be combined');
+        const text = await client.restoreLog(id);
+        if (o.json) printJson({ logs: text });
+        else process.stdout.write(text);
+        return;
+      }
       if (o.follow) {
         const ac = new AbortController();
         process.once('SIGINT', () => ac.abort());

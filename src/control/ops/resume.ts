@@ -101,7 +101,7 @@ async function resumeLocked(
         `resume of sandbox ${id} failed; it is still ${from}${from === 'hibernated' ? ' and its checkpoint is intact' : ''}: ${asError(e).message}`,
         {
           cause: e,
-          hint: `dormant doctor shows what this node supports; dormant logs ID shows its output${typeof criuLog === 'string' ? `; criu's log of the failed restore: ${criuLog}` : ''}`,
+          hint: `dormant doctor shows what this node supports; dormant logs ID shows its output${typeof criuLog === 'string' ? `; dormant logs --restore ID shows criu's log of the failed restore: ${criuLog}` : ''}`,
           ...(typeof criuLog === 'string' ? { details: { criuLog } } : {}),
         },
       );
