@@ -140,6 +140,14 @@ describe('sandbox metadata through the daemon', () => {
     assert.deepEqual(await listed({ tenant: 'admin' }, alice), [], 'a tenant cannot widen its scope');
     assert.deepEqual(await listed({ label: 'team=search' }), [gold.id, paused.id, hers.id]);
     assert.deepEqual(await listed({ tenant: 'alice' }), [hers.id]);
+    // Alice may call hers "gold" too: she means hers; an admin must say which.
+    const aliceGold = await alice.createSandbox({ name: 'gold', rootfs, command: SLEEPER });
+    assert.equal((await alice.getSandbox('gold')).id, aliceGold.id);
+    const e = await apiError(client.getSandbox('gold'));
+    assert.equal(e.code, 'SANDBOX_NAME_AMBIGUOUS');
+    assert.ok(e.message.includes(gold.id) && e.message.includes(aliceGold.id), e.message);
+    assert.equal((await client.getSandbox(gold.id)).id, gold.id, 'the id still works');
+    await alice.remove(aliceGold.id);
     await alice.remove(hers.id);
   });
 

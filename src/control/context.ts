@@ -107,10 +107,21 @@ export class LifecycleContext {
 
   /** The sandbox, if the tenant may see it (an admin passes undefined). Else SANDBOX_NOT_FOUND. */
   get(id: string, tenant?: string): Sandbox {
-    // An id, or a name within the tenant (names are unique per tenant).
-    const s =
-      this.store.getSandbox(id) ??
-      (ID_PATTERN.test(id) ? undefined : this.store.listSandboxes(tenant).find((x) => x.name === id));
+    // An id, or a name within the tenant (names are unique per tenant; an admin, who sees every
+    // tenant, may meet the same name twice, and is then told which sandboxes bear it).
+    let s = this.store.getSandbox(id);
+    if (!s && !ID_PATTERN.test(id)) {
+      const named = this.store.listSandboxes(tenant).filter((x) => x.name === id);
+      if (named.length > 1)
+        throw new DormantError(
+          'SANDBOX_NAME_AMBIGUOUS',
+          `${named.length} sandboxes are named ${id.slice(0, 80)}: ${named
+            .slice(0, 10)
+            .map((x) => `${x.id} (tenant ${x.tenant})`)
+            .join(', ')}`,
+        );
+      s = named[0];
+    }
     if (!s || (tenant !== undefined && s.tenant !== tenant)) {
       throw new DormantError('SANDBOX_NOT_FOUND', `no sandbox ${id.slice(0, 80)}`, {
         hint: 'dormant ls shows the sandboxes you can see',

@@ -83,6 +83,8 @@ export const ERRORS = {
 
   // ---- sandboxes -----------------------------------------------------------------------
   SANDBOX_NOT_FOUND: e(404, 'not-found', 'dormant ls lists the sandboxes this token sees'),
+  /** An admin named a sandbox whose name more than one tenant uses. */
+  SANDBOX_NAME_AMBIGUOUS: e(409, 'conflict', 'use one of the ids listed'),
   SANDBOX_NAME_TAKEN: e(409, 'conflict', 'pick another name, or delete the sandbox that has it'),
   ILLEGAL_TRANSITION: e(409, 'conflict', 'see the sandbox state (dormant ls); resume it first if it sleeps'),
   /** The sandbox has no checkpoint to resume or fork from. */

@@ -332,6 +332,7 @@ export type ApiErrorCode =
   | 'TOKEN_NOT_FOUND'
   | 'LAST_ADMIN_TOKEN'
   | 'SANDBOX_NOT_FOUND'
+  | 'SANDBOX_NAME_AMBIGUOUS'
   | 'SANDBOX_NAME_TAKEN'
   | 'ILLEGAL_TRANSITION'
   | 'NO_CHECKPOINT'
@@ -460,6 +461,7 @@ export const API_ERRORS: {
     family: 'not-found',
     hint: 'dormant ls lists the sandboxes this token sees',
   },
+  SANDBOX_NAME_AMBIGUOUS: { status: 409, family: 'conflict', hint: 'use one of the ids listed' },
   SANDBOX_NAME_TAKEN: {
     status: 409,
     family: 'conflict',
