@@ -113,6 +113,7 @@ describe('the CLI', () => {
     assert.equal(sb.state, 'running');
     const ls = await dormant(['ls']);
     assert.match(ls.stdout, new RegExp(`${sb.id}.*cli-test.*running`));
+    assert.equal((await dormant(['ls', '-q', '--state', 'running'])).stdout, `${sb.id}\n`, 'ls -q: ids only');
     const d = await dormant(['dashboard', '--json']);
     assert.equal(d.code, 0, d.stderr);
     const url = (JSON.parse(d.stdout) as { url: string }).url;

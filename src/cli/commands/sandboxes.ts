@@ -204,10 +204,11 @@ export function registerSandboxes(program: Command): void {
       [],
     )
     .option('--state <states>', 'only sandboxes in these states, comma-separated (running,paused)')
+    .option('-q, --quiet', 'print only the ids, one a line')
     .option('--json', 'print JSON')
     .addHelpText(
       'after',
-      '\nExamples:\n  dormant ls\n  dormant ls --state hibernated --label team=search\n  dormant ls --json | jq -r \'.[] | select(.state == "hibernated") | .id\'',
+      '\nExamples:\n  dormant ls\n  dormant ls --state hibernated --label team=search\n  dormant ls -q --state paused | xargs -n1 dormant resume',
     )
     .action(async (o) => {
       const list: SandboxInfo[] = [];
@@ -219,6 +220,7 @@ export function registerSandboxes(program: Command): void {
       }))
         list.push(s);
       if (o.json) printJson(list);
+      else if (o.quiet) process.stdout.write(list.map((s) => `${s.id}\n`).join(''));
       else process.stdout.write(sandboxTable(list));
     });
 
