@@ -4,9 +4,17 @@
  * Another tenant's sandbox answers 404, exactly like one that does not exist.
  */
 import { DEFAULT_GPU_POLICY } from '../domain/gpu.js';
-import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import Fastify, {
+  LogController,
+  type FastifyBaseLogger,
+  type FastifyInstance,
+  type FastifyReply,
+  type FastifyRequest,
+} from 'fastify';
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { logContext, type Logger } from '../sys/log.js';
 import { Readable } from 'node:stream';
 import { DormantError, ErrorCode, asError, errorInfo, isDormantError } from '../domain/errors.js';
 import type { Sandbox, Transition } from '../domain/sandbox.js';
@@ -51,8 +59,10 @@ export interface ServerOptions {
   store: StateStore;
   /** The vault, for GET /v1/checkpoints/{id}/inspect and /scan. */
   checkpointVault?: VaultReader;
-  /** Log requests (pino) to stderr. Default false. */
+  /** A line for each request in the log. Default false. */
   logger?: boolean;
+  /** The daemon's log (src/sys/log.ts); Fastify's own lines go there too. Default: none. */
+  log?: Logger;
   version?: string;
   /**
    * The daemon's own folders (data, staging): scrubbed from every error a tenant sees, a last
@@ -150,8 +160,14 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   const { controller, store } = opts;
   // maxParamLength past any valid id, so an overlong one reaches IdParams and gets our 400
   // instead of the router's own 414 body.
+  // Typed as Fastify's base logger, so the app's type is the one every route module takes.
+  const loggerInstance: FastifyBaseLogger | undefined = opts.log;
   const app = Fastify({
-    logger: opts.logger ?? false,
+    ...(loggerInstance ? { loggerInstance } : { logger: false }),
+    logController: new LogController({ disableRequestLogging: !(opts.logger ?? false) }),
+    // Ids of our own (a client's header is not trusted into the log): short, and unique enough
+    // to find one request's lines among a day's.
+    genReqId: () => randomBytes(6).toString('hex'),
     bodyLimit: opts.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
     routerOptions: { maxParamLength: 16_384 },
   });
@@ -197,6 +213,13 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       `no route ${req.method} ${req.url.split('?')[0] ?? ''}`,
     );
     void reply.status(err.status).send({ error: err.toJSON() });
+  });
+
+  // First of all hooks: the rest of the request, down to the runtime, runs with its id in
+  // the log's context, and the client gets the id to quote.
+  app.addHook('onRequest', (req, reply, done) => {
+    void reply.header('x-request-id', req.id);
+    logContext.run({ reqId: req.id }, done);
   });
 
   const unauthenticated = new Set(['/v1/health', '/v1/openapi.json']);

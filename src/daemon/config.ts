@@ -25,6 +25,10 @@ export interface DaemonConfig {
   masterKey: { file: string } | { command: string };
   /** Log every request to stderr. */
   log: boolean;
+  /** The least severe lines logged. */
+  logLevel: 'debug' | 'info' | 'warn' | 'error';
+  /** json, text, or auto (text on a terminal). */
+  logFormat: 'json' | 'text' | 'auto';
   /** Debug output: `timings` prints each hibernate, resume and fork step by step. */
   debug: string[];
   proxy: {
@@ -101,6 +105,8 @@ const Layer = z.strictObject({
   masterKeyFile: z.string().min(1).optional(),
   masterKeyCommand: z.string().min(1).optional(),
   log: bool.optional(),
+  logLevel: z.enum(['debug', 'info', 'warn', 'error']).optional(),
+  logFormat: z.enum(['json', 'text', 'auto']).optional(),
   debug: z.array(z.enum(['timings'])).optional(),
   proxy: z
     .strictObject({
@@ -366,6 +372,8 @@ function resolveConfig(l: Layer): DaemonConfig {
         ? { command: l.masterKeyCommand }
         : { file: l.masterKeyFile ?? defaultMasterKeyFile(dataDir) },
     log: l.log ?? D.log,
+    logLevel: l.logLevel ?? D.logLevel,
+    logFormat: l.logFormat ?? D.logFormat,
     debug: l.debug ?? [...D.debug],
     proxy: {
       enabled: l.proxy?.enabled ?? D.proxy.enabled,
@@ -522,6 +530,8 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
     dataDir: c.dataDir,
     ...('command' in c.masterKey ? { masterKeyCommand: '<redacted>' } : { masterKeyFile: c.masterKey.file }),
     log: c.log,
+    logLevel: c.logLevel,
+    logFormat: c.logFormat,
     debug: c.debug,
     proxy: {
       enabled: c.proxy.enabled,

@@ -99,6 +99,45 @@ describe('dormant serve --config', () => {
     assert.equal(s.state, 'running', 'the node default hibernates after 15 min only');
   });
 
+  test("the log is one JSON object a line, and an operation's line carries its request's id", async () => {
+    const [s] = await admin.listSandboxes();
+    const token = (await readFile(join(dir, 'data', 'admin-token'), 'utf8')).trim();
+    const res = await fetch(`${admin.url}/v1/sandboxes/${s!.id}/hibernate`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${token}` },
+    });
+    assert.equal(res.status, 200, await res.text());
+    const reqId = res.headers.get('x-request-id');
+    assert.match(reqId ?? '', /^[0-9a-f]{12}$/, 'the answer names its request id');
+    const lines = (): Record<string, unknown>[] =>
+      stderr
+        .split('\n')
+        .filter((l) => l !== '')
+        .map((l) => {
+          try {
+            return JSON.parse(l) as Record<string, unknown>;
+          } catch {
+            assert.fail(`a log line that is not JSON: ${l}`);
+          }
+        });
+    const line = await eventually(
+      "the hibernate's line",
+      () => {
+        const l = lines().find((x) => x.op === 'hibernate' && x.sandbox === s!.id);
+        return l ? Promise.resolve(l) : Promise.reject(new Error(stderr.slice(-2000)));
+      },
+      30_000,
+    );
+    assert.equal(line.reqId, reqId, 'the line made deep in the controller names the request');
+    assert.equal(line.ok, true);
+    for (const l of lines()) {
+      assert.equal(typeof l.level, 'number');
+      assert.equal(typeof l.time, 'number');
+      assert.equal(typeof l.msg, 'string');
+    }
+    assert.doesNotMatch(stderr, /DeprecationWarning|FSTDEP/, 'no deprecation noise');
+  });
+
   test('a flag wins over the file: --no-proxy', async () => {
     const [s] = await admin.listSandboxes();
     await assert.rejects(

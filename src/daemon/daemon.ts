@@ -12,6 +12,7 @@ import { errnoCode } from '../domain/errors.js';
 import type { PriceSheet } from '../domain/cost.js';
 import { formatTimings, type OperationTimings } from '../domain/timings.js';
 import { cgroupUsage } from '../sys/cgroup.js';
+import { createLogger, type Logger } from '../sys/log.js';
 import { cpuFacts, diskFacts, userfaultfdFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { TenantSecrets, openVault, type MasterKeySource, type Vault } from '../vault/index.js';
@@ -64,8 +65,11 @@ export interface DaemonOptions extends ControllerSettings, RuntimeSettings, Serv
   masterKey?: MasterKeySource;
   /** A seccomp profile file (OCI `linux.seccomp` JSON) for every sandbox. */
   seccompProfile?: string;
+  /** A line for each API request in the log. */
   logger?: boolean;
-  /** Printed warnings (master key generated, ...). Default: stderr. */
+  /** The daemon's log. Default: warnings and errors only, as JSON on stderr. */
+  log?: Logger;
+  /** Printed warnings (master key generated, ...). Default: the log's warn. */
   warn?: (message: string) => void;
   /** The price sheet over the defaults derived from this node's size (docs/COST.md). */
   prices?: Partial<PriceSheet>;
@@ -89,6 +93,7 @@ export interface Daemon {
   wake: WakeServices;
   reconciled: { id: string; from: string; to: string }[];
   meter: Meter;
+  log: Logger;
   close(): Promise<void>;
 }
 
@@ -99,11 +104,16 @@ export function masterKeySource(c: DaemonConfig): MasterKeySource {
 
 /** The one place the configuration becomes the daemon's options. */
 export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
+  const log = createLogger({
+    level: c.logLevel,
+    ...(c.logFormat !== 'auto' ? { format: c.logFormat } : {}),
+  });
   return {
     dataDir: c.dataDir,
     listen: c.listen,
     masterKey: masterKeySource(c),
     logger: c.log,
+    log,
     seccompProfile: c.sandbox.seccompProfile,
     ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
     allowedSourceRoots: c.sandbox.allowedSourceRoots,
@@ -137,7 +147,8 @@ export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
       : false,
     ...(c.debug.includes('timings')
       ? {
-          onTimings: (t: OperationTimings) => process.stderr.write(`dormant: timings: ${formatTimings(t)}\n`),
+          onTimings: (t: OperationTimings) =>
+            log.info({ op: t.op, sandbox: t.sandboxId, steps: formatTimings(t) }, `${t.op} steps`),
         }
       : {}),
   };
@@ -193,7 +204,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   const opts = withDefaults(given);
   const { dataDir } = opts;
   const listen = opts.listen!;
-  const warn = opts.warn ?? ((m: string) => process.stderr.write(`dormant: warning: ${m}\n`));
+  const log = opts.log ?? createLogger({ level: 'warn' });
+  const warn = opts.warn ?? ((m: string) => log.warn(m));
   // First of all, before the database is even opened: what a daemon killed mid-operation left
   // in staging (plaintext CRIU images of a hibernate that never committed, a checkpoint
   // fetched for a resume) is wiped.
@@ -238,6 +250,14 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   for (const k of CONTROLLER_SETTINGS) if (opts[k] !== undefined) settings[k] = opts[k];
   const controller = new TrackingController({
     ...(settings as ControllerSettings),
+    // One line per hibernate, resume and fork, with the request's id when an API call made it.
+    onTimings: (t: OperationTimings) => {
+      const ms = Math.round(t.totalMs);
+      const line = { op: t.op, sandbox: t.sandboxId, ok: t.ok, ms };
+      if (t.ok) log.info(line, `${t.op} of ${t.sandboxId} done in ${ms} ms`);
+      else log.warn(line, `${t.op} of ${t.sandboxId} failed after ${ms} ms`);
+      opts.onTimings?.(t);
+    },
     store,
     runtime,
     vault,
@@ -259,6 +279,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     store,
     checkpointVault: vault,
     logger: opts.logger ?? false,
+    log,
     hostPaths: [dataDir, stagingDir],
     bodyLimitBytes: opts.bodyLimitBytes,
     execBodyLimitBytes: opts.execBodyLimitBytes,
@@ -297,6 +318,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       : `http://${host}:${port}`;
   return {
     url,
+    log,
     adminToken: admin.token,
     controller,
     store,

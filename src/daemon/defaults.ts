@@ -27,6 +27,8 @@ export const DEFAULTS = {
   listen: DEFAULT_LISTEN,
   dataDir: DEFAULT_DATA_DIR,
   log: false,
+  logLevel: 'info' as const,
+  logFormat: 'auto' as const,
   debug: [] as string[],
   proxy: {
     enabled: true,

@@ -64,6 +64,20 @@ export const SETTINGS: readonly Setting[] = [
     help: 'log every request to stderr',
   },
   {
+    key: 'logLevel',
+    kind: 'string',
+    env: 'DORMANT_LOG_LEVEL',
+    flag: '--log-level <level>',
+    help: 'the least severe lines logged: debug, info, warn, error',
+  },
+  {
+    key: 'logFormat',
+    kind: 'string',
+    env: 'DORMANT_LOG_FORMAT',
+    flag: '--log-format <format>',
+    help: 'json (one object a line), text, or auto: text on a terminal, json elsewhere',
+  },
+  {
     key: 'debug',
     kind: 'list',
     env: 'DORMANT_DEBUG',

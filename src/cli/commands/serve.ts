@@ -45,18 +45,21 @@ export function registerServe(program: Command): void {
       flags: flagLayerRaw(values, (attr) => cmd.getOptionValueSource(attr) === 'cli'),
     });
     const d = await startDaemon(optionsFromConfig(config));
-    for (const r of d.reconciled) process.stderr.write(`dormant: reconciled ${r.id}: ${r.from} -> ${r.to}\n`);
+    const { log } = d;
+    for (const r of d.reconciled)
+      log.info({ sandbox: r.id, from: r.from, to: r.to }, `reconciled ${r.id}: ${r.from} -> ${r.to}`);
     const dataDir = config.dataDir;
-    if (file !== undefined) process.stderr.write(`dormant: configuration from ${file}\n`);
-    process.stderr.write(
-      `dormant: serving on ${d.url} (data in ${dataDir}; admin token in ${dataDir}/admin-token)\n`,
+    if (file !== undefined) log.info({ file }, `configuration from ${file}`);
+    log.info(
+      { url: d.url, dataDir },
+      `serving on ${d.url} (data in ${dataDir}; admin token in ${dataDir}/admin-token)`,
     );
-    process.stderr.write(`dormant: dashboard at ${d.url}/ (\`dormant dashboard\` prints it signed in)\n`);
+    log.info(`dashboard at ${d.url}/ (\`dormant dashboard\` prints it signed in)`);
     await new Promise<void>((done) => {
       process.once('SIGINT', () => done());
       process.once('SIGTERM', () => done());
     });
-    process.stderr.write('dormant: shutting down (sandboxes keep running)\n');
+    log.info('shutting down (sandboxes keep running)');
     await d.close();
   });
 }
