@@ -154,6 +154,8 @@ export const ERRORS = {
   VAULT_NOT_FOUND: e(404, 'not-found', 'no such object in the vault'),
   VAULT_IO: e(500, 'vault', 'the vault could not read or write its files; check the data disk'),
   VAULT_KEY_WRONG: e(403, 'forbidden', 'use the key this vault was made with'),
+  /** The vault was written by a newer dormant: nothing in it is touched. */
+  VAULT_FORMAT_NEWER: e(409, 'vault', 'run the dormant that wrote this vault (or a newer one)'),
   VAULT_BUSY: e(409, 'vault', 'another process holds the vault; retry when it is done'),
   TENANT_KEY_DESTROYED: e(
     410,

@@ -368,6 +368,7 @@ export type ApiErrorCode =
   | 'VAULT_NOT_FOUND'
   | 'VAULT_IO'
   | 'VAULT_KEY_WRONG'
+  | 'VAULT_FORMAT_NEWER'
   | 'VAULT_BUSY'
   | 'TENANT_KEY_DESTROYED'
   | 'SANDBOX_KEY_DESTROYED'
@@ -613,6 +614,11 @@ export const API_ERRORS: {
     hint: 'the vault could not read or write its files; check the data disk',
   },
   VAULT_KEY_WRONG: { status: 403, family: 'forbidden', hint: 'use the key this vault was made with' },
+  VAULT_FORMAT_NEWER: {
+    status: 409,
+    family: 'vault',
+    hint: 'run the dormant that wrote this vault (or a newer one)',
+  },
   VAULT_BUSY: {
     status: 409,
     family: 'vault',

@@ -1,7 +1,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { access, chmod, mkdir, readFile, readdir, stat, writeFile } from 'node:fs/promises';
+import { access, chmod, mkdir, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, isDormantError } from '../domain/errors.js';
 import { openVault } from './index.js';
@@ -87,6 +87,30 @@ describe('master key', () => {
       openVault({ dir, masterKey: { command: '/bin/echo', args: ['not-a-key'] } }),
       code('VAULT_KEY_MISSING'),
     );
+  });
+
+  test('a vault written by a newer dormant is refused untouched; an unmarked one is marked', async () => {
+    const dir = join(root, 'format');
+    const key = randomBytes(32);
+    const v = await openVault({ dir, masterKey: { key } });
+    await v.putCheckpoint({ tenant: 't', sandboxId: 's', checkpointId: 'c', srcDir: src });
+    await v.close();
+    assert.deepEqual(JSON.parse(await readFile(join(dir, 'FORMAT'), 'utf8')), { format: 1 });
+    await writeFile(join(dir, 'FORMAT'), '{"format":99}\n');
+    const before = await readdir(dir, { recursive: true });
+    await assert.rejects(openVault({ dir, masterKey: { key } }), (e: unknown) => {
+      assert.ok(isDormantError(e, 'VAULT_FORMAT_NEWER'), String(e));
+      assert.match((e as Error).message, /format 99, newer than this dormant's 1/);
+      return true;
+    });
+    assert.deepEqual(await readdir(dir, { recursive: true }), before, 'nothing written');
+    assert.equal(await readFile(join(dir, 'FORMAT'), 'utf8'), '{"format":99}\n');
+    // A vault from before the marker (none): read as it is, and marked.
+    await rm(join(dir, 'FORMAT'));
+    const v2 = await openVault({ dir, masterKey: { key } });
+    await v2.restoreCheckpoint({ tenant: 't', checkpointId: 'c', destDir: join(root, 'format-out') });
+    await v2.close();
+    assert.deepEqual(JSON.parse(await readFile(join(dir, 'FORMAT'), 'utf8')), { format: 1 });
   });
 });
 

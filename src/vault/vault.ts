@@ -144,6 +144,47 @@ export interface CheckpointInfo {
  * The vault. Create with {@link openVault}; every method is safe to call concurrently with
  * other methods and with other processes using the same directory.
  */
+/** Where the vault says which layout version wrote it. */
+export const FORMAT_OBJECT = 'FORMAT';
+/**
+ * The layout this dormant writes and reads (packs, indexes and manifests also carry magic
+ * numbers of their own). A change that an older dormant would misread raises it.
+ */
+const VAULT_FORMAT = 1;
+
+/**
+ * Refuses a vault written by a newer dormant, before anything in it is read or written; marks
+ * a new vault (or one from before the marker) with this dormant's format.
+ */
+async function checkFormat(store: VaultStore): Promise<void> {
+  let text: string | undefined;
+  try {
+    text = (await store.read(FORMAT_OBJECT)).toString('utf8');
+  } catch (e) {
+    if (!(e instanceof DormantError && e.code === ErrorCode.VAULT_NOT_FOUND)) throw e;
+  }
+  if (text === undefined) {
+    await store.writeNew(FORMAT_OBJECT, Buffer.from(JSON.stringify({ format: VAULT_FORMAT }) + '\n'));
+    return;
+  }
+  let format: unknown;
+  try {
+    format = (JSON.parse(text) as { format?: unknown }).format;
+  } catch {
+    format = undefined;
+  }
+  if (typeof format !== 'number' || !Number.isInteger(format))
+    throw new DormantError(
+      ErrorCode.VAULT_CORRUPT,
+      `${store.location}/${FORMAT_OBJECT} is not a vault format marker`,
+    );
+  if (format > VAULT_FORMAT)
+    throw new DormantError(
+      'VAULT_FORMAT_NEWER',
+      `the vault at ${store.location} has format ${format}, newer than this dormant's ${VAULT_FORMAT}: it was written by a newer dormant`,
+    );
+}
+
 export class Vault {
   private readonly tenants = new Map<string, Promise<TenantState>>();
   private readonly sandboxKeys = new Map<string, Buffer>();
@@ -157,6 +198,9 @@ export class Vault {
     private master: Buffer,
     private readonly opts: VaultOptions,
   ) {}
+
+  /** The vault's layout version, kept in FORMAT_OBJECT; an older dormant refuses a newer one. */
+  static readonly FORMAT = VAULT_FORMAT;
 
   /** @internal use {@link openVault}. */
   static async open(opts: VaultOptions): Promise<Vault> {
@@ -175,6 +219,7 @@ export class Vault {
         hint: 'check --data-dir (or DORMANT_DATA_DIR); a vault is created by the first stored checkpoint',
       });
     }
+    await checkFormat(store);
     const master = await loadMasterKey(opts.masterKey, {
       vaultIsNew,
       warn,
