@@ -304,12 +304,7 @@ export async function resolveImage(ref: RegistryRef, o: PullOptions): Promise<Re
       ErrorCode.IMAGE_DIGEST_MISMATCH,
       `${text}: the registry answered a manifest whose digest is ${digest}`,
     );
-  let m = parseJson<{
-    mediaType?: string;
-    manifests?: Descriptor[];
-    config?: Descriptor;
-    layers?: Descriptor[];
-  }>(text, raw, 'manifest');
+  let m = parseJson(text, raw, 'manifest');
   if (Array.isArray(m.manifests)) {
     const pick = m.manifests.find((d) => d.platform?.os === 'linux' && d.platform.architecture === o.arch);
     if (!pick || typeof pick.digest !== 'string' || !/^sha256:[0-9a-f]{64}$/.test(pick.digest))

@@ -599,7 +599,8 @@ export class SqliteStateStore implements StateStore {
 
   deleteRegistryCredential(tenant: string, host: string): boolean {
     return (
-      this.db.prepare('DELETE FROM registry_credentials WHERE tenant = ? AND host = ?').run(tenant, host).changes > 0
+      this.db.prepare('DELETE FROM registry_credentials WHERE tenant = ? AND host = ?').run(tenant, host)
+        .changes > 0
     );
   }
 
