@@ -296,7 +296,9 @@ export async function resolveImage(ref: RegistryRef, o: PullOptions): Promise<Re
   const s = await prepare(ref, o);
   const text = formatRegistryRef(ref);
   const repo = `docker://${ref.host}/${ref.repository}`;
-  const top = await skopeo(s, text, ['inspect', '--raw', ...s.authArgs(''), `docker://${text}`]);
+  // A digest wins over a tag given with it (skopeo takes one or the other).
+  const target = ref.digest !== undefined ? `${repo}@${ref.digest}` : `docker://${text}`;
+  const top = await skopeo(s, text, ['inspect', '--raw', ...s.authArgs(''), target]);
   let raw = top.stdout;
   let digest = `sha256:${createHash('sha256').update(raw, 'utf8').digest('hex')}`;
   if (ref.digest !== undefined && digest !== ref.digest)
