@@ -53,7 +53,7 @@ const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
 function refInvalid(text: string, why: string): DormantError {
   return new DormantError(
     ErrorCode.IMAGE_REF_INVALID,
-    `image "${text.slice(0, 200)}" is not a registry reference: ${why}`,
+    `image "${text.slice(0, 200)}" is neither an absolute OCI layout folder nor a registry reference: ${why}`,
   );
 }
 
