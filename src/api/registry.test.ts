@@ -9,7 +9,9 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdir, readFile, readdir, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { run } from '../sys/exec.js';
 import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient } from '../sdk/client.js';
 import { apiError, startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
@@ -17,6 +19,7 @@ import { writeOciLayout } from '../runtime/testing/oci-layout.js';
 import { pushLayout, startRegistry, type TestRegistry } from '../runtime/testing/registry.js';
 
 const USER = { user: 'robot', password: 'pa55-Word-for-the-registry' };
+const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'dormant');
 
 /** How often the registry's log shows a GET of this blob (a download). */
 function blobGets(log: string, digest: string): number {
@@ -28,6 +31,7 @@ describe('images from OCI registries', () => {
   let daemon: Daemon;
   let admin: DormantClient;
   let acme: DormantClient;
+  let acmeToken: string;
   let other: DormantClient;
   let open: TestRegistry;
   let locked: TestRegistry;
@@ -66,10 +70,12 @@ describe('images from OCI registries', () => {
       policy: false,
       images: { pullTimeoutMs: 60_000, gcIntervalMs: 0 },
     }));
-    const token = async (tenant: string) =>
-      new DormantClient({ url: daemon.url, token: (await admin.createToken({ tenant })).token });
-    acme = await token('acme');
-    other = await token('other');
+    acmeToken = (await admin.createToken({ tenant: 'acme' })).token;
+    acme = new DormantClient({ url: daemon.url, token: acmeToken });
+    other = new DormantClient({
+      url: daemon.url,
+      token: (await admin.createToken({ tenant: 'other' })).token,
+    });
   });
 
   after(async () => {
@@ -157,8 +163,17 @@ describe('images from OCI registries', () => {
     );
     assert.equal(wrong.code, 'REGISTRY_UNAUTHORIZED');
     assert.deepEqual(await acme.listRegistryLogins(), [], 'a refused login is not stored');
-    const login = await acme.registryLogin(locked.host, { username: USER.user, password: USER.password });
-    assert.equal(login.host, locked.host);
+    // The CLI, as a user logs in: the password on stdin, never on the command line.
+    const cli = await run(
+      process.execPath,
+      [BIN, 'registry', 'login', locked.host, '--username', USER.user, '--password-stdin'],
+      {
+        input: `${USER.password}\n`,
+        env: { DORMANT_URL: daemon.url, DORMANT_TOKEN: acmeToken, NO_COLOR: '1' },
+        timeoutMs: 60_000,
+      },
+    );
+    assert.equal(cli.stdout, `logged in to ${locked.host} as ${USER.user}\n`);
     assert.deepEqual(
       (await acme.listRegistryLogins()).map((l) => [l.host, l.username, l.tenant]),
       [[locked.host, USER.user, 'acme']],
