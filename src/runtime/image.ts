@@ -269,7 +269,11 @@ export async function unpackImage(
   const rootfs = join(target, 'rootfs');
   try {
     await stat(join(target, 'complete'));
-    return { digest: desc.digest, ...ids, rootfs, config };
+    const hit: UnpackedImage = { digest: desc.digest, ...ids, rootfs, config };
+    // An entry unpacked before image.json existed gets it now (a registry cache hit reads it).
+    if (!(await exists(join(target, IMAGE_META))))
+      await writeFile(join(target, IMAGE_META), JSON.stringify(hit));
+    return hit;
   } catch (e) {
     if (errnoCode(e) !== 'ENOENT') throw e;
   }
