@@ -9,7 +9,9 @@
 #     haproxy (the peer relay of the proxy bench; only its binary is used: the service Debian
 #     starts on install is stopped and disabled again), podman (the interchange tests make real
 #     podman checkpoints at run time and restore dormant's exports with it; its checkpoints go
-#     through runc, which finds the private CRIU below through the wrapper on PATH).
+#     through runc, which finds the private CRIU below through the wrapper on PATH), skopeo
+#     (the daemon pulls registry images with it) and docker-registry (the registry tests start
+#     their own on loopback; Debian's service is stopped and disabled, as haproxy's).
 #   - CRIU >= 4.2 and checkpointctl into a private prefix, /opt/dormant/criu, NOT through the
 #     host's apt. bookworm's CRIU 3.17 cannot start on current kernels and trixie's 4.1.1 cannot
 #     dump a process with a TCP socket (since kernel 6.16); sid's 4.2.1 works but needs a newer
@@ -29,7 +31,7 @@ APTDIR=${DORMANT_APT_DIR:-/opt/dormant/apt}
 BINDIR=${DORMANT_BIN_DIR:-/usr/local/bin}
 SUITE=${DORMANT_CRIU_SUITE:-sid}
 MIN_CRIU=4.2
-HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy podman)
+HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy podman skopeo docker-registry)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -53,6 +55,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   # The bench starts haproxy itself with its own config; Debian's service is not wanted.
   if printf '%s\n' "${missing[@]}" | grep -qx haproxy && [ -d /run/systemd/system ]; then
     systemctl disable --now haproxy >/dev/null 2>&1 || true
+  fi
+  # The registry tests start docker-registry themselves on a free port; Debian's service is not wanted.
+  if printf '%s\n' "${missing[@]}" | grep -qx docker-registry && [ -d /run/systemd/system ]; then
+    systemctl disable --now docker-registry >/dev/null 2>&1 || true
   fi
 else
   log "host packages present: ${HOST_PKGS[*]}"

@@ -167,8 +167,9 @@ describe('hostile input at the API edges', () => {
         await api('POST', '/v1/sandboxes', { ...src, command: ['true'] }, tenantToken),
         JSON.stringify(src),
         400,
-        // Paths are INVALID_ARGUMENT; what is wrong inside an image layout is IMAGE_INVALID.
-        /^(INVALID_ARGUMENT|IMAGE_INVALID)$/,
+        // Paths are INVALID_ARGUMENT; what is wrong inside an image layout is IMAGE_INVALID; a
+        // relative `image` is read as a registry reference, and refused as one (IMAGE_REF_INVALID).
+        /^(INVALID_ARGUMENT|IMAGE_INVALID|IMAGE_REF_INVALID)$/,
         re,
       );
     }

@@ -36,6 +36,7 @@ import {
   SandboxListSchema,
   SandboxMetricsSchema,
   UpdateSandboxBody,
+  RegistryLoginBody,
 } from './schemas.js';
 import { TOOLBOX_ROUTES } from './openapi-toolbox.js';
 
@@ -56,6 +57,58 @@ export interface Route {
 
 const idParam = { name: 'id', in: 'path', required: true, schema: { type: 'string' } } as const;
 const cidParam = { name: 'cid', in: 'path', required: true, schema: { type: 'string' } } as const;
+const hostParam = { name: 'host', in: 'path', required: true, schema: { type: 'string' } } as const;
+
+const RegistryLoginSchema = z.object({
+  host: z.string(),
+  username: z.string(),
+  tenant: z.string(),
+  createdAt: z.iso.datetime(),
+});
+
+/** Registry logins and the image cache (routes-images.ts, docs/IMAGES.md). */
+const IMAGE_ROUTES: Route[] = [
+  {
+    method: 'put',
+    path: '/v1/registries/{host}',
+    summary: "store the tenant's login to a registry (checked with it; the password sealed)",
+    body: RegistryLoginBody,
+    ok: [200, RegistryLoginSchema],
+  },
+  {
+    method: 'get',
+    path: '/v1/registries',
+    summary: "the tenant's registry logins (an admin: every tenant's); never a password",
+    ok: [200, z.object({ registries: z.array(RegistryLoginSchema) })],
+  },
+  { method: 'delete', path: '/v1/registries/{host}', summary: 'forget a registry login', ok: [204, null] },
+  {
+    method: 'get',
+    path: '/v1/images',
+    summary: 'the unpacked images and the sandboxes using each',
+    ok: [
+      200,
+      z.object({
+        images: z.array(
+          z.object({
+            digest: z.string(),
+            unpackedAt: z.iso.datetime(),
+            refs: z.array(z.string()),
+            sandboxes: z.number().int(),
+          }),
+        ),
+      }),
+    ],
+    admin: true,
+  },
+  {
+    method: 'post',
+    path: '/v1/images/prune',
+    summary: 'remove the unpacked images and blobs no sandbox uses',
+    ok: [200, z.object({ images: z.array(z.string()), blobs: z.number().int() })],
+    admin: true,
+  },
+];
 
 const ROUTES: Route[] = [
   {
@@ -245,6 +298,7 @@ const ROUTES: Route[] = [
     admin: true,
   },
   { method: 'get', path: '/metrics', summary: 'Prometheus metrics', ok: [200, 'text/plain'], admin: true },
+  ...IMAGE_ROUTES,
 ];
 
 const json = (s: z.ZodType, io: 'input' | 'output'): Record<string, unknown> => {
@@ -260,6 +314,7 @@ export function openApiDocument(version: string): Record<string, unknown> {
     const parameters: unknown[] = [];
     if (r.path.includes('{id}')) parameters.push(idParam);
     if (r.path.includes('{cid}')) parameters.push(cidParam);
+    if (r.path.includes('{host}')) parameters.push(hostParam);
     if (r.query) {
       const q = json(r.query, 'input') as { properties?: Record<string, unknown>; required?: string[] };
       for (const [name, schema] of Object.entries(q.properties ?? {}))

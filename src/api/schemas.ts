@@ -57,7 +57,14 @@ const labels = z
 export const CreateSandboxBody = z.strictObject({
   name: z.string().min(1).max(63).optional(),
   rootfs: z.string().min(1).max(4096).optional(),
-  image: z.string().min(1).max(4096).optional(),
+  image: z
+    .string()
+    .min(1)
+    .max(4096)
+    .optional()
+    .describe(
+      'a registry reference (REGISTRY/NAME:TAG or REGISTRY/NAME@sha256:DIGEST), pulled with your registry login; or an absolute OCI image layout folder (DIR[:TAG])',
+    ),
   command: z
     .array(z.string().max(65_536))
     .max(1024)
@@ -266,6 +273,14 @@ export const CreateTokenBody = z.strictObject({
   /** An admin token sees and manages every tenant. */
   admin: z.boolean().default(false),
 });
+
+/** PUT /v1/registries/{host}: a tenant's login to a registry (checked with it, stored sealed). */
+export const RegistryLoginBody = z.strictObject({
+  username: z.string().min(1).max(256),
+  password: z.string().min(1).max(4096),
+});
+
+export const RegistryHostParams = z.object({ host: z.string().min(1).max(255) });
 
 /** A token's public id: a prefix (at least 8 hex digits) of its SHA-256. */
 export const TokenIdParams = z.object({

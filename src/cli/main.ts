@@ -15,6 +15,7 @@ import { registerCheckpoint } from './commands/checkpoint.js';
 import { registerCost } from './commands/cost.js';
 import { registerUrl } from './commands/url.js';
 import { registerTokens } from './commands/tokens.js';
+import { registerImages } from './commands/images.js';
 import { registerDashboard } from './commands/dashboard.js';
 import { registerService } from './commands/service.js';
 import { registerVersion } from './commands/version.js';
@@ -53,6 +54,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerCost(program);
   registerUrl(program);
   registerTokens(program);
+  registerImages(program);
   registerDashboard(program);
   registerDoctor(program);
   registerVault(program);

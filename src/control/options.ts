@@ -7,6 +7,7 @@ import type { PlatformFacts } from '../domain/compat.js';
 import type { GpuNode } from './gpu.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { SandboxProfile } from '../checkpoint/profile-check.js';
+import type { ImageService } from './images.js';
 
 /** The vault's port, by the name the daemon and older callers know it. */
 export type CheckpointVault = VaultPort;
@@ -54,6 +55,11 @@ export interface ControllerOptions {
   clock?: Clock;
   /** Where OCI images are unpacked (one folder per manifest digest). Default: under stagingDir. */
   imageCacheDir?: string;
+  /**
+   * Registry pulls, tenants' registry logins and the image cache's collector (control/images.ts).
+   * Without it `image` names only OCI layout folders.
+   */
+  images?: ImageService;
   /** Read-only host folders mounted into every sandbox (e.g. /usr for python3 in tests). */
   readonlyBinds?: RuntimeSpec['readonlyBinds'];
   /**

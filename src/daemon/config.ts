@@ -60,6 +60,8 @@ export interface DaemonConfig {
   importLimits: { maxBytes: number; maxMemberBytes: number; maxEntries: number };
   api: { bodyLimitBytes: number; execBodyLimitBytes: number; maxUploadBytes: number };
   meter: { intervalMs: number; prices: Partial<PriceSheet> };
+  /** Registry pulls and the image cache (docs/IMAGES.md). */
+  images: { insecureRegistries: string[]; pullTimeoutMs: number; maxPullBytes: number; gcIntervalMs: number };
 }
 
 // ---- the file's shape (also what the environment and the flags are parsed into) ----
@@ -163,6 +165,14 @@ const Layer = z.strictObject({
       bodyLimit: size.optional(),
       execBodyLimit: size.optional(),
       maxUpload: size.optional(),
+    })
+    .optional(),
+  images: z
+    .strictObject({
+      insecureRegistries: z.array(z.string().min(1)).optional(),
+      pullTimeout: duration.optional(),
+      maxPullSize: size.optional(),
+      gcInterval: duration.optional(),
     })
     .optional(),
   meter: z
@@ -416,6 +426,12 @@ function resolveConfig(l: Layer): DaemonConfig {
       execBodyLimitBytes: l.api?.execBodyLimit ?? D.api.execBodyLimitBytes,
       maxUploadBytes: l.api?.maxUpload ?? D.api.maxUploadBytes,
     },
+    images: {
+      insecureRegistries: l.images?.insecureRegistries ?? [],
+      pullTimeoutMs: l.images?.pullTimeout ?? D.images.pullTimeoutMs,
+      maxPullBytes: l.images?.maxPullSize ?? D.images.maxPullBytes,
+      gcIntervalMs: l.images?.gcInterval ?? D.images.gcIntervalMs,
+    },
     meter: {
       intervalMs: l.meter?.interval ?? D.meter.intervalMs,
       prices: {
@@ -569,6 +585,12 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       bodyLimit: exactSize(c.api.bodyLimitBytes),
       execBodyLimit: exactSize(c.api.execBodyLimitBytes),
       maxUpload: exactSize(c.api.maxUploadBytes),
+    },
+    images: {
+      insecureRegistries: c.images.insecureRegistries,
+      pullTimeout: exactDuration(c.images.pullTimeoutMs),
+      maxPullSize: exactSize(c.images.maxPullBytes),
+      gcInterval: exactDuration(c.images.gcIntervalMs),
     },
     meter: {
       interval: exactDuration(c.meter.intervalMs),

@@ -26,6 +26,8 @@ import { startWakeServices, type PolicyConfig, type ProxyConfig, type WakeServic
 import { ADMIN_TENANT, ensureAdminToken, hashToken } from '../api/auth.js';
 import { buildServer, type ServerOptions } from '../api/server.js';
 import { registerCostRoutes } from '../api/routes-cost.js';
+import { registerImageRoutes } from '../api/routes-images.js';
+import { ImageService, type ImageServiceOptions } from '../control/images.js';
 import { defaultConfig, type DaemonConfig } from './config.js';
 
 /** What the daemon hands to the controller as the operator set it (documented on ControllerOptions). */
@@ -79,6 +81,11 @@ export interface DaemonOptions extends ControllerSettings, RuntimeSettings, Serv
   proxy?: ProxyConfig | false;
   /** The idle policy loop; false: none. */
   policy?: PolicyConfig | false;
+  /** Registry pulls and the image cache's collector (docs/IMAGES.md). */
+  images?: Pick<ImageServiceOptions, 'insecureRegistries' | 'pullTimeoutMs' | 'maxPullBytes'> & {
+    /** How often what no sandbox uses is removed; 0: only on POST /v1/images/prune. */
+    gcIntervalMs?: number;
+  };
 }
 
 export interface Daemon {
@@ -130,6 +137,7 @@ export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
     maxUploadBytes: c.api.maxUploadBytes,
     prices: c.meter.prices,
     meterIntervalMs: c.meter.intervalMs,
+    images: c.images,
     proxy: c.proxy.enabled
       ? {
           listen: c.proxy.listen,
@@ -246,6 +254,15 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
   });
   await runtime.dropStaleConfigs();
+  const { gcIntervalMs, ...pulls } = opts.images ?? {};
+  const images = new ImageService({
+    ...pulls,
+    store,
+    secrets,
+    cacheDir: join(dataDir, 'images'),
+    stagingDir,
+  });
+  images.start(gcIntervalMs ?? 0, warn);
   const settings: Partial<Record<keyof ControllerSettings, unknown>> = {};
   for (const k of CONTROLLER_SETTINGS) if (opts[k] !== undefined) settings[k] = opts[k];
   const controller = new TrackingController({
@@ -264,6 +281,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     stagingDir,
     secrets,
     imageCacheDir: join(dataDir, 'images'),
+    images,
     lazyRestoreProbe: opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env)),
     warn,
     // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
@@ -297,6 +315,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     warn,
   });
   registerCostRoutes(app, meter);
+  registerImageRoutes(app, images);
   meter.start();
   const wake = await startWakeServices({
     controller,
@@ -336,6 +355,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       await app.close();
       // What answered requests left running (removing a hibernated sandbox's container).
       await controller.settle();
+      await images.close();
       await vault.close();
       store.close();
       secrets.close();

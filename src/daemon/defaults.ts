@@ -79,6 +79,14 @@ export const DEFAULTS = {
   meter: {
     intervalMs: 15_000,
   },
+  images: {
+    /** One pull, all of its registry requests together. */
+    pullTimeoutMs: 10 * 60_000,
+    /** The blobs of one image, as its manifest declares them. */
+    maxPullBytes: 8 * 1024 ** 3,
+    /** How often unpacked images and blobs no sandbox uses are removed. */
+    gcIntervalMs: 60 * 60_000,
+  },
 } as const;
 
 /** The proxy's address when none is set: the API's host on the API's port + 1 (a free one when that is 0). */

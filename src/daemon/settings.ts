@@ -252,4 +252,28 @@ export const SETTINGS: readonly Setting[] = [
     flag: '--meter-interval <duration>',
     help: "how often the meter samples each sandbox's resource use",
   },
+  {
+    key: 'images.insecureRegistries',
+    kind: 'list',
+    env: 'DORMANT_INSECURE_REGISTRIES',
+    help: 'registries (HOST or HOST:PORT, comma-separated) that may be reached over plain HTTP; loopback registries always may',
+  },
+  {
+    key: 'images.pullTimeout',
+    kind: 'duration',
+    env: 'DORMANT_IMAGE_PULL_TIMEOUT',
+    help: 'how long one registry pull may take',
+  },
+  {
+    key: 'images.maxPullSize',
+    kind: 'size',
+    env: 'DORMANT_IMAGE_MAX_PULL_SIZE',
+    help: 'most bytes the blobs of one pulled image may add up to',
+  },
+  {
+    key: 'images.gcInterval',
+    kind: 'duration',
+    env: 'DORMANT_IMAGE_GC_INTERVAL',
+    help: 'how often unpacked images and blobs no sandbox uses are removed (0: never)',
+  },
 ];

@@ -107,6 +107,44 @@ export const ERRORS = {
   /** An imported checkpoint needs its image, and the daemon holds none that matches. */
   IMAGE_REQUIRED: e(422, 'unprocessable', 'pass the image the checkpoint was made from (image)'),
   IMAGE_MISMATCH: e(422, 'unprocessable', 'pass the image the checkpoint was made from'),
+  /** `image` is neither an absolute layout folder nor a registry reference (docs/IMAGES.md). */
+  IMAGE_REF_INVALID: e(
+    400,
+    'invalid',
+    'give REGISTRY/NAME:TAG, REGISTRY/NAME@sha256:DIGEST, or an absolute OCI layout folder',
+  ),
+  /** The registry has no such repository, tag or digest. */
+  IMAGE_NOT_FOUND: e(404, 'not-found', 'check the name and tag (skopeo list-tags docker://REGISTRY/NAME)'),
+  /** The image is built for another CPU architecture than this node's. */
+  IMAGE_ARCH_MISMATCH: e(422, 'unprocessable', 'use an image (or a manifest list entry) built for this node'),
+  /** The registry served content that does not hash to the digest that names it. */
+  IMAGE_DIGEST_MISMATCH: e(
+    502,
+    'unavailable',
+    'the registry’s copy is damaged or tampered with; ask its operator',
+  ),
+  /** The image's layers add up to more than the daemon's images.maxPullBytes. */
+  IMAGE_TOO_LARGE: e(
+    413,
+    'too-large',
+    'use a smaller image, or ask the operator to raise images.maxPullBytes',
+  ),
+  /** A pull ran past the daemon's images.pullTimeout. */
+  IMAGE_PULL_TIMEOUT: e(504, 'timeout', 'retry, or ask the operator to raise images.pullTimeout'),
+  /** The registry cannot be reached (down, refused, TLS, plain HTTP not allowed). */
+  REGISTRY_UNAVAILABLE: e(
+    502,
+    'unavailable',
+    'check the registry address; plain HTTP needs images.insecureRegistries',
+  ),
+  /** The registry refused the tenant's credentials, or asked for some and the tenant has none. */
+  REGISTRY_UNAUTHORIZED: e(403, 'forbidden', 'dormant registry login HOST --username U --password-stdin'),
+  /** The tenant holds no credentials for that registry. */
+  REGISTRY_CREDENTIALS_NOT_FOUND: e(
+    404,
+    'not-found',
+    'dormant registry ls lists the registries you logged in to',
+  ),
 
   // ---- GPUs ------------------------------------------------------------------------------
   GPU_UNAVAILABLE: e(409, 'conflict', 'dormant doctor shows the node’s GPUs'),

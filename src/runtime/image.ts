@@ -45,6 +45,8 @@ interface Descriptor {
 }
 
 const REF_NAME = 'org.opencontainers.image.ref.name';
+/** The unpacked image's identity and defaults, beside its rootfs. */
+const IMAGE_META = 'image.json';
 const MAX_JSON_BYTES = 4 * 1024 * 1024;
 /** Whiteouts kept from a layer's listing while it streams (each is a name in memory). */
 const MAX_WHITEOUTS = 100_000;
@@ -58,19 +60,23 @@ function bad(layout: string, why: string): DormantError {
   });
 }
 
-function blobPath(layout: string, digest: string): string {
+/**
+ * `blobs` is where a layout's blobs are: its own `blobs/` folder, or a blob folder shared
+ * between layouts (skopeo's `--dest-shared-blob-dir`, as registry pulls use).
+ */
+function blobPath(layout: string, blobs: string, digest: string): string {
   const m = /^sha256:([0-9a-f]{64})$/.exec(digest);
   if (!m) throw bad(layout, `unsupported or malformed digest "${digest.slice(0, 80)}"`);
-  return join(layout, 'blobs', 'sha256', m[1]!);
+  return join(blobs, 'sha256', m[1]!);
 }
 
 /** Reads a blob, checking its size and digest. Small JSON blobs only. */
-async function readJsonBlob<T>(layout: string, d: Descriptor): Promise<T> {
+async function readJsonBlob<T>(layout: string, blobs: string, d: Descriptor): Promise<T> {
   if (typeof d.size !== 'number' || d.size > MAX_JSON_BYTES)
     throw bad(layout, `blob ${d.digest} is too large for JSON`);
   let data: Buffer;
   try {
-    data = await readFile(blobPath(layout, d.digest));
+    data = await readFile(blobPath(layout, blobs, d.digest));
   } catch (e) {
     if (errnoCode(e) === 'ENOENT') throw bad(layout, `blob ${d.digest} is missing`);
     throw e;
@@ -85,8 +91,8 @@ async function readJsonBlob<T>(layout: string, d: Descriptor): Promise<T> {
   }
 }
 
-async function verifyBlob(layout: string, d: Descriptor): Promise<string> {
-  const path = blobPath(layout, d.digest);
+async function verifyBlob(layout: string, blobs: string, d: Descriptor): Promise<string> {
+  const path = blobPath(layout, blobs, d.digest);
   const hash = createHash('sha256');
   let size = 0;
   try {
@@ -217,8 +223,19 @@ async function applyLayer(layout: string, rootfs: string, layer: Descriptor, pat
  * Unpacks the image (once; later calls reuse the cache) and returns its rootfs folder and
  * defaults. `cacheDir` holds one folder per manifest digest.
  */
-export async function unpackImage(ref: string, cacheDir: string): Promise<UnpackedImage> {
+export async function unpackImage(
+  ref: string,
+  cacheDir: string,
+  opts: {
+    /** The layout's blobs are in this shared folder (skopeo's --dest-shared-blob-dir). */
+    blobDir?: string;
+    /** Refuse an image whose config names another architecture (amd64, arm64). */
+    arch?: string;
+  } = {},
+): Promise<UnpackedImage> {
   const { layout, tag } = parseImageRef(ref);
+  const { arch } = opts;
+  const blobs = opts.blobDir ?? join(layout, 'blobs');
   try {
     if (!(await stat(layout)).isDirectory()) throw bad(layout, 'is not a folder');
   } catch (e) {
@@ -226,13 +243,18 @@ export async function unpackImage(ref: string, cacheDir: string): Promise<Unpack
     throw e;
   }
   const desc = await pickManifest(layout, tag);
-  const manifest = await readJsonBlob<{ config?: Descriptor; layers?: Descriptor[] }>(layout, desc);
+  const manifest = await readJsonBlob<{ config?: Descriptor; layers?: Descriptor[] }>(layout, blobs, desc);
   if (!manifest.config || !Array.isArray(manifest.layers))
     throw bad(layout, `manifest ${desc.digest} has no config or layers`);
   const cfg = await readJsonBlob<{
     architecture?: string;
     config?: { Env?: string[]; Entrypoint?: string[] | null; Cmd?: string[] | null; WorkingDir?: string };
-  }>(layout, manifest.config);
+  }>(layout, blobs, manifest.config);
+  if (arch !== undefined && cfg.architecture !== arch)
+    throw new DormantError(
+      ErrorCode.IMAGE_ARCH_MISMATCH,
+      `image ${desc.digest} is built for ${cfg.architecture ?? 'no architecture'}; this node is ${arch}`,
+    );
   const config: ImageConfig = {
     command: [...(cfg.config?.Entrypoint ?? []), ...(cfg.config?.Cmd ?? [])],
     env: splitEnv(cfg.config?.Env),
@@ -247,7 +269,11 @@ export async function unpackImage(ref: string, cacheDir: string): Promise<Unpack
   const rootfs = join(target, 'rootfs');
   try {
     await stat(join(target, 'complete'));
-    return { digest: desc.digest, ...ids, rootfs, config };
+    const hit: UnpackedImage = { digest: desc.digest, ...ids, rootfs, config };
+    // An entry unpacked before image.json existed gets it now (a registry cache hit reads it).
+    if (!(await exists(join(target, IMAGE_META))))
+      await writeFile(join(target, IMAGE_META), JSON.stringify(hit));
+    return hit;
   } catch (e) {
     if (errnoCode(e) !== 'ENOENT') throw e;
   }
@@ -257,10 +283,19 @@ export async function unpackImage(ref: string, cacheDir: string): Promise<Unpack
   await mkdir(join(tmp, 'rootfs'), { recursive: true, mode: 0o755 });
   try {
     for (const layer of manifest.layers) {
-      const path = await verifyBlob(layout, layer);
+      const path = await verifyBlob(layout, blobs, layer);
       await applyLayer(layout, join(tmp, 'rootfs'), layer, path);
     }
+    // What a later create needs without the layout (a registry pull's cache hit reads it).
+    const meta: UnpackedImage = { digest: desc.digest, ...ids, rootfs, config };
+    await writeFile(join(tmp, IMAGE_META), JSON.stringify(meta));
     await writeFile(join(tmp, 'complete'), `${desc.digest}\n`);
+    if (await exists(join(target, 'complete'))) {
+      // Another unpack of the same image finished first: its copy may already be a sandbox's
+      // lower layer, so it stays and this one goes.
+      await rm(tmp, { recursive: true, force: true });
+      return meta;
+    }
     await rm(target, { recursive: true, force: true });
     await rename(tmp, target);
   } catch (e) {
@@ -269,4 +304,100 @@ export async function unpackImage(ref: string, cacheDir: string): Promise<Unpack
     throw bad(layout, `a layer could not be unpacked: ${e instanceof Error ? e.message : String(e)}`);
   }
   return { digest: desc.digest, ...ids, rootfs, config };
+}
+
+// ---- the cache: what is there, and removing what no sandbox uses ----
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await stat(path);
+    return true;
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return false;
+    throw e;
+  }
+}
+
+/** The unpacked image of `digest` when the cache holds it complete (with its defaults), else undefined. */
+export async function readUnpacked(cacheDir: string, digest: string): Promise<UnpackedImage | undefined> {
+  const m = /^sha256:([0-9a-f]{64})$/.exec(digest);
+  if (!m) return undefined;
+  const dir = join(cacheDir, `sha256-${m[1]!}`);
+  if (!(await exists(join(dir, 'complete')))) return undefined;
+  try {
+    const meta = JSON.parse(await readFile(join(dir, IMAGE_META), 'utf8')) as UnpackedImage;
+    if (meta.digest !== digest) return undefined;
+    return { ...meta, rootfs: join(dir, 'rootfs') };
+  } catch {
+    // Unpacked by an older version (no image.json): the caller unpacks it from its layout.
+    return undefined;
+  }
+}
+
+const ENTRY_RE = /^sha256-([0-9a-f]{64})$/;
+
+/** One unpacked image in the cache. */
+export interface CachedImage {
+  /** sha256:... of its manifest. */
+  digest: string;
+  path: string;
+  /** When it was unpacked (ms). */
+  unpackedAt: number;
+}
+
+/** The unpacked images in `cacheDir` (complete ones only). */
+export async function listUnpacked(cacheDir: string): Promise<CachedImage[]> {
+  const out: CachedImage[] = [];
+  for (const name of await readdir(cacheDir).catch(() => [] as string[])) {
+    const m = ENTRY_RE.exec(name);
+    if (!m) continue;
+    const path = join(cacheDir, name);
+    const done = await stat(join(path, 'complete')).catch(() => undefined);
+    if (done) out.push({ digest: `sha256:${m[1]!}`, path, unpackedAt: done.mtimeMs });
+  }
+  return out;
+}
+
+/**
+ * Removes an unpacked image: renamed aside first (one step), so no create finds half of it,
+ * then deleted. Unpacks a crash left behind (dot folders over an hour old) go too.
+ */
+export async function removeUnpacked(cacheDir: string, digest: string): Promise<void> {
+  const m = /^sha256:([0-9a-f]{64})$/.exec(digest);
+  if (!m) return;
+  const aside = join(cacheDir, `.rm-${m[1]!}.${process.pid}.${Date.now()}`);
+  try {
+    await rename(join(cacheDir, `sha256-${m[1]!}`), aside);
+  } catch (e) {
+    if (errnoCode(e) === 'ENOENT') return;
+    throw e;
+  }
+  await rm(aside, { recursive: true, force: true });
+}
+
+/** Dot folders (unpacks or removals a crash interrupted) older than `olderThanMs`. */
+export async function removeStaleUnpacks(cacheDir: string, olderThanMs: number): Promise<void> {
+  for (const name of await readdir(cacheDir).catch(() => [] as string[])) {
+    if (!/^\.(sha256-|rm-)/.test(name)) continue;
+    const st = await stat(join(cacheDir, name)).catch(() => undefined);
+    if (st && Date.now() - st.mtimeMs > olderThanMs)
+      await rm(join(cacheDir, name), { recursive: true, force: true });
+  }
+}
+
+/**
+ * The blobs a manifest in a shared blob folder names (itself, its config, its layers), or an
+ * empty list when the manifest is not there or unreadable.
+ */
+export async function manifestBlobs(blobDir: string, manifestDigest: string): Promise<string[]> {
+  const m = /^sha256:([0-9a-f]{64})$/.exec(manifestDigest);
+  if (!m) return [];
+  try {
+    const file = join(blobDir, 'sha256', m[1]!);
+    if ((await stat(file)).size > MAX_JSON_BYTES) return [manifestDigest];
+    const doc = JSON.parse(await readFile(file, 'utf8')) as { config?: Descriptor; layers?: Descriptor[] };
+    return [manifestDigest, ...[doc.config, ...(doc.layers ?? [])].flatMap((d) => (d ? [d.digest] : []))];
+  } catch {
+    return [];
+  }
 }

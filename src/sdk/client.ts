@@ -320,6 +320,32 @@ export class DormantClient {
   }
 
   /**
+   * Stores this tenant's login to a registry (`HOST` or `HOST:PORT`), after the registry
+   * accepted it; `createSandbox({ image: 'HOST/NAME:TAG' })` then pulls with it. The daemon
+   * keeps the password sealed with the tenant's key and never answers it (docs/IMAGES.md).
+   */
+  registryLogin(host: string, login: { username: string; password: string }, opts?: CallOptions) {
+    return this.request<RegistryLoginInfo>('PUT', `/v1/registries/${encodeURIComponent(host)}`, login, opts);
+  }
+  /** This tenant's registry logins (an admin: every tenant's), without passwords. */
+  async listRegistryLogins(opts?: CallOptions): Promise<RegistryLoginInfo[]> {
+    return (await this.request<{ registries: RegistryLoginInfo[] }>('GET', '/v1/registries', undefined, opts))
+      .registries;
+  }
+  /** Forgets this tenant's login to a registry. */
+  async registryLogout(host: string, opts?: CallOptions): Promise<void> {
+    await this.request('DELETE', `/v1/registries/${encodeURIComponent(host)}`, undefined, opts);
+  }
+  /** The unpacked images on the node and the sandboxes using each (admin only). */
+  async listImages(opts?: CallOptions): Promise<CachedImageInfo[]> {
+    return (await this.request<{ images: CachedImageInfo[] }>('GET', '/v1/images', undefined, opts)).images;
+  }
+  /** Removes the unpacked images and downloaded blobs no sandbox uses (admin only). */
+  pruneImages(opts?: CallOptions) {
+    return this.request<{ images: string[]; blobs: number }>('POST', '/v1/images/prune', undefined, opts);
+  }
+
+  /**
    * State transitions as they happen (GET /v1/events), for this token's tenant. Ends when the
    * signal aborts (without an error) or the daemon closes the stream.
    *
@@ -501,6 +527,23 @@ export class DormantClient {
 }
 
 /** `GET /v1/checkpoints/{id}/inspect` (see src/checkpoint/inspect.ts for every field). */
+/** A tenant's login to a registry (PUT /v1/registries/{host}); never the password. */
+export interface RegistryLoginInfo {
+  host: string;
+  username: string;
+  tenant: string;
+  createdAt: string;
+}
+
+/** An unpacked image in the node's cache (GET /v1/images). */
+export interface CachedImageInfo {
+  digest: string;
+  unpackedAt: string;
+  /** The sources of the sandboxes using it. */
+  refs: string[];
+  sandboxes: number;
+}
+
 export interface CheckpointInspection {
   ref: string;
   metadata: Record<string, string | number | undefined>;

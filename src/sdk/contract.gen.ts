@@ -230,6 +230,7 @@ export interface WatchEvent {
 export interface CreateSandboxOptions {
   name?: string;
   rootfs?: string;
+  /** a registry reference (REGISTRY/NAME:TAG or REGISTRY/NAME@sha256:DIGEST), pulled with your registry login; or an absolute OCI image layout folder (DIR[:TAG]) */
   image?: string;
   /** may be empty with an image: the image's Entrypoint and Cmd are used */
   command?: string[];
@@ -346,6 +347,15 @@ export type ApiErrorCode =
   | 'IMAGE_INVALID'
   | 'IMAGE_REQUIRED'
   | 'IMAGE_MISMATCH'
+  | 'IMAGE_REF_INVALID'
+  | 'IMAGE_NOT_FOUND'
+  | 'IMAGE_ARCH_MISMATCH'
+  | 'IMAGE_DIGEST_MISMATCH'
+  | 'IMAGE_TOO_LARGE'
+  | 'IMAGE_PULL_TIMEOUT'
+  | 'REGISTRY_UNAVAILABLE'
+  | 'REGISTRY_UNAUTHORIZED'
+  | 'REGISTRY_CREDENTIALS_NOT_FOUND'
   | 'GPU_UNAVAILABLE'
   | 'GPU_NO_DRIVER'
   | 'GPU_CHECKPOINT_UNSUPPORTED'
@@ -523,6 +533,51 @@ export const API_ERRORS: {
     status: 422,
     family: 'unprocessable',
     hint: 'pass the image the checkpoint was made from',
+  },
+  IMAGE_REF_INVALID: {
+    status: 400,
+    family: 'invalid',
+    hint: 'give REGISTRY/NAME:TAG, REGISTRY/NAME@sha256:DIGEST, or an absolute OCI layout folder',
+  },
+  IMAGE_NOT_FOUND: {
+    status: 404,
+    family: 'not-found',
+    hint: 'check the name and tag (skopeo list-tags docker://REGISTRY/NAME)',
+  },
+  IMAGE_ARCH_MISMATCH: {
+    status: 422,
+    family: 'unprocessable',
+    hint: 'use an image (or a manifest list entry) built for this node',
+  },
+  IMAGE_DIGEST_MISMATCH: {
+    status: 502,
+    family: 'unavailable',
+    hint: 'the registry’s copy is damaged or tampered with; ask its operator',
+  },
+  IMAGE_TOO_LARGE: {
+    status: 413,
+    family: 'too-large',
+    hint: 'use a smaller image, or ask the operator to raise images.maxPullBytes',
+  },
+  IMAGE_PULL_TIMEOUT: {
+    status: 504,
+    family: 'timeout',
+    hint: 'retry, or ask the operator to raise images.pullTimeout',
+  },
+  REGISTRY_UNAVAILABLE: {
+    status: 502,
+    family: 'unavailable',
+    hint: 'check the registry address; plain HTTP needs images.insecureRegistries',
+  },
+  REGISTRY_UNAUTHORIZED: {
+    status: 403,
+    family: 'forbidden',
+    hint: 'dormant registry login HOST --username U --password-stdin',
+  },
+  REGISTRY_CREDENTIALS_NOT_FOUND: {
+    status: 404,
+    family: 'not-found',
+    hint: 'dormant registry ls lists the registries you logged in to',
   },
   GPU_UNAVAILABLE: { status: 409, family: 'conflict', hint: 'dormant doctor shows the node’s GPUs' },
   GPU_NO_DRIVER: {

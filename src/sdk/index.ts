@@ -54,6 +54,8 @@ export {
   type ExecResult,
   type SandboxUrlInfo,
   type TokenInfo,
+  type RegistryLoginInfo,
+  type CachedImageInfo,
   type TransitionInfo,
   type SandboxState,
   type GpuPolicy,

@@ -72,7 +72,25 @@ export const MIGRATIONS: string[] = [
   // one sandbox's samples found without a scan of everyone's (GET /v1/sandboxes/{id}/metrics).
   `ALTER TABLE samples ADD COLUMN disk_bytes INTEGER;
    CREATE INDEX samples_sandbox ON samples (sandbox_id, at);`,
+  // A tenant's registry credentials; the password only sealed with the tenant's key.
+  `CREATE TABLE registry_credentials (
+     tenant TEXT NOT NULL,
+     host TEXT NOT NULL,
+     username TEXT NOT NULL,
+     sealed TEXT NOT NULL,
+     created_at INTEGER NOT NULL,
+     PRIMARY KEY (tenant, host)
+   );`,
 ];
+
+/** A tenant's login to a registry: `sealed` is the password sealed with the tenant's key. */
+export interface RegistryCredentialRow {
+  tenant: string;
+  host: string;
+  username: string;
+  sealed: string;
+  createdAt: number;
+}
 
 interface SandboxRow {
   id: string;
@@ -551,6 +569,37 @@ export class SqliteStateStore implements StateStore {
   revokeToken(hash: string, at: number): boolean {
     return (
       this.db.prepare('UPDATE tokens SET revoked_at = ? WHERE hash = ? AND revoked_at IS NULL').run(at, hash)
+        .changes > 0
+    );
+  }
+
+  putRegistryCredential(r: RegistryCredentialRow): void {
+    this.db
+      .prepare(
+        'INSERT OR REPLACE INTO registry_credentials (tenant, host, username, sealed, created_at) VALUES (?, ?, ?, ?, ?)',
+      )
+      .run(r.tenant, r.host, r.username, r.sealed, r.createdAt);
+  }
+
+  /** One tenant's logins (every tenant's when undefined), by host. */
+  listRegistryCredentials(tenant?: string): RegistryCredentialRow[] {
+    const rows = (
+      tenant === undefined
+        ? this.db.prepare('SELECT * FROM registry_credentials ORDER BY tenant, host').all()
+        : this.db.prepare('SELECT * FROM registry_credentials WHERE tenant = ? ORDER BY host').all(tenant)
+    ) as { tenant: string; host: string; username: string; sealed: string; created_at: number }[];
+    return rows.map((r) => ({
+      tenant: r.tenant,
+      host: r.host,
+      username: r.username,
+      sealed: r.sealed,
+      createdAt: r.created_at,
+    }));
+  }
+
+  deleteRegistryCredential(tenant: string, host: string): boolean {
+    return (
+      this.db.prepare('DELETE FROM registry_credentials WHERE tenant = ? AND host = ?').run(tenant, host)
         .changes > 0
     );
   }

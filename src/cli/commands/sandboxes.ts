@@ -129,7 +129,10 @@ export function registerSandboxes(program: Command): void {
     .description('start a sandbox; prints its id')
     .option('--name <name>', 'a name (lowercase letters, digits, dashes)')
     .option('--rootfs <dir>', 'root filesystem folder (read-only below the sandbox)')
-    .option('--image <dir[:tag]>', 'OCI image layout folder')
+    .option(
+      '--image <ref>',
+      'a registry image REGISTRY/NAME:TAG or REGISTRY/NAME@sha256:DIGEST (pulled by the daemon: dormant registry login), or an OCI image layout folder DIR[:TAG]',
+    )
     .option('--port <port>', 'a port inside the sandbox to expose (repeatable)', collect, [])
     .option('--env <K=V>', 'an environment variable (repeatable)', collect, [])
     .option('--memory <size>', 'memory limit, e.g. 512M', '512M')
@@ -152,7 +155,8 @@ export function registerSandboxes(program: Command): void {
       '\nExamples:\n  dormant create --rootfs /srv/rootfs --port 8080 -- python3 -m http.server 8080\n  dormant create --name agent --idle 5m --rootfs ./rootfs -- sh -c "sleep infinity"',
     )
     .action(async (command, o) => {
-      if (!o.rootfs && !o.image) throw usage('give --rootfs DIR or --image OCI_LAYOUT_DIR');
+      if (!o.rootfs && !o.image)
+        throw usage('give --rootfs DIR or --image REGISTRY/NAME:TAG (or an OCI layout DIR)');
       const env: Record<string, string> = {};
       for (const kv of o.env) {
         const i = kv.indexOf('=');
@@ -175,7 +179,8 @@ export function registerSandboxes(program: Command): void {
           command,
           ...(o.name ? { name: o.name } : {}),
           ...(o.rootfs ? { rootfs: resolve(o.rootfs) } : {}),
-          ...(o.image ? { image: o.image } : {}),
+          // A folder given relative to here is made absolute; anything else is a registry reference.
+          ...(o.image ? { image: /^\.\.?\//.test(o.image) ? resolve(o.image) : o.image } : {}),
           env,
           ports,
           memory: o.memory,

@@ -14,6 +14,7 @@ import {
   type SandboxSpec,
 } from '../../domain/sandbox.js';
 import { parseImageRef, unpackImage, type ImageConfig } from '../../runtime/image.js';
+import { isRegistryRef } from '../../runtime/registry.js';
 import { MAX_DISK_BYTES, MIN_DISK_BYTES } from '../../runtime/oci.js';
 import { DEFAULT_GPU_POLICY, parseGpuPolicy, parseGpus, type GpuPolicy } from '../../domain/gpu.js';
 import { LifecycleContext, invalid } from '../context.js';
@@ -60,12 +61,34 @@ export function checkDiskBytes(bytes: number): number {
 async function validateSource(
   ctx: LifecycleContext,
   input: CreateSandboxInput,
-): Promise<{ source: SandboxSpec['source']; image?: ImageConfig }> {
+): Promise<{ source: SandboxSpec['source']; image?: ImageConfig; release?: () => void }> {
   if (input.image !== undefined) {
     if (input.rootfs !== undefined) throw invalid('give --rootfs or --image, not both');
+    if (isRegistryRef(input.image)) {
+      // A registry reference: any tenant may name one (it names no host path); the pull uses
+      // the tenant's own credentials for that registry.
+      if (!ctx.opts.images)
+        throw new DormantError('IMAGE_REF_INVALID', 'this daemon pulls no images from registries', {
+          hint: 'give an absolute OCI image layout folder',
+        });
+      const held = await ctx.opts.images.pull(input.tenant, input.image);
+      return {
+        source: { kind: 'image', path: held.ref, digest: held.image.digest, rootfs: held.image.rootfs },
+        image: held.image.config,
+        release: held.release,
+      };
+    }
     const { layout } = parseImageRef(input.image);
     await ctx.checkPath(layout, 'image', input.admin === true);
-    const img = await unpackImage(input.image, ctx.opts.imageCacheDir ?? join(ctx.opts.stagingDir, 'images'));
+    const held = ctx.opts.images
+      ? await ctx.opts.images.unpackLayout(input.image)
+      : {
+          image: await unpackImage(
+            input.image,
+            ctx.opts.imageCacheDir ?? join(ctx.opts.stagingDir, 'images'),
+          ),
+        };
+    const img = held.image;
     const { tag } = parseImageRef(input.image);
     return {
       source: {
@@ -76,6 +99,7 @@ async function validateSource(
         rootfs: img.rootfs,
       },
       image: img.config,
+      ...('release' in held ? { release: held.release } : {}),
     };
   }
   const path = input.rootfs;
@@ -90,7 +114,43 @@ async function validateSource(
 export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxInput): Promise<Sandbox> {
   // Checked before an image is unpacked: a bad label costs nothing.
   const labels = validateLabels(input.labels ?? {});
-  const { source, image } = await validateSource(ctx, input);
+  const { source, image, release } = await validateSource(ctx, input);
+  let sandbox: Sandbox;
+  try {
+    sandbox = await recordSandbox(ctx, input, labels, source, image);
+  } finally {
+    // Recorded (or refused): the image collector sees the sandbox's use from here on.
+    release?.();
+  }
+  const id = sandbox.id;
+  return ctx.locks.run(id, async () => {
+    try {
+      ctx.step('create:before-runtime');
+      const st = await ctx.runtime.create(await ctx.runtimeSpec(sandbox));
+      ctx.step('create:created');
+      await ctx.runtime.start(id);
+      ctx.store.transition(id, 'creating', 'running', 'create', ctx.clock.now(), {
+        address: st.network.address,
+      });
+      return ctx.get(id);
+    } catch (e) {
+      await ctx.runtime.destroy(id).catch((x: unknown) => ctx.warnCleanup(id, 'destroy', x));
+      ctx.store.transition(id, 'creating', 'failed', 'create failed', ctx.clock.now(), {
+        lastError: asError(e).message,
+      });
+      throw e;
+    }
+  });
+}
+
+/** Checks the rest of the request and records the sandbox as `creating`. */
+async function recordSandbox(
+  ctx: LifecycleContext,
+  input: CreateSandboxInput,
+  labels: Record<string, string>,
+  source: SandboxSpec['source'],
+  image: ImageConfig | undefined,
+): Promise<Sandbox> {
   const command = input.command.length > 0 ? input.command : (image?.command ?? []);
   if (command.length === 0) throw invalid('a sandbox needs a command', 'dormant create ... -- CMD ARG...');
   const id = newId('sb', randomBytes);
@@ -136,22 +196,5 @@ export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxI
     memoryBytes: 0,
   };
   ctx.store.insertSandbox(sandbox, 'create');
-  return ctx.locks.run(id, async () => {
-    try {
-      ctx.step('create:before-runtime');
-      const st = await ctx.runtime.create(await ctx.runtimeSpec(sandbox));
-      ctx.step('create:created');
-      await ctx.runtime.start(id);
-      ctx.store.transition(id, 'creating', 'running', 'create', ctx.clock.now(), {
-        address: st.network.address,
-      });
-      return ctx.get(id);
-    } catch (e) {
-      await ctx.runtime.destroy(id).catch((x: unknown) => ctx.warnCleanup(id, 'destroy', x));
-      ctx.store.transition(id, 'creating', 'failed', 'create failed', ctx.clock.now(), {
-        lastError: asError(e).message,
-      });
-      throw e;
-    }
-  });
+  return sandbox;
 }
