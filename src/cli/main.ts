@@ -15,6 +15,7 @@ import { registerCheckpoint } from './commands/checkpoint.js';
 import { registerCost } from './commands/cost.js';
 import { registerUrl } from './commands/url.js';
 import { registerTokens } from './commands/tokens.js';
+import { registerTemplates } from './commands/templates.js';
 import { registerDashboard } from './commands/dashboard.js';
 import { registerService } from './commands/service.js';
 import { registerVersion } from './commands/version.js';
@@ -50,6 +51,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerSandboxes(program);
   registerToolbox(program);
   registerCheckpoint(program);
+  registerTemplates(program);
   registerCost(program);
   registerUrl(program);
   registerTokens(program);

@@ -10,6 +10,7 @@ import type { MeterSample } from '../domain/cost.js';
 import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import type { CheckpointRecord, SandboxQuery, StateStore, StoredSample, TokenRow } from './store.js';
+import { SqliteTemplateStore, TEMPLATES_MIGRATION, type TemplateStore } from './templates.js';
 
 export const MIGRATIONS: string[] = [
   `CREATE TABLE sandboxes (
@@ -72,6 +73,8 @@ export const MIGRATIONS: string[] = [
   // one sandbox's samples found without a scan of everyone's (GET /v1/sandboxes/{id}/metrics).
   `ALTER TABLE samples ADD COLUMN disk_bytes INTEGER;
    CREATE INDEX samples_sandbox ON samples (sandbox_id, at);`,
+  // Templates: named warmed checkpoints new sandboxes start from (state/templates.ts).
+  TEMPLATES_MIGRATION,
 ];
 
 interface SandboxRow {
@@ -565,6 +568,11 @@ export class SqliteStateStore implements StateStore {
     this.db.pragma('wal_checkpoint(TRUNCATE)');
     this.db.exec('VACUUM');
     this.db.pragma('wal_checkpoint(TRUNCATE)');
+  }
+
+  /** The templates, in the same database (state/templates.ts). */
+  templates(): TemplateStore {
+    return new SqliteTemplateStore(this.db);
   }
 
   close(): void {
