@@ -53,6 +53,17 @@ export async function createFromTemplate(
   const labels = validateLabels(input.labels ?? {});
   // Seen as the caller sees templates: its own, then the public ones.
   const tpl = resolveTemplate(ctx, input.template, input.tenant);
+  // A use from here on: a `template rm` now waits for it before the checkpoint goes.
+  await usingTemplate(ctx, tpl.id, startFrom(ctx, tpl, input, labels, answer));
+}
+
+async function startFrom(
+  ctx: LifecycleContext,
+  tpl: TemplateRecord,
+  input: CreateSandboxInput,
+  labels: Record<string, string>,
+  answer: (s: Sandbox) => void,
+): Promise<void> {
   const ck = ctx.store.getCheckpoint(tpl.checkpointId);
   if (!ck) throw damaged(tpl, 'its checkpoint record is missing');
   const id = newId('sb', randomBytes);
@@ -111,7 +122,7 @@ export async function createFromTemplate(
       : true;
   });
   try {
-    await usingTemplate(ctx, tpl.id, made);
+    await made;
   } finally {
     ctx.report(t.finish('template', id, ok));
   }
