@@ -34,12 +34,14 @@ const TYPES = [
   ['CommandEvent', 'CommandEventSchema', "One line of a command's ndjson stream."],
   ['FileInfo', 'FileInfoSchema', 'A file or folder inside a sandbox.'],
   ['WatchEvent', 'WatchEventSchema', 'A change under a watched folder inside a sandbox.'],
+  ['TemplateInfo', 'TemplateSchema', 'A template: a warmed checkpoint new sandboxes start from.'],
 ];
 /** Request types, made from the schemas' input side (a duration may be `900000` or `"15m"`). */
 const INPUTS = [
   ['CreateSandboxOptions', 'CreateSandboxBody', 'What a new sandbox is made of (POST /v1/sandboxes).'],
   ['UpdateSandboxOptions', 'UpdateSandboxBody', 'What PATCH /v1/sandboxes/{id} changes.'],
   ['ListSandboxesOptions', 'ListSandboxesQuery', 'The filters and page of GET /v1/sandboxes.'],
+  ['CreateTemplateOptions', 'CreateTemplateBody', 'What a new template is made from (POST /v1/templates).'],
 ];
 
 const q = (v) => `'${String(v).replace(/\\/g, '\\\\').replace(/'/g, "\\'")}'`;

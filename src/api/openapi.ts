@@ -39,6 +39,7 @@ import {
   RegistryLoginBody,
 } from './schemas.js';
 import { TOOLBOX_ROUTES } from './openapi-toolbox.js';
+import { TEMPLATE_ROUTES } from './routes-templates.js';
 
 // The response schemas live with the request ones (schemas.ts); tests import them from here too.
 export { CheckpointSchema, ErrorSchema, ExecResultSchema, SandboxSchema, TokenSchema, TransitionSchema };
@@ -205,6 +206,7 @@ const ROUTES: Route[] = [
     ok: [200, ExecResultSchema],
   },
   ...TOOLBOX_ROUTES,
+  ...TEMPLATE_ROUTES,
   {
     method: 'post',
     path: '/v1/sandboxes/{id}/keepalive',

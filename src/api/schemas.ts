@@ -103,6 +103,14 @@ export const CreateSandboxBody = z.strictObject({
     .optional()
     .describe('what hibernate does when the sandbox holds GPU state; default keep-running (docs/GPU.md)'),
   labels: labels.optional(),
+  template: z
+    .string()
+    .min(1)
+    .max(128)
+    .optional()
+    .describe(
+      "a template's name or id: the sandbox starts from its checkpoint (memory, processes, files); give no rootfs, image, command, env, ports or limits",
+    ),
 });
 export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
 
@@ -470,3 +478,72 @@ export const ErrorSchema = z.object({
 });
 
 export * from './schemas-toolbox.js';
+
+// ---- templates (routes-templates.ts) -----------------------------------------------------
+
+export const ReadyProbeBody = z
+  .strictObject({
+    port: z
+      .number()
+      .int()
+      .min(1)
+      .max(65535)
+      .optional()
+      .describe('ready once something inside listens on this TCP port'),
+    command: z
+      .array(z.string().max(65_536))
+      .min(1)
+      .max(1024)
+      .optional()
+      .describe('ready once this command, run inside, exits 0'),
+    timeout: duration
+      .optional()
+      .describe('how long to wait: milliseconds or a duration like `30s`; default 60s'),
+  })
+  .describe('when the builder sandbox is checkpointed (both given: both must pass); none: at once');
+
+export const CreateTemplateBody = z.strictObject({
+  name: z.string().min(1).max(63),
+  from: z
+    .string()
+    .min(1)
+    .max(128)
+    .optional()
+    .describe('a running or paused sandbox (id or name) to checkpoint; it keeps running'),
+  public: z.boolean().optional().describe('every tenant sees and uses it (admin tokens only)'),
+  rootfs: z.string().min(1).max(4096).optional().describe('or: a builder sandbox from this root filesystem'),
+  image: z.string().min(1).max(4096).optional().describe('or: a builder sandbox from this image'),
+  command: z.array(z.string().max(65_536)).max(1024).default([]),
+  env: z.record(envName, z.string().max(65_536)).optional(),
+  ports: CreateSandboxBody.shape.ports,
+  memory: size.optional(),
+  cpus: z.number().positive().max(256).optional(),
+  disk: size.optional(),
+  ready: ReadyProbeBody.optional(),
+});
+
+export const TemplateSchema = z.object({
+  id: z.string(),
+  name: z.string(),
+  tenant: z.string(),
+  public: z.boolean(),
+  checkpointId: z.string(),
+  origin: z.string().describe('what it was made from: `sandbox ID`, `image REF` or `rootfs DIR`'),
+  command: z.array(z.string()),
+  ports: z.array(z.object({ port: z.number().int(), public: z.boolean() })),
+  memoryLimitBytes: z.number().int(),
+  logicalBytes: z.number().int().nullable().describe('bytes of the checkpoint (memory and files)'),
+  storedBytes: z
+    .number()
+    .int()
+    .nullable()
+    .describe('bytes it added to the vault after dedup and compression'),
+  createdAt: z.iso.datetime(),
+});
+export type TemplateView = z.output<typeof TemplateSchema>;
+
+export const TemplateListSchema = z.object({ templates: z.array(TemplateSchema) });
+
+export const PublishTemplateBody = z.strictObject({
+  public: z.boolean().describe('true: every tenant sees it; false: only its own tenant again'),
+});

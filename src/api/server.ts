@@ -23,6 +23,7 @@ import type { CheckpointRecord, StateStore } from '../state/store.js';
 import { authenticate, type Principal } from './auth.js';
 import { registerCheckpointRoutes } from './routes-checkpoints.js';
 import { registerToolboxRoutes } from './routes-toolbox.js';
+import { registerTemplateRoutes } from './routes-templates.js';
 import type { VaultReader } from '../checkpoint/source.js';
 import {
   CheckpointsQuery,
@@ -289,6 +290,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.gpus !== undefined ? { gpus: b.gpus } : {}),
       ...(b.gpuPolicy !== undefined ? { gpuPolicy: b.gpuPolicy } : {}),
       ...(b.labels !== undefined ? { labels: b.labels } : {}),
+      ...(b.template !== undefined ? { template: b.template } : {}),
       policy: {
         ...(b.idle !== undefined ? { hibernateAfterMs: b.idle } : {}),
         ...(b.pauseAfter !== undefined ? { pauseAfterMs: b.pauseAfter } : {}),
@@ -390,6 +392,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   registerToolboxRoutes(app, { controller });
+  registerTemplateRoutes(app, { controller, store });
 
   app.post('/v1/sandboxes/:id/keepalive', async (req) => {
     const id = sandboxId(req);

@@ -16,6 +16,7 @@ import { registerCost } from './commands/cost.js';
 import { registerUrl } from './commands/url.js';
 import { registerTokens } from './commands/tokens.js';
 import { registerImages } from './commands/images.js';
+import { registerTemplates } from './commands/templates.js';
 import { registerDashboard } from './commands/dashboard.js';
 import { registerService } from './commands/service.js';
 import { registerVersion } from './commands/version.js';
@@ -51,6 +52,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerSandboxes(program);
   registerToolbox(program);
   registerCheckpoint(program);
+  registerTemplates(program);
   registerCost(program);
   registerUrl(program);
   registerTokens(program);

@@ -8,6 +8,7 @@ import type { GpuNode } from './gpu.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { SandboxProfile } from '../checkpoint/profile-check.js';
 import type { ImageService } from './images.js';
+import type { TemplateStore } from '../state/templates.js';
 
 /** The vault's port, by the name the daemon and older callers know it. */
 export type CheckpointVault = VaultPort;
@@ -119,4 +120,6 @@ export interface ControllerOptions {
   usage?: (sandboxId: string) => Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
   /** This node's GPUs and the CUDA checkpoint steps. Default: the real node (systemGpuNode). */
   gpu?: GpuNode;
+  /** Where templates are recorded (the daemon's database); without it there are none. */
+  templates?: TemplateStore;
 }

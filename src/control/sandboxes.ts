@@ -32,6 +32,16 @@ import { removeSandbox } from './ops/remove.js';
 import { resume } from './ops/resume.js';
 import { updateSandbox, type SandboxUpdate } from './ops/update.js';
 import { execCommand, withAgent, type ExecOptions, type ExecOutcome } from './ops/toolbox.js';
+import {
+  createTemplate,
+  listTemplates,
+  publishTemplate,
+  removeTemplate,
+  resolveTemplate,
+  type CreateTemplateInput,
+} from './ops/template.js';
+import { createFromTemplate } from './ops/template-start.js';
+import type { TemplateRecord } from '../state/templates.js';
 import type { AgentClient } from '../runtime/agent-client.js';
 
 export {
@@ -43,6 +53,7 @@ export {
 } from './options.js';
 export { DEFAULT_DISK_BYTES, type CreateSandboxInput } from './ops/create.js';
 export type { ImportArchiveInput } from './ops/import.js';
+export type { CreateTemplateInput, ReadyProbe } from './ops/template.js';
 export type { PolicyPatch, SandboxUpdate } from './ops/update.js';
 export type { ExecOptions, ExecOutcome } from './ops/toolbox.js';
 
@@ -96,7 +107,37 @@ export class SandboxController {
   }
 
   async create(input: CreateSandboxInput): Promise<Sandbox> {
+    // From a template: the caller hears once it runs (its pages may still be coming in).
+    const template = input.template;
+    if (template !== undefined)
+      return new Promise<Sandbox>((answer, refuse) => {
+        createFromTemplate(this.ctx, { ...input, template }, answer).catch(refuse);
+      });
     return createSandbox(this.ctx, input);
+  }
+
+  /** A template from a running sandbox, or from a builder sandbox (ops/template.ts). */
+  async createTemplate(input: CreateTemplateInput): Promise<TemplateRecord> {
+    return createTemplate(this.ctx, input);
+  }
+
+  /** The templates `tenant` sees (its own and the public ones); an admin passes undefined. */
+  listTemplates(tenant?: string): TemplateRecord[] {
+    return listTemplates(this.ctx, tenant);
+  }
+
+  /** The template `ref` (id or name) as `tenant` sees it, or TEMPLATE_NOT_FOUND. */
+  getTemplate(ref: string, tenant?: string): TemplateRecord {
+    return resolveTemplate(this.ctx, ref, tenant);
+  }
+
+  async removeTemplate(ref: string, tenant?: string): Promise<void> {
+    return removeTemplate(this.ctx, ref, tenant);
+  }
+
+  /** Every tenant sees the template (admin only), or only its own tenant again. */
+  publishTemplate(ref: string, isPublic: boolean): TemplateRecord {
+    return publishTemplate(this.ctx, ref, isPublic);
   }
 
   /**

@@ -280,6 +280,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     vault,
     stagingDir,
     secrets,
+    templates: store.templates(),
     imageCacheDir: join(dataDir, 'images'),
     images,
     lazyRestoreProbe: opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env)),

@@ -146,6 +146,24 @@ export const ERRORS = {
     'dormant registry ls lists the registries you logged in to',
   ),
 
+  // ---- templates -------------------------------------------------------------------------
+  TEMPLATE_NOT_FOUND: e(404, 'not-found', 'dormant template ls lists the templates this token sees'),
+  TEMPLATE_NAME_TAKEN: e(409, 'conflict', 'pick another name, or remove the template that has it'),
+  /** The template's checkpoint is missing or does not authenticate in the vault. */
+  TEMPLATE_DAMAGED: e(
+    409,
+    'conflict',
+    'remove the template and make it again (dormant template rm NAME; dormant template create)',
+  ),
+  /** A controller made without the template store (embedding without the daemon's database). */
+  TEMPLATES_UNAVAILABLE: e(503, 'unavailable', 'templates need the daemon’s database (dormant serve)'),
+  /** A template's builder sandbox did not pass its ready probe in time. */
+  TEMPLATE_NOT_READY: e(
+    422,
+    'unprocessable',
+    "check the command and the probe (the builder's log is in the error), or give a longer --ready-timeout",
+  ),
+
   // ---- GPUs ------------------------------------------------------------------------------
   GPU_UNAVAILABLE: e(409, 'conflict', 'dormant doctor shows the node’s GPUs'),
   GPU_NO_DRIVER: e(409, 'conflict', 'install the NVIDIA driver (with cuda-checkpoint) on the node'),

@@ -152,7 +152,7 @@ export function patchLabels(
 export const ID_PATTERN = /^(sb|ck)-[a-z2-7]{16}$/;
 
 const B32 = 'abcdefghijklmnopqrstuvwxyz234567';
-export function newId(prefix: 'sb' | 'ck', random: (n: number) => Uint8Array): string {
+export function newId(prefix: 'sb' | 'ck' | 'tp', random: (n: number) => Uint8Array): string {
   const bytes = random(16);
   let s = '';
   for (const b of bytes) s += B32.charAt(b & 31);

@@ -26,6 +26,7 @@ import { assertOwnFolder } from './staging.js';
 import { ensureLayer, releaseLayer, remountLayer } from './quota.js';
 import { copyFolder, emptyFolder, packFilesystem, unpackFilesystem } from './layer.js';
 import { endPageServer, servePages, type ServedPages } from './pages.js';
+import { setImagesHostname } from '../criu/images/utsns.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -441,6 +442,11 @@ export class RuncRuntime extends RuncHost implements Runtime {
     const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
     const rec = await this.readRecord(id);
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
+    // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
+    // checkpoint (a fork, a template) must answer to its own hostname from its first
+    // instruction on: the name is written into the images before the restore.
+    const hostname = rec.spec.hostname ?? id;
+    const renamed = await timed(opts, 'hostname', () => setImagesHostname(opts.imagesDir, hostname));
     // The lazy-pages daemon needs only the images: it starts (~0.1-0.3 s, CRIU's own start)
     // while the container's state and host side are checked.
     const starting =
@@ -537,16 +543,15 @@ export class RuncRuntime extends RuncHost implements Runtime {
           ErrorCode.RUNTIME_RESTORE_FAILED,
           `restore of sandbox ${id}: runc wrote no pid`,
         );
-      // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
-      // checkpoint (a fork) must still answer to its own hostname. Set from the host: the
-      // sandbox itself has no CAP_SYS_ADMIN.
-      const hostname = rec.spec.hostname ?? id;
-      await timed(opts, 'hostname', () =>
-        run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
-          timeoutMs: DEFAULTS.stateMs,
-          signal: opts.signal,
-        }),
-      );
+      // A checkpoint without a UTS namespace image of its own (none was rewritten): set
+      // from the host, after the fact (the sandbox itself has no CAP_SYS_ADMIN).
+      if (renamed === 0)
+        await timed(opts, 'hostname', () =>
+          run('nsenter', ['--target', String(pid), '--uts', 'hostname', hostname], {
+            timeoutMs: DEFAULTS.stateMs,
+            signal: opts.signal,
+          }),
+        );
     } catch (e) {
       // The container may be up: a half-restored sandbox is ended and removed like a failed one.
       lazy?.abort.abort();

@@ -13,12 +13,14 @@
 import type {
   CheckpointInfo,
   CreateSandboxOptions,
+  CreateTemplateOptions,
   ExecResult,
   ListSandboxesOptions,
   SandboxInfo,
   SandboxMetrics,
   SandboxPage,
   SandboxUrlInfo,
+  TemplateInfo,
   TokenInfo,
   TransitionInfo,
   UpdateSandboxOptions,
@@ -36,6 +38,8 @@ export type {
   SandboxInfo,
   SandboxState,
   SandboxUrlInfo,
+  CreateTemplateOptions,
+  TemplateInfo,
   TokenInfo,
   TransitionInfo,
 } from './contract.gen.js';
@@ -307,6 +311,30 @@ export class DormantClient {
     );
   }
   /** Mints a token for a tenant (admin only). The token is in the answer, and nowhere else. */
+  /** A template from a running sandbox (`from`), or built from a rootfs or image and a command. */
+  createTemplate(o: CreateTemplateOptions, opts?: CallOptions) {
+    return this.request<TemplateInfo>('POST', '/v1/templates', o, opts);
+  }
+  async listTemplates(opts?: CallOptions): Promise<TemplateInfo[]> {
+    return (await this.request<{ templates: TemplateInfo[] }>('GET', '/v1/templates', undefined, opts))
+      .templates;
+  }
+  getTemplate(ref: string, opts?: CallOptions) {
+    return this.request<TemplateInfo>('GET', `/v1/templates/${encodeURIComponent(ref)}`, undefined, opts);
+  }
+  /** Publishes a template to every tenant (admin), or takes it back. */
+  publishTemplate(ref: string, isPublic: boolean, opts?: CallOptions) {
+    return this.request<TemplateInfo>(
+      'PATCH',
+      `/v1/templates/${encodeURIComponent(ref)}`,
+      { public: isPublic },
+      opts,
+    );
+  }
+  async removeTemplate(ref: string, opts?: CallOptions): Promise<void> {
+    await this.request<string>('DELETE', `/v1/templates/${encodeURIComponent(ref)}`, undefined, opts);
+  }
+
   createToken(o: { tenant: string; admin?: boolean }, opts?: CallOptions) {
     return this.request<TokenInfo & { token: string }>('POST', '/v1/tokens', o, opts);
   }

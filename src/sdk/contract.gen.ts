@@ -226,6 +226,28 @@ export interface WatchEvent {
   isDir: boolean;
 }
 
+/** A template: a warmed checkpoint new sandboxes start from. */
+export interface TemplateInfo {
+  id: string;
+  name: string;
+  tenant: string;
+  public: boolean;
+  checkpointId: string;
+  /** what it was made from: `sandbox ID`, `image REF` or `rootfs DIR` */
+  origin: string;
+  command: string[];
+  ports: {
+    port: number;
+    public: boolean;
+  }[];
+  memoryLimitBytes: number;
+  /** bytes of the checkpoint (memory and files) */
+  logicalBytes: number | null;
+  /** bytes it added to the vault after dedup and compression */
+  storedBytes: number | null;
+  createdAt: string;
+}
+
 /** What a new sandbox is made of (POST /v1/sandboxes). */
 export interface CreateSandboxOptions {
   name?: string;
@@ -260,6 +282,8 @@ export interface CreateSandboxOptions {
   gpuPolicy?: GpuPolicy;
   /** your own key/value labels (at most 64; values up to 256 characters) */
   labels?: Record<string, string>;
+  /** a template's name or id: the sandbox starts from its checkpoint (memory, processes, files); give no rootfs, image, command, env, ports or limits */
+  template?: string;
 }
 
 /** What PATCH /v1/sandboxes/{id} changes. */
@@ -287,6 +311,41 @@ export interface ListSandboxesOptions {
   limit?: number;
   /** the previous page's `nextCursor` */
   cursor?: string;
+}
+
+/** What a new template is made from (POST /v1/templates). */
+export interface CreateTemplateOptions {
+  name: string;
+  /** a running or paused sandbox (id or name) to checkpoint; it keeps running */
+  from?: string;
+  /** every tenant sees and uses it (admin tokens only) */
+  public?: boolean;
+  /** or: a builder sandbox from this root filesystem */
+  rootfs?: string;
+  /** or: a builder sandbox from this image */
+  image?: string;
+  command?: string[];
+  env?: Record<string, string>;
+  /** ports inside the sandbox; `public: true` opens one through the wake proxy without a token */
+  ports?: (
+    | number
+    | {
+        port: number;
+        public?: boolean;
+      }
+  )[];
+  memory?: number | string;
+  cpus?: number;
+  disk?: number | string;
+  /** when the builder sandbox is checkpointed (both given: both must pass); none: at once */
+  ready?: {
+    /** ready once something inside listens on this TCP port */
+    port?: number;
+    /** ready once this command, run inside, exits 0 */
+    command?: string[];
+    /** how long to wait: milliseconds or a duration like `30s`; default 60s */
+    timeout?: number | string;
+  };
 }
 
 /** Every sandbox state. */
@@ -356,6 +415,11 @@ export type ApiErrorCode =
   | 'REGISTRY_UNAVAILABLE'
   | 'REGISTRY_UNAUTHORIZED'
   | 'REGISTRY_CREDENTIALS_NOT_FOUND'
+  | 'TEMPLATE_NOT_FOUND'
+  | 'TEMPLATE_NAME_TAKEN'
+  | 'TEMPLATE_DAMAGED'
+  | 'TEMPLATES_UNAVAILABLE'
+  | 'TEMPLATE_NOT_READY'
   | 'GPU_UNAVAILABLE'
   | 'GPU_NO_DRIVER'
   | 'GPU_CHECKPOINT_UNSUPPORTED'
@@ -578,6 +642,31 @@ export const API_ERRORS: {
     status: 404,
     family: 'not-found',
     hint: 'dormant registry ls lists the registries you logged in to',
+  },
+  TEMPLATE_NOT_FOUND: {
+    status: 404,
+    family: 'not-found',
+    hint: 'dormant template ls lists the templates this token sees',
+  },
+  TEMPLATE_NAME_TAKEN: {
+    status: 409,
+    family: 'conflict',
+    hint: 'pick another name, or remove the template that has it',
+  },
+  TEMPLATE_DAMAGED: {
+    status: 409,
+    family: 'conflict',
+    hint: 'remove the template and make it again (dormant template rm NAME; dormant template create)',
+  },
+  TEMPLATES_UNAVAILABLE: {
+    status: 503,
+    family: 'unavailable',
+    hint: 'templates need the daemon’s database (dormant serve)',
+  },
+  TEMPLATE_NOT_READY: {
+    status: 422,
+    family: 'unprocessable',
+    hint: "check the command and the probe (the builder's log is in the error), or give a longer --ready-timeout",
   },
   GPU_UNAVAILABLE: { status: 409, family: 'conflict', hint: 'dormant doctor shows the node’s GPUs' },
   GPU_NO_DRIVER: {

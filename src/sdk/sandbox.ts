@@ -87,6 +87,11 @@ export interface SandboxCreateOptions extends ConnectionOptions {
    * after this long idle (the same as `idleTimeoutMs`), and the next call wakes it.
    */
   timeoutMs?: number;
+  /**
+   * A dormant template (`dormant template ls`): the sandbox starts from its warmed checkpoint,
+   * memory and files as the template has them; no rootfs, image, command or limits then.
+   */
+  template?: string;
 }
 
 /** A sandbox as `Sandbox.list` gives it: the API's view, with E2B's names for two fields. */
@@ -219,8 +224,12 @@ export class Sandbox {
     const client = clientFor(opts);
     // Neither given: what the environment names (DORMANT_IMAGE, else DORMANT_ROOTFS), as E2B
     // falls back on its default template, so a ported program need not name one.
-    const image = opts.image ?? (opts.rootfs === undefined ? env('DORMANT_IMAGE') : undefined);
-    const rootfs = opts.rootfs ?? (image === undefined ? env('DORMANT_ROOTFS') : undefined);
+    // A template brings its own filesystem and program: no default is filled in beside it.
+    const tpl = opts.template;
+    const image =
+      opts.image ?? (opts.rootfs === undefined && tpl === undefined ? env('DORMANT_IMAGE') : undefined);
+    const rootfs =
+      opts.rootfs ?? (image === undefined && tpl === undefined ? env('DORMANT_ROOTFS') : undefined);
     const envs =
       opts.env !== undefined || opts.envs !== undefined ? { ...opts.env, ...opts.envs } : undefined;
     const labels =
@@ -228,7 +237,7 @@ export class Sandbox {
         ? { ...opts.metadata, ...opts.labels }
         : undefined;
     // A rootfs names no program to run; an E2B sandbox just waits for calls, so this one idles.
-    const command = opts.command ?? (image === undefined ? IDLE_COMMAND : undefined);
+    const command = opts.command ?? (image === undefined && tpl === undefined ? IDLE_COMMAND : undefined);
     const idle = opts.idleTimeoutMs ?? opts.timeoutMs;
     const info = await client.createSandbox(
       {
@@ -246,6 +255,7 @@ export class Sandbox {
         ...(opts.archiveAfterMs !== undefined ? { archiveAfter: opts.archiveAfterMs } : {}),
         ...(opts.lifetimeMs !== undefined ? { lifetime: opts.lifetimeMs } : {}),
         ...(opts.onResume !== undefined ? { onResume: opts.onResume } : {}),
+        ...(tpl !== undefined ? { template: tpl } : {}),
       },
       call(opts),
     );

@@ -10,6 +10,7 @@ import type { MeterSample } from '../domain/cost.js';
 import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import type { CheckpointRecord, SandboxQuery, StateStore, StoredSample, TokenRow } from './store.js';
+import { SqliteTemplateStore, TEMPLATES_MIGRATION, type TemplateStore } from './templates.js';
 
 export const MIGRATIONS: string[] = [
   `CREATE TABLE sandboxes (
@@ -81,6 +82,8 @@ export const MIGRATIONS: string[] = [
      created_at INTEGER NOT NULL,
      PRIMARY KEY (tenant, host)
    );`,
+  // Templates: named warmed checkpoints new sandboxes start from (state/templates.ts).
+  TEMPLATES_MIGRATION,
 ];
 
 /** A tenant's login to a registry: `sealed` is the password sealed with the tenant's key. */
@@ -614,6 +617,11 @@ export class SqliteStateStore implements StateStore {
     this.db.pragma('wal_checkpoint(TRUNCATE)');
     this.db.exec('VACUUM');
     this.db.pragma('wal_checkpoint(TRUNCATE)');
+  }
+
+  /** The templates, in the same database (state/templates.ts). */
+  templates(): TemplateStore {
+    return new SqliteTemplateStore(this.db);
   }
 
   close(): void {

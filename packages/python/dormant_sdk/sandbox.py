@@ -175,15 +175,18 @@ class Sandbox:
         token: Optional[str] = None,
         api_key: Optional[str] = None,
         request_timeout: Optional[float] = None,
+        from_template: Optional[str] = None,
     ) -> "Sandbox":
-        """Starts a sandbox and returns when it runs. ``template`` is an OCI image layout on
+        """Starts a sandbox and returns when it runs. ``from_template`` names a dormant
+        template (``dormant template ls``): memory, processes and files start as the template's,
+        and no rootfs, image or command is filled in. ``template`` is an OCI image layout on
         the daemon's machine (``DIR`` or ``DIR:TAG``), as ``image``; with neither an image nor
         a ``rootfs``, ``DORMANT_IMAGE`` or ``DORMANT_ROOTFS`` names one (E2B's default template).
         ``timeout`` seconds: hibernate after this long idle (not a kill); ``lifetime`` seconds:
         delete after this long."""
         t = cls._transport(url, token, api_key, request_timeout)
-        image = image or template or (None if rootfs else _env("DORMANT_IMAGE"))
-        rootfs = rootfs or (None if image else _env("DORMANT_ROOTFS"))
+        image = image or template or (None if rootfs or from_template else _env("DORMANT_IMAGE"))
+        rootfs = rootfs or (None if image or from_template else _env("DORMANT_ROOTFS"))
         body: Dict[str, Any] = {}
         for k, v in (
             ("name", name), ("rootfs", rootfs), ("image", image), ("ports", ports), ("memory", memory),
@@ -191,13 +194,15 @@ class Sandbox:
         ):
             if v is not None:
                 body[k] = v
-        body["command"] = command if command is not None else (None if image else _IDLE_COMMAND)
+        body["command"] = command if command is not None else (None if image or from_template else _IDLE_COMMAND)
         if body["command"] is None:
             del body["command"]
         if envs:
             body["env"] = envs
         if metadata or labels:
             body["labels"] = {**(metadata or {}), **(labels or {})}
+        if from_template is not None:
+            body["template"] = from_template
         return cls(t, t.request("POST", "/v1/sandboxes", body))
 
     @classmethod

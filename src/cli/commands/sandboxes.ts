@@ -123,6 +123,38 @@ async function withProgress<T>(label: string, json: boolean, fn: () => Promise<T
   });
 }
 
+/** `create --template`: what the template does not bring (name, labels, policy) is all that is sent. */
+async function createFromTemplate(
+  template: string,
+  command: string[],
+  o: {
+    name?: string;
+    label: string[];
+    idle?: string;
+    archiveAfter?: string;
+    lifetime?: string;
+    onResume?: string;
+    json?: true;
+  },
+): Promise<void> {
+  if (command.length > 0)
+    throw usage('a sandbox made from a template runs what the template runs: give no command');
+  const labels = labelsOf('--label', o.label);
+  const s = await withProgress('creating', !!o.json, () =>
+    clientFromEnv().createSandbox({
+      template,
+      ...(o.name ? { name: o.name } : {}),
+      ...(o.idle !== undefined ? { idle: o.idle } : {}),
+      ...(o.archiveAfter !== undefined ? { archiveAfter: o.archiveAfter } : {}),
+      ...(o.lifetime ? { lifetime: o.lifetime } : {}),
+      ...(o.onResume ? { onResume: ['sh', '-c', o.onResume] } : {}),
+      ...(Object.keys(labels).length > 0 ? { labels } : {}),
+    }),
+  );
+  if (o.json) printJson(s);
+  else process.stdout.write(`${s.id}\n`);
+}
+
 export function registerSandboxes(program: Command): void {
   program
     .command('create')
@@ -133,6 +165,7 @@ export function registerSandboxes(program: Command): void {
       '--image <ref>',
       'a registry image REGISTRY/NAME:TAG or REGISTRY/NAME@sha256:DIGEST (pulled by the daemon: dormant registry login), or an OCI image layout folder DIR[:TAG]',
     )
+    .option('--template <name>', 'start from a template (dormant template ls): its memory and files')
     .option('--port <port>', 'a port inside the sandbox to expose (repeatable)', collect, [])
     .option('--env <K=V>', 'an environment variable (repeatable)', collect, [])
     .option('--memory <size>', 'memory limit, e.g. 512M', '512M')
@@ -155,8 +188,14 @@ export function registerSandboxes(program: Command): void {
       '\nExamples:\n  dormant create --rootfs /srv/rootfs --port 8080 -- python3 -m http.server 8080\n  dormant create --name agent --idle 5m --rootfs ./rootfs -- sh -c "sleep infinity"',
     )
     .action(async (command, o) => {
+      if (o.template !== undefined) {
+        await createFromTemplate(o.template, command, o);
+        return;
+      }
       if (!o.rootfs && !o.image)
-        throw usage('give --rootfs DIR or --image REGISTRY/NAME:TAG (or an OCI layout DIR)');
+        throw usage(
+          'give --rootfs DIR, --image REGISTRY/NAME:TAG (or an OCI layout DIR), or --template NAME',
+        );
       const env: Record<string, string> = {};
       for (const kv of o.env) {
         const i = kv.indexOf('=');

@@ -42,6 +42,8 @@ export interface CreateSandboxInput {
   gpuPolicy?: GpuPolicy;
   /** The caller's key/value labels (domain/sandbox.ts validateLabels). */
   labels?: Record<string, string>;
+  /** Start from this template's checkpoint (id or name; ops/template-start.ts) instead. */
+  template?: string;
 }
 
 export const DEFAULT_MEMORY = 512 * 1024 ** 2;

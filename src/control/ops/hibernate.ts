@@ -168,6 +168,8 @@ export async function dumpToVault(
   t: StepTimer,
   wipeImages = true,
   gpuMeta?: GpuMeta,
+  /** Whose checkpoint it is in the vault and the database: a template's id keeps it apart from the sandbox's own. */
+  owner: string = s.id,
 ): Promise<CheckpointRecord> {
   const images = join(dir, 'images');
   const platform = await ctx.platform();
@@ -197,7 +199,7 @@ export async function dumpToVault(
   const storing = t.time('vault put', () =>
     ctx.vault.putCheckpoint({
       tenant: s.tenant,
-      sandboxId: s.id,
+      sandboxId: owner,
       checkpointId: ckId,
       srcDir: images,
       meta,
@@ -213,7 +215,7 @@ export async function dumpToVault(
   if (wipeImages) await t.time('wipe images', () => ctx.wipe(images));
   return {
     id: ckId,
-    sandboxId: s.id,
+    sandboxId: owner,
     tenant: s.tenant,
     createdAt: ctx.clock.now(),
     kind: 'memory',

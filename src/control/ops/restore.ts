@@ -73,6 +73,8 @@ export async function restoreFromVault(
   s: Sandbox,
   ckId: string | undefined,
   t: StepTimer,
+  /** The tenant whose vault holds the checkpoint: another's for a public template. */
+  vaultTenant: string = s.tenant,
 ): Promise<{ pagesLoaded: Promise<void> | undefined }> {
   if (ckId === undefined) throw new DormantError('NO_CHECKPOINT', `sandbox ${s.id} has no checkpoint`);
   // One restore per sandbox at a time (its lock), so the sandbox names the folder.
@@ -108,7 +110,7 @@ export async function restoreFromVault(
     const [fetched, prepared] = await Promise.allSettled([
       t.time('vault fetch', () =>
         ctx.vault.restoreCheckpoint({
-          tenant: s.tenant,
+          tenant: vaultTenant,
           checkpointId: ckId,
           destDir: images,
           ...(fromVault ? { skip: isPagesImage } : {}),
@@ -133,7 +135,7 @@ export async function restoreFromVault(
     unpacked = await t.time('unpack filesystem', () => ctx.applyFilesystem(s.id, images));
     if (fromVault)
       reader = await t.time('open checkpoint', () =>
-        ctx.vault.openCheckpoint!({ tenant: s.tenant, checkpointId: ckId }),
+        ctx.vault.openCheckpoint!({ tenant: vaultTenant, checkpointId: ckId }),
       );
     // Durable before the pages start to move: a daemon that dies before they are all in
     // leaves the marker for reconcile (the sandbox goes back to this checkpoint).
