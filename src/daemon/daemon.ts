@@ -25,7 +25,8 @@ import { startWakeServices, type PolicyConfig, type ProxyConfig, type WakeServic
 import { ADMIN_TENANT, ensureAdminToken, hashToken } from '../api/auth.js';
 import { buildServer, type ServerOptions } from '../api/server.js';
 import { registerCostRoutes } from '../api/routes-cost.js';
-import { defaultConfig, type DaemonConfig } from './config.js';
+import { registerE2bInfo, startE2bFront, type E2bFront } from '../api/e2b/front.js';
+import { defaultConfig, type DaemonConfig, type E2bTemplateConfig } from './config.js';
 
 /** What the daemon hands to the controller as the operator set it (documented on ControllerOptions). */
 const CONTROLLER_SETTINGS = [
@@ -75,6 +76,8 @@ export interface DaemonOptions extends ControllerSettings, RuntimeSettings, Serv
   proxy?: ProxyConfig | false;
   /** The idle policy loop; false: none. */
   policy?: PolicyConfig | false;
+  /** The E2B front (docs/E2B.md); false: none (the default). */
+  e2b?: { listen: string; templates?: Record<string, E2bTemplateConfig> } | false;
 }
 
 export interface Daemon {
@@ -89,6 +92,8 @@ export interface Daemon {
   wake: WakeServices;
   reconciled: { id: string; from: string; to: string }[];
   meter: Meter;
+  /** The E2B front, when on. */
+  e2b: E2bFront | undefined;
   close(): Promise<void>;
 }
 
@@ -135,6 +140,7 @@ export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
           defaults: { node: c.policy.defaults, tenants: c.policy.tenants },
         }
       : false,
+    e2b: c.e2b.listen !== undefined ? { listen: c.e2b.listen, templates: c.e2b.templates } : false,
     ...(c.debug.includes('timings')
       ? {
           onTimings: (t: OperationTimings) => process.stderr.write(`dormant: timings: ${formatTimings(t)}\n`),
@@ -288,6 +294,11 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     ...(opts.policy !== undefined ? { policy: opts.policy } : {}),
     warn,
   });
+  let e2b: E2bFront | undefined;
+  const proxyDomain = opts.proxy ? opts.proxy.domain : undefined;
+  registerE2bInfo(app, () =>
+    e2b ? { apiUrl: e2b.url, sandboxUrl: e2b.url, domain: proxyDomain ?? null } : undefined,
+  );
   const { host, port } = parseListen(listen);
   await app.listen({ host, port });
   const addr = app.server.address();
@@ -295,6 +306,18 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     typeof addr === 'object' && addr
       ? `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`
       : `http://${host}:${port}`;
+  if (opts.e2b) {
+    e2b = await startE2bFront({
+      controller,
+      store,
+      listen: opts.e2b.listen,
+      templates: opts.e2b.templates ?? {},
+      accessKey: () => secrets.agentTokenKey(),
+      ...(proxyDomain !== undefined ? { domain: proxyDomain } : {}),
+      hostPaths: [dataDir, stagingDir],
+      logger: opts.logger ?? false,
+    });
+  }
   return {
     url,
     adminToken: admin.token,
@@ -306,11 +329,13 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     wake,
     meter,
     reconciled,
+    e2b,
     async close() {
       // Pages still streaming from the vault's page server: let them finish first.
       await controller.settleLazyRestores();
       await meter.close();
       await wake.close();
+      await e2b?.close();
       await app.close();
       // What answered requests left running (removing a hibernated sandbox's container).
       await controller.settle();
