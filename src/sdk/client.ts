@@ -298,7 +298,7 @@ export class DormantClient {
     );
   }
   /** Mints a token for a tenant (admin only). The token is in the answer, and nowhere else. */
-  createToken(o: { tenant: string; admin?: boolean }, opts?: CallOptions) {
+  createToken(o: { tenant: string; admin?: boolean; e2b?: boolean }, opts?: CallOptions) {
     return this.request<TokenInfo & { token: string }>('POST', '/v1/tokens', o, opts);
   }
   /** Every token's public id, tenant and dates (admin only). */

@@ -118,7 +118,9 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
     const envs = metadataOf(b.envVars);
     const s = await controller.create({
       tenant: p.tenant,
-      admin: p.admin,
+      // The source is the operator's (the configured template), never the caller's: its
+      // host path is accepted outside the folders tenants may name.
+      admin: true,
       command: t.command,
       ...('rootfs' in t ? { rootfs: t.rootfs } : { image: t.image }),
       ...(Object.keys(envs).length > 0 ? { env: envs } : {}),
@@ -214,8 +216,6 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
     }
     return out;
   });
-
-  app.get('/health', async (_req, reply) => reply.status(200).send({ ok: true }));
 
   // Named so a program gets a clear answer rather than a bare 404 (docs/E2B.md: not supported).
   for (const [method, path] of [

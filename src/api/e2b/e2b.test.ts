@@ -1,0 +1,176 @@
+/**
+ * E2B's own SDK (the real `e2b` package from npm) running an unmodified E2B program against a
+ * real daemon's E2B front (loopback, runc, CRIU, the sandbox's agent): only the environment
+ * says where to go. Create from a template, a streamed command, a background one, files,
+ * betaPause (dormant hibernates: memory freed), connect (the same process, its memory
+ * intact), setTimeout (the idle policy), list, kill; and the refusals: a wrong key, another
+ * tenant's sandbox, a path outside the sandbox.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { rm, symlink, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Daemon } from '../../daemon/daemon.js';
+import type { DormantClient } from '../../sdk/client.js';
+import { startTestDaemon, tearDown, testFolder } from '../testing/daemon.js';
+import { loadE2bSdk, type E2bSdk } from './testing/sdk.js';
+
+async function until(what: string, f: () => boolean | Promise<boolean>, ms = 15_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await f())) {
+    if (Date.now() > deadline) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** A tenant's E2B key, minted over dormant's API as `dormant token create --e2b` does. */
+async function e2bKey(daemon: Daemon, tenant: string): Promise<string> {
+  const res = await fetch(`${daemon.url}/v1/tokens`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${daemon.adminToken}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ tenant, e2b: true }),
+  });
+  assert.equal(res.status, 201);
+  const { token } = (await res.json()) as { token: string };
+  assert.match(token, /^e2b_[0-9a-f]+$/);
+  return token;
+}
+
+/** A busybox rootfs with the host's bash at /bin/bash (E2B runs every command with it). */
+export async function e2bRootfs(name: string): Promise<{ dir: string; rootfs: string }> {
+  const t = await testFolder(name);
+  await rm(join(t.rootfs, 'bin', 'bash'), { force: true });
+  await symlink('/usr/bin/bash', join(t.rootfs, 'bin', 'bash'));
+  return t;
+}
+
+describe('E2B front: the real E2B SDK', () => {
+  let dir: string;
+  let daemon: Daemon;
+  let client: DormantClient;
+  let e2b: E2bSdk;
+  let key: string;
+  let otherKey: string;
+  const saved = { ...process.env };
+
+  before(async () => {
+    e2b = await loadE2bSdk();
+    let rootfs: string;
+    ({ dir, rootfs } = await e2bRootfs('e2b'));
+    ({ daemon, client } = await startTestDaemon({
+      dataDir: join(dir, 'data'),
+      policy: false,
+      e2b: { listen: '127.0.0.1:0', templates: { base: { rootfs } } },
+    }));
+    key = await e2bKey(daemon, 'acme');
+    otherKey = await e2bKey(daemon, 'other');
+    // What `dormant e2b` prints is all a program needs.
+    const info = (await (
+      await fetch(`${daemon.url}/v1/e2b`, { headers: { authorization: `Bearer ${daemon.adminToken}` } })
+    ).json()) as { apiUrl: string; sandboxUrl: string; domain: string };
+    process.env.E2B_API_URL = info.apiUrl;
+    process.env.E2B_SANDBOX_URL = info.sandboxUrl;
+    process.env.E2B_DOMAIN = info.domain;
+    process.env.E2B_API_KEY = key;
+  });
+
+  after(async () => {
+    process.env = saved;
+    await tearDown(dir, daemon);
+  });
+
+  test('an unmodified E2B program runs, hibernates and resumes', async () => {
+    const { Sandbox } = e2b;
+    // ---- the program (as written for E2B) ----
+    const sandbox = await Sandbox.create('base', { metadata: { suite: 'e2b-front' }, timeoutMs: 600_000 });
+    const id = sandbox.sandboxId;
+
+    // Streamed output: the first line arrives before the command ends.
+    const started = Date.now();
+    const chunks: { at: number; data: string }[] = [];
+    const r = await sandbox.commands.run('echo one; sleep 0.6; echo two', {
+      onStdout: (data) => void chunks.push({ at: Date.now(), data }),
+    });
+    assert.equal(r.exitCode, 0);
+    assert.equal(r.stdout, 'one\ntwo\n');
+    assert.ok(chunks.length >= 2 && chunks[0]!.at - started < Date.now() - started - 400, 'streamed');
+
+    // A background command holding a secret only in its memory.
+    let seen = '';
+    const bg = await sandbox.commands.run(
+      's=$RANDOM$RANDOM$RANDOM; echo "secret $s"; while read line; do echo "again $s"; done',
+      { background: true, stdin: true, onStdout: (d) => void (seen += d) },
+    );
+    await until('the secret', () => /secret \d+/.test(seen));
+    const secret = /secret (\d+)/.exec(seen)![1]!;
+    await bg.disconnect();
+
+    // Files.
+    await sandbox.files.write('/tmp/hello.txt', 'hello from e2b');
+    assert.equal(await sandbox.files.read('/tmp/hello.txt'), 'hello from e2b');
+    assert.ok((await sandbox.files.list('/tmp')).some((e) => e.name === 'hello.txt' && e.type === 'file'));
+    assert.equal(sandbox.getHost(8080), `8080-${id}.${process.env.E2B_DOMAIN}`);
+
+    // betaPause: dormant hibernates it (its memory goes to the vault and is freed).
+    assert.equal(await sandbox.betaPause(), true);
+    const slept = await client.getSandbox(id);
+    assert.equal(slept.state, 'hibernated');
+    assert.equal(await daemon.controller.usage(id), undefined, 'no memory held: no cgroup left');
+
+    // connect: resumed, the background process is the same one, its memory intact.
+    const again = await Sandbox.connect(id);
+    assert.equal((await client.getSandbox(id)).state, 'running');
+    assert.ok((await again.commands.list()).some((p) => p.pid === bg.pid), 'the same pid runs');
+    let after = '';
+    await again.commands.connect(bg.pid, { onStdout: (d) => void (after += d) });
+    await again.commands.sendStdin(bg.pid, 'ping\n');
+    await until('the answer', () => after.includes('again'));
+    assert.equal(after.trim(), `again ${secret}`);
+    assert.equal(await again.files.read('/tmp/hello.txt'), 'hello from e2b');
+
+    // setTimeout is the idle policy.
+    await again.setTimeout(120_000);
+    assert.equal((await client.getSandbox(id)).policy.hibernateAfterMs, 120_000);
+
+    // list: metadata are labels (the template's own label is not shown).
+    const listed = await Sandbox.list().nextItems();
+    const mine = listed.find((s) => s.sandboxId === id);
+    assert.deepEqual(mine?.metadata, { suite: 'e2b-front' });
+    assert.equal(mine?.state, 'running');
+
+    // ---- refusals ----
+    // A wrong key: E2B's AuthenticationError, nothing made.
+    const before = daemon.controller.list().length;
+    await assert.rejects(Sandbox.create('base', { apiKey: 'e2b_0123456789abcdef' }), e2b.AuthenticationError);
+    assert.equal(daemon.controller.list().length, before);
+    // Another tenant's sandbox id: not found, as if it were not there; it is not killed.
+    await assert.rejects(Sandbox.connect(id, { apiKey: otherKey }), e2b.NotFoundError);
+    assert.equal(await Sandbox.kill(id, { apiKey: otherKey }), false);
+    assert.equal((await client.getSandbox(id)).state, 'running');
+    // envd with another sandbox's access token: unauthenticated, nothing served.
+    const other = await Sandbox.create('base', { apiKey: otherKey });
+    const res = await fetch(`${process.env.E2B_SANDBOX_URL}/filesystem.Filesystem/ListDir`, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        'e2b-sandbox-id': id,
+        'x-access-token': (other as unknown as { envdAccessToken: string }).envdAccessToken,
+      },
+      body: JSON.stringify({ path: '/tmp', depth: 1 }),
+    });
+    assert.equal(res.status, 401);
+    const body = (await res.json()) as { code: string; message: string };
+    assert.equal(body.code, 'unauthenticated');
+    assert.ok(!JSON.stringify(body).includes('hello.txt'));
+    // A path outside the sandbox: the host's file is not reached.
+    const hostFile = join(dir, 'host-secret.txt');
+    await writeFile(hostFile, 'host only');
+    await assert.rejects(again.files.read(`/../../../..${hostFile}`), e2b.NotFoundError);
+    assert.equal(await again.files.exists(`/../../..${hostFile}`), false);
+    await other.kill();
+
+    // kill: gone from dormant too.
+    await again.kill();
+    await assert.rejects(client.getSandbox(id), /no sandbox/);
+  });
+});
