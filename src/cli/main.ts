@@ -18,6 +18,7 @@ import { registerTokens } from './commands/tokens.js';
 import { registerDashboard } from './commands/dashboard.js';
 import { registerService } from './commands/service.js';
 import { registerVersion } from './commands/version.js';
+import { registerE2b } from './commands/e2b.js';
 import { DORMANT_VERSION } from '../domain/version.js';
 import { EXIT_USAGE, reportError } from './output.js';
 import { DEFAULT_URL } from '../sdk/client.js';
@@ -52,6 +53,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerCheckpoint(program);
   registerCost(program);
   registerUrl(program);
+  registerE2b(program);
   registerTokens(program);
   registerDashboard(program);
   registerDoctor(program);

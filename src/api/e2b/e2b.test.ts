@@ -9,7 +9,9 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { rm, symlink, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { execFile } from 'node:child_process';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import type { Daemon } from '../../daemon/daemon.js';
 import type { DormantClient } from '../../sdk/client.js';
 import { startTestDaemon, tearDown, testFolder } from '../testing/daemon.js';
@@ -23,17 +25,27 @@ async function until(what: string, f: () => boolean | Promise<boolean>, ms = 15_
   }
 }
 
-/** A tenant's E2B key, minted over dormant's API as `dormant token create --e2b` does. */
-async function e2bKey(daemon: Daemon, tenant: string): Promise<string> {
-  const res = await fetch(`${daemon.url}/v1/tokens`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${daemon.adminToken}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ tenant, e2b: true }),
+const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'bin', 'dormant');
+
+/** `dormant ARGS --json` against `daemon` with its admin token: the parsed output. */
+function dormantJson(daemon: Daemon, args: string[]): Promise<Record<string, unknown>> {
+  return new Promise((resolve, reject) => {
+    execFile(
+      process.execPath,
+      [BIN, ...args, '--json'],
+      { env: { ...process.env, DORMANT_URL: daemon.url, DORMANT_TOKEN: daemon.adminToken }, timeout: 60_000 },
+      (err, stdout, stderr) =>
+        err ? reject(new Error(`dormant ${args.join(' ')}: ${stderr}`)) : resolve(JSON.parse(stdout) as Record<string, unknown>),
+    );
   });
-  assert.equal(res.status, 201);
-  const { token } = (await res.json()) as { token: string };
-  assert.match(token, /^e2b_[0-9a-f]+$/);
-  return token;
+}
+
+/** A tenant's E2B key, as `dormant token create --tenant T --e2b` mints it. */
+async function e2bKey(daemon: Daemon, tenant: string): Promise<string> {
+  const { key, tenant: t } = await dormantJson(daemon, ['token', 'create', '--tenant', tenant, '--e2b']);
+  assert.equal(t, tenant);
+  assert.match(String(key), /^e2b_[0-9a-f]+$/);
+  return String(key);
 }
 
 /** A busybox rootfs with the host's bash at /bin/bash (E2B runs every command with it). */
@@ -65,12 +77,11 @@ describe('E2B front: the real E2B SDK', () => {
     key = await e2bKey(daemon, 'acme');
     otherKey = await e2bKey(daemon, 'other');
     // What `dormant e2b` prints is all a program needs.
-    const info = (await (
-      await fetch(`${daemon.url}/v1/e2b`, { headers: { authorization: `Bearer ${daemon.adminToken}` } })
-    ).json()) as { apiUrl: string; sandboxUrl: string; domain: string };
-    process.env.E2B_API_URL = info.apiUrl;
-    process.env.E2B_SANDBOX_URL = info.sandboxUrl;
-    process.env.E2B_DOMAIN = info.domain;
+    const info = await dormantJson(daemon, ['e2b']);
+    assert.equal(info.apiUrl, daemon.e2b!.url);
+    process.env.E2B_API_URL = String(info.apiUrl);
+    process.env.E2B_SANDBOX_URL = String(info.sandboxUrl);
+    process.env.E2B_DOMAIN = String(info.domain);
     process.env.E2B_API_KEY = key;
   });
 
@@ -172,5 +183,54 @@ describe('E2B front: the real E2B SDK', () => {
     // kill: gone from dormant too.
     await again.kill();
     await assert.rejects(client.getSandbox(id), /no sandbox/);
+  });
+
+  test('terminals, signals, folders, watches and forks', async () => {
+    const { Sandbox } = e2b;
+    const sandbox = await Sandbox.create('base');
+    try {
+      // A PTY: an interactive bash, its size set, its output on the terminal.
+      let screen = '';
+      const term = await sandbox.pty.create({
+        cols: 80,
+        rows: 24,
+        onData: (d) => void (screen += Buffer.from(d).toString('utf8')),
+      });
+      await sandbox.pty.resize(term.pid, { cols: 100, rows: 30 });
+      await sandbox.pty.sendInput(term.pid, new TextEncoder().encode('tty >/dev/null && stty size; echo m$((6*7))\n'));
+      await until('the terminal answers', () => screen.includes('m42') && screen.includes('30 100'));
+      assert.equal(await sandbox.pty.kill(term.pid), true);
+
+      // A signal ends a background command; a second kill finds it gone.
+      const sleeper = await sandbox.commands.run('sleep 600', { background: true });
+      assert.equal(await sandbox.commands.kill(sleeper.pid), true);
+      const ended = await sleeper.wait().catch((e: unknown) => e);
+      assert.ok(ended instanceof e2b.CommandExitError, String(ended));
+      assert.equal(await sandbox.commands.kill(sleeper.pid), false);
+
+      // Folders: make, watch, move, stat, remove.
+      assert.equal(await sandbox.files.makeDir('/work/deep'), true);
+      assert.equal(await sandbox.files.makeDir('/work/deep'), false);
+      const events: string[] = [];
+      const watch = await sandbox.files.watchDir('/work', (e) => void events.push(`${e.type}:${e.name}`));
+      await sandbox.files.write('/work/a.txt', 'alpha');
+      const moved = await sandbox.files.rename('/work/a.txt', '/work/deep/b.txt');
+      assert.equal(moved.path, '/work/deep/b.txt');
+      assert.equal((await sandbox.files.getInfo('/work/deep/b.txt')).size, 5);
+      await until('watch events', () => events.some((e) => e.endsWith(':a.txt')));
+      await watch.stop();
+      await sandbox.files.remove('/work/deep');
+      assert.equal(await sandbox.files.exists('/work/deep/b.txt'), false);
+
+      // A fork: a new sandbox with the same files.
+      await sandbox.files.write('/tmp/fork.txt', 'carried');
+      const [fork] = await Sandbox.fork(sandbox.sandboxId, { count: 1 });
+      assert.ok(fork !== undefined && !(fork instanceof Error), String(fork));
+      assert.notEqual(fork.sandboxId, sandbox.sandboxId);
+      assert.equal(await fork.files.read('/tmp/fork.txt'), 'carried');
+      await fork.kill();
+    } finally {
+      await sandbox.kill();
+    }
   });
 });

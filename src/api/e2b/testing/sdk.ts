@@ -60,6 +60,21 @@ export interface E2bSandbox {
     read(path: string): Promise<string>;
     list(path: string): Promise<E2bEntry[]>;
     exists(path: string): Promise<boolean>;
+    getInfo(path: string): Promise<E2bEntry>;
+    makeDir(path: string): Promise<boolean>;
+    rename(from: string, to: string): Promise<E2bEntry>;
+    remove(path: string): Promise<void>;
+    watchDir(
+      path: string,
+      onEvent: (e: { name: string; type: string }) => void,
+      opts?: { recursive?: boolean },
+    ): Promise<{ stop(): Promise<void> }>;
+  };
+  pty: {
+    create(opts: { cols: number; rows: number; onData: (d: Uint8Array) => void }): Promise<E2bCommandHandle>;
+    sendInput(pid: number, data: Uint8Array): Promise<void>;
+    resize(pid: number, size: { cols: number; rows: number }): Promise<void>;
+    kill(pid: number): Promise<boolean>;
   };
   getHost(port: number): string;
   betaPause(): Promise<boolean>;
@@ -71,6 +86,7 @@ export interface E2bSandboxClass {
   create(template: string, opts?: E2bOpts): Promise<E2bSandbox>;
   connect(id: string, opts?: E2bOpts): Promise<E2bSandbox>;
   kill(id: string, opts?: E2bOpts): Promise<boolean>;
+  fork(id: string, opts?: E2bOpts & { count?: number }): Promise<(E2bSandbox | Error)[]>;
   list(opts?: E2bOpts): { nextItems(): Promise<{ sandboxId: string; metadata: Record<string, string>; state: string }[]> };
 }
 
@@ -78,6 +94,7 @@ export interface E2bSdk {
   Sandbox: E2bSandboxClass;
   AuthenticationError: new (...a: never[]) => Error;
   NotFoundError: new (...a: never[]) => Error;
+  CommandExitError: new (...a: never[]) => Error & { exitCode: number };
 }
 
 export async function loadE2bSdk(): Promise<E2bSdk> {
