@@ -182,7 +182,10 @@ const Layer = z.strictObject({
               memory: size.optional(),
               cpus: z.number().positive().optional(),
             })
-            .refine((t) => (t.rootfs === undefined) !== (t.image === undefined), 'give rootfs or image (one)'),
+            .refine(
+              (t) => (t.rootfs === undefined) !== (t.image === undefined),
+              'give rootfs or image (one)',
+            ),
         )
         .optional(),
     })
@@ -447,7 +450,9 @@ function resolveConfig(l: Layer): DaemonConfig {
     },
     e2b: {
       ...(l.e2b?.listen !== undefined ? { listen: l.e2b.listen } : {}),
-      templates: Object.fromEntries(Object.entries(l.e2b?.templates ?? {}).map(([k, t]) => [k, e2bTemplateOf(t)])),
+      templates: Object.fromEntries(
+        Object.entries(l.e2b?.templates ?? {}).map(([k, t]) => [k, e2bTemplateOf(t)]),
+      ),
     },
     meter: {
       intervalMs: l.meter?.interval ?? D.meter.intervalMs,

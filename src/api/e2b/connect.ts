@@ -99,7 +99,10 @@ export function asConnectError(e: unknown): ConnectError {
 /** Answers a unary call's error. */
 export function sendUnaryError(reply: FastifyReply, e: unknown): FastifyReply {
   const err = asConnectError(e);
-  return reply.status(STATUS[err.code]).type('application/json').send({ code: err.code, message: err.message });
+  return reply
+    .status(STATUS[err.code])
+    .type('application/json')
+    .send({ code: err.code, message: err.message });
 }
 
 /** One enveloped frame. */
@@ -120,7 +123,8 @@ export function unwrapEnvelope(body: Buffer): unknown {
   const flags = body.readUInt8(0);
   const len = body.readUInt32BE(1);
   if ((flags & 0x01) !== 0) throw new ConnectError('unimplemented', 'compressed messages are not supported');
-  if (len !== body.length - 5) throw new ConnectError('invalid_argument', 'the envelope length does not match');
+  if (len !== body.length - 5)
+    throw new ConnectError('invalid_argument', 'the envelope length does not match');
   return parseJson(body.subarray(5));
 }
 

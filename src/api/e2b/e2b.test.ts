@@ -28,14 +28,16 @@ async function until(what: string, f: () => boolean | Promise<boolean>, ms = 15_
 const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'bin', 'dormant');
 
 /** `dormant ARGS --json` against `daemon` with its admin token: the parsed output. */
-function dormantJson(daemon: Daemon, args: string[]): Promise<Record<string, unknown>> {
+function dormantJson(daemon: Daemon, args: string[]): Promise<Record<string, string>> {
   return new Promise((resolve, reject) => {
     execFile(
       process.execPath,
       [BIN, ...args, '--json'],
       { env: { ...process.env, DORMANT_URL: daemon.url, DORMANT_TOKEN: daemon.adminToken }, timeout: 60_000 },
       (err, stdout, stderr) =>
-        err ? reject(new Error(`dormant ${args.join(' ')}: ${stderr}`)) : resolve(JSON.parse(stdout) as Record<string, unknown>),
+        err
+          ? reject(new Error(`dormant ${args.join(' ')}: ${stderr}`))
+          : resolve(JSON.parse(stdout) as Record<string, string>),
     );
   });
 }
@@ -44,8 +46,8 @@ function dormantJson(daemon: Daemon, args: string[]): Promise<Record<string, unk
 async function e2bKey(daemon: Daemon, tenant: string): Promise<string> {
   const { key, tenant: t } = await dormantJson(daemon, ['token', 'create', '--tenant', tenant, '--e2b']);
   assert.equal(t, tenant);
-  assert.match(String(key), /^e2b_[0-9a-f]+$/);
-  return String(key);
+  assert.match(key!, /^e2b_[0-9a-f]+$/);
+  return key!;
 }
 
 /** A busybox rootfs with the host's bash at /bin/bash (E2B runs every command with it). */
@@ -79,9 +81,9 @@ describe('E2B front: the real E2B SDK', () => {
     // What `dormant e2b` prints is all a program needs.
     const info = await dormantJson(daemon, ['e2b']);
     assert.equal(info.apiUrl, daemon.e2b!.url);
-    process.env.E2B_API_URL = String(info.apiUrl);
-    process.env.E2B_SANDBOX_URL = String(info.sandboxUrl);
-    process.env.E2B_DOMAIN = String(info.domain);
+    process.env.E2B_API_URL = info.apiUrl;
+    process.env.E2B_SANDBOX_URL = info.sandboxUrl;
+    process.env.E2B_DOMAIN = info.domain;
     process.env.E2B_API_KEY = key;
   });
 
@@ -131,7 +133,10 @@ describe('E2B front: the real E2B SDK', () => {
     // connect: resumed, the background process is the same one, its memory intact.
     const again = await Sandbox.connect(id);
     assert.equal((await client.getSandbox(id)).state, 'running');
-    assert.ok((await again.commands.list()).some((p) => p.pid === bg.pid), 'the same pid runs');
+    assert.ok(
+      (await again.commands.list()).some((p) => p.pid === bg.pid),
+      'the same pid runs',
+    );
     let after = '';
     await again.commands.connect(bg.pid, { onStdout: (d) => void (after += d) });
     await again.commands.sendStdin(bg.pid, 'ping\n');
@@ -197,7 +202,10 @@ describe('E2B front: the real E2B SDK', () => {
         onData: (d) => void (screen += Buffer.from(d).toString('utf8')),
       });
       await sandbox.pty.resize(term.pid, { cols: 100, rows: 30 });
-      await sandbox.pty.sendInput(term.pid, new TextEncoder().encode('tty >/dev/null && stty size; echo m$((6*7))\n'));
+      await sandbox.pty.sendInput(
+        term.pid,
+        new TextEncoder().encode('tty >/dev/null && stty size; echo m$((6*7))\n'),
+      );
       await until('the terminal answers', () => screen.includes('m42') && screen.includes('30 100'));
       assert.equal(await sandbox.pty.kill(term.pid), true);
 
@@ -225,7 +233,10 @@ describe('E2B front: the real E2B SDK', () => {
       // A fork: a new sandbox with the same files.
       await sandbox.files.write('/tmp/fork.txt', 'carried');
       const [fork] = await Sandbox.fork(sandbox.sandboxId, { count: 1 });
-      assert.ok(fork !== undefined && !(fork instanceof Error), String(fork));
+      assert.ok(
+        fork !== undefined && !(fork instanceof Error),
+        `fork failed: ${(fork as Error | undefined)?.message}`,
+      );
       assert.notEqual(fork.sandboxId, sandbox.sandboxId);
       assert.equal(await fork.files.read('/tmp/fork.txt'), 'carried');
       await fork.kill();

@@ -16,7 +16,13 @@ import { posix } from 'node:path';
 import type { SandboxController } from '../../control/sandboxes.js';
 import { toolboxError } from '../../control/ops/toolbox.js';
 import type { Sandbox } from '../../domain/sandbox.js';
-import type { AgentClient, FileInfo, ProcessHandle, ProcessInfo, RunSpec } from '../../runtime/agent-client.js';
+import type {
+  AgentClient,
+  FileInfo,
+  ProcessHandle,
+  ProcessInfo,
+  RunSpec,
+} from '../../runtime/agent-client.js';
 import {
   ConnectError,
   MAX_MESSAGE_BYTES,
@@ -40,7 +46,8 @@ type Json = Record<string, unknown>;
 
 function obj(v: unknown, what: string): Json {
   if (v === undefined || v === null) return {};
-  if (typeof v !== 'object' || Array.isArray(v)) throw new ConnectError('invalid_argument', `${what}: expected an object`);
+  if (typeof v !== 'object' || Array.isArray(v))
+    throw new ConnectError('invalid_argument', `${what}: expected an object`);
   return v as Json;
 }
 
@@ -122,7 +129,8 @@ async function selected(agent: AgentClient, selector: unknown): Promise<ProcessI
   const sel = obj(obj(selector, 'process').selector ?? selector, 'process');
   const pid = uint(sel.pid, 'process.pid');
   const tag = str(sel.tag, 'process.tag', false);
-  if (pid === undefined && tag === undefined) throw new ConnectError('invalid_argument', 'process: give a pid or a tag');
+  if (pid === undefined && tag === undefined)
+    throw new ConnectError('invalid_argument', 'process: give a pid or a tag');
   const list = await agent.list();
   // The newest first: a pid may have been used again after an earlier process ended.
   const found = list
@@ -147,7 +155,12 @@ async function streamEvents(reply: FastifyReply, h: ProcessHandle, pty: boolean,
       const status = x.exitCode !== null ? `exit status ${x.exitCode}` : `signal: ${x.signal ?? 'killed'}`;
       out.send({
         event: {
-          end: { exitCode, exited: x.exitCode !== null, status, ...(exitCode !== 0 ? { error: status } : {}) },
+          end: {
+            exitCode,
+            exited: x.exitCode !== null,
+            status,
+            ...(exitCode !== 0 ? { error: status } : {}),
+          },
         },
       });
       out.end();
@@ -162,24 +175,31 @@ async function streamEvents(reply: FastifyReply, h: ProcessHandle, pty: boolean,
 /** Registers envd's routes on `app` (the E2B front's own server). */
 export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
   const { controller } = deps;
-  const withAgent = <T>(req: FastifyRequest, fn: (agent: AgentClient, s: Sandbox) => Promise<T>): Promise<T> => {
+  const withAgent = <T>(
+    req: FastifyRequest,
+    fn: (agent: AgentClient, s: Sandbox) => Promise<T>,
+  ): Promise<T> => {
     const s = deps.sandboxOf(req);
     return controller.toolbox(s.id, s.tenant, fn);
   };
 
   const unary = (path: string, fn: (body: Json, req: FastifyRequest) => Promise<object>): void => {
     app.post(path, { bodyLimit: MAX_MESSAGE_BYTES }, async (req, reply) => {
+      let answer: object;
       try {
         // application/json: fastify has parsed it (its errors come to the front's handler).
-        const body = obj(Buffer.isBuffer(req.body) ? parseJson(req.body) : req.body, 'request');
-        return reply.type('application/json').send(await fn(body, req));
+        answer = await fn(obj(Buffer.isBuffer(req.body) ? parseJson(req.body) : req.body, 'request'), req);
       } catch (e) {
         return sendUnaryError(reply, e);
       }
+      return reply.type('application/json').send(answer);
     });
   };
 
-  const streaming = (path: string, fn: (body: Json, req: FastifyRequest, reply: FastifyReply) => Promise<void>): void => {
+  const streaming = (
+    path: string,
+    fn: (body: Json, req: FastifyRequest, reply: FastifyReply) => Promise<void>,
+  ): void => {
     app.post(path, { bodyLimit: MAX_MESSAGE_BYTES }, async (req, reply) => {
       try {
         const body = obj(unwrapEnvelope(req.body as Buffer), 'request');
@@ -209,7 +229,9 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
       ...(typeof p.cwd === 'string' && p.cwd !== '' ? { cwd: p.cwd } : {}),
       // A PTY always has its input open; otherwise only when asked (envd >= 0.3.0).
       ...(ptyIn !== undefined || b.stdin === true ? { stdin: true } : {}),
-      ...(ptyIn !== undefined ? { pty: { cols: uint(ptyIn.cols, 'pty.cols') ?? 80, rows: uint(ptyIn.rows, 'pty.rows') ?? 24 } } : {}),
+      ...(ptyIn !== undefined
+        ? { pty: { cols: uint(ptyIn.cols, 'pty.cols') ?? 80, rows: uint(ptyIn.rows, 'pty.rows') ?? 24 } }
+        : {}),
       ...(tag !== undefined ? { tag } : {}),
     };
     await withAgent(req, async (agent, s) => {
@@ -239,7 +261,8 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
     withAgent(req, async (agent) => {
       const p = await selected(agent, b.process);
       const input = obj(b.input, 'input');
-      const data = input.stdin !== undefined ? bytes(input.stdin, 'input.stdin') : bytes(input.pty, 'input.pty');
+      const data =
+        input.stdin !== undefined ? bytes(input.stdin, 'input.stdin') : bytes(input.pty, 'input.pty');
       await agent.stdin(p.id, data);
       return {};
     }),
@@ -314,9 +337,10 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
   streaming('/filesystem.Filesystem/WatchDir', async (b, req, reply) => {
     const dir = path(b);
     await withAgent(req, async (agent) => {
-      let out: ServerStream | undefined;
+      // Events come only from I/O, after the stream below is open.
+      const to: { out?: ServerStream } = {};
       const w = await agent.watch(dir, b.recursive === true, (e) =>
-        out?.send({
+        to.out?.send({
           filesystem: {
             name: posix.relative(dir, e.path) || posix.basename(e.path),
             type: EVENT_TYPE[e.type] ?? 'EVENT_TYPE_UNSPECIFIED',
@@ -324,7 +348,7 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
         }),
       );
       reply.hijack();
-      out = new ServerStream(reply.raw);
+      const out = (to.out = new ServerStream(reply.raw));
       out.send({ start: {} });
       // The agent ended the watch (the folder went, the sandbox slept): so does the stream.
       const stop = w.closed.then(
@@ -357,7 +381,7 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
 
   app.post('/files', async (req, reply) => {
     const q = req.query as Record<string, unknown>;
-    const type = String(req.headers['content-type'] ?? '');
+    const type = req.headers['content-type'] ?? '';
     const body = req.body as NodeJS.ReadableStream;
     const written = await withAgent(req, async (agent) => {
       if (type.startsWith('multipart/form-data')) {

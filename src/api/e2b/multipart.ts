@@ -49,8 +49,10 @@ export async function readMultipart(
     if (next < 0) throw new ConnectError('invalid_argument', 'multipart upload cut short');
     const head = all.subarray(start, headEnd).toString('utf8');
     const name = /filename\*?="((?:[^"\\]|\\.)*)"/i.exec(head);
-    if (name) parts.push({ filename: name[1]!.replace(/\\(.)/g, '$1'), data: all.subarray(headEnd + 4, next) });
-    if (parts.length > MAX_PARTS) throw new ConnectError('invalid_argument', `at most ${MAX_PARTS} files per upload`);
+    if (name)
+      parts.push({ filename: name[1]!.replace(/\\(.)/g, '$1'), data: all.subarray(headEnd + 4, next) });
+    if (parts.length > MAX_PARTS)
+      throw new ConnectError('invalid_argument', `at most ${MAX_PARTS} files per upload`);
     at = next + 2;
   }
   if (parts.length === 0) throw new ConnectError('invalid_argument', 'the upload holds no file');

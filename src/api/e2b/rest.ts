@@ -33,7 +33,8 @@ type Json = Record<string, unknown>;
 function body(req: FastifyRequest): Json {
   const b = req.body;
   if (b === undefined || b === null || b === '') return {};
-  if (typeof b !== 'object' || Array.isArray(b)) throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'expected a JSON object');
+  if (typeof b !== 'object' || Array.isArray(b))
+    throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'expected a JSON object');
   return b as Json;
 }
 
@@ -51,7 +52,8 @@ function metadataOf(v: unknown): Record<string, string> {
     throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'metadata: expected an object of strings');
   const out: Record<string, string> = {};
   for (const [k, val] of Object.entries(v)) {
-    if (typeof val !== 'string') throw new DormantError(ErrorCode.INVALID_ARGUMENT, `metadata.${k.slice(0, 60)}: expected a string`);
+    if (typeof val !== 'string')
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `metadata.${k.slice(0, 60)}: expected a string`);
     out[k] = val;
   }
   return out;
@@ -75,7 +77,8 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
   };
   const idOf = (req: FastifyRequest): string => {
     const id = (req.params as { id?: unknown }).id;
-    if (typeof id !== 'string' || id.length > 200) throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'bad sandbox id');
+    if (typeof id !== 'string' || id.length > 200)
+      throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'bad sandbox id');
     return id;
   };
 
@@ -211,7 +214,9 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
         out.push({ sandbox: created(f) });
       } catch (e) {
         const status = e instanceof DormantError ? e.status : 500;
-        out.push({ error: { code: status, message: e instanceof DormantError ? e.message : 'internal error' } });
+        out.push({
+          error: { code: status, message: e instanceof DormantError ? e.message : 'internal error' },
+        });
       }
     }
     return out;
@@ -229,9 +234,13 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
       method,
       url: path,
       handler: async () => {
-        throw new DormantError(ErrorCode.NOT_FOUND, `${method} ${path} is not supported by dormant’s E2B front`, {
-          hint: "docs/E2B.md lists what is supported",
-        });
+        throw new DormantError(
+          ErrorCode.NOT_FOUND,
+          `${method} ${path} is not supported by dormant’s E2B front`,
+          {
+            hint: 'docs/E2B.md lists what is supported',
+          },
+        );
       },
     });
   }

@@ -87,7 +87,9 @@ export interface E2bSandboxClass {
   connect(id: string, opts?: E2bOpts): Promise<E2bSandbox>;
   kill(id: string, opts?: E2bOpts): Promise<boolean>;
   fork(id: string, opts?: E2bOpts & { count?: number }): Promise<(E2bSandbox | Error)[]>;
-  list(opts?: E2bOpts): { nextItems(): Promise<{ sandboxId: string; metadata: Record<string, string>; state: string }[]> };
+  list(opts?: E2bOpts): {
+    nextItems(): Promise<{ sandboxId: string; metadata: Record<string, string>; state: string }[]>;
+  };
 }
 
 export interface E2bSdk {
@@ -104,7 +106,11 @@ export async function loadE2bSdk(): Promise<E2bSdk> {
   } catch (e) {
     const dir = process.env.DORMANT_E2B_SDK_DIR;
     if (dir === undefined || dir === '')
-      throw new Error(`the e2b package is not installed (npm install), nor DORMANT_E2B_SDK_DIR set: ${String(e)}`);
-    return (await import(pathToFileURL(join(dir, 'node_modules', 'e2b', 'dist', 'index.mjs')).href)) as E2bSdk;
+      throw new Error(
+        `the e2b package is not installed (npm install), nor DORMANT_E2B_SDK_DIR set: ${String(e)}`,
+      );
+    return (await import(
+      pathToFileURL(join(dir, 'node_modules', 'e2b', 'dist', 'index.mjs')).href
+    )) as E2bSdk;
   }
 }
