@@ -227,6 +227,33 @@ describe('E2B front: the real E2B SDK', () => {
       assert.equal((await sandbox.files.getInfo('/work/deep/b.txt')).size, 5);
       await until('watch events', () => events.some((e) => e.endsWith(':a.txt')));
       await watch.stop();
+      // The polling watchers (what E2B's Python SDK's synchronous watch_dir uses).
+      const envd = async (
+        method: string,
+        body: object,
+      ): Promise<{ status: number; json: Record<string, unknown> }> => {
+        const res = await fetch(`${process.env.E2B_SANDBOX_URL}/filesystem.Filesystem/${method}`, {
+          method: 'POST',
+          headers: {
+            'content-type': 'application/json',
+            'e2b-sandbox-id': sandbox.sandboxId,
+            'x-access-token': (sandbox as unknown as { envdAccessToken: string }).envdAccessToken,
+          },
+          body: JSON.stringify(body),
+        });
+        return { status: res.status, json: (await res.json()) as Record<string, unknown> };
+      };
+      const created = await envd('CreateWatcher', { path: '/work/deep', recursive: false });
+      const watcherId = created.json.watcherId as string;
+      await sandbox.files.write('/work/deep/c.txt', 'gamma');
+      const polled: unknown[] = [];
+      await until('polled events', async () => {
+        polled.push(...((await envd('GetWatcherEvents', { watcherId })).json.events as unknown[]));
+        return JSON.stringify(polled).includes('"name":"c.txt","type":"EVENT_TYPE_CREATE"');
+      });
+      assert.equal((await envd('RemoveWatcher', { watcherId })).status, 200);
+      const gone = await envd('GetWatcherEvents', { watcherId });
+      assert.deepEqual([gone.status, gone.json.code], [404, 'not_found']);
       await sandbox.files.remove('/work/deep');
       assert.equal(await sandbox.files.exists('/work/deep/b.txt'), false);
 

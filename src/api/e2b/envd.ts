@@ -11,6 +11,7 @@
  * dormant's agent by an id: a pid is looked up in the agent's list.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { randomUUID } from 'node:crypto';
 import { pipeline } from 'node:stream/promises';
 import { posix } from 'node:path';
 import type { SandboxController } from '../../control/sandboxes.js';
@@ -22,6 +23,7 @@ import type {
   ProcessHandle,
   ProcessInfo,
   RunSpec,
+  WatchEvent,
 } from '../../runtime/agent-client.js';
 import {
   ConnectError,
@@ -116,6 +118,14 @@ function entryInfo(f: FileInfo): Json {
     group: 'root',
     modifiedTime: new Date(f.mtimeMs).toISOString(),
     ...(typeof f.symlinkTarget === 'string' ? { symlinkTarget: f.symlinkTarget } : {}),
+  };
+}
+
+/** envd's FilesystemEvent: the name relative to the watched folder. */
+function watchEvent(dir: string, e: WatchEvent): Json {
+  return {
+    name: posix.relative(dir, e.path) || posix.basename(e.path),
+    type: EVENT_TYPE[e.type] ?? 'EVENT_TYPE_UNSPECIFIED',
   };
 }
 
@@ -340,12 +350,7 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
       // Events come only from I/O, after the stream below is open.
       const to: { out?: ServerStream } = {};
       const w = await agent.watch(dir, b.recursive === true, (e) =>
-        to.out?.send({
-          filesystem: {
-            name: posix.relative(dir, e.path) || posix.basename(e.path),
-            type: EVENT_TYPE[e.type] ?? 'EVENT_TYPE_UNSPECIFIED',
-          },
-        }),
+        to.out?.send({ filesystem: watchEvent(dir, e) }),
       );
       reply.hijack();
       const out = (to.out = new ServerStream(reply.raw));
@@ -358,6 +363,61 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
       await Promise.race([stop, out.closed]);
       w.close();
     });
+  });
+
+  // Polling watchers (the Python SDK's synchronous watch_dir): the same watch, its events kept
+  // until asked for. Bounded in number and in events kept; one not polled for a while ends.
+  const watchers = new Map<string, PolledWatcher>();
+  const watcherOf = (b: Json, req: FastifyRequest): PolledWatcher => {
+    const w = watchers.get(str(b.watcherId, 'watcherId')!);
+    // Another sandbox's watcher is as unknown as one never made.
+    if (!w || w.sandboxId !== deps.sandboxOf(req).id) throw new ConnectError('not_found', 'no such watcher');
+    w.polledAt = Date.now();
+    return w;
+  };
+
+  unary('/filesystem.Filesystem/CreateWatcher', async (b, req) =>
+    withAgent(req, async (agent, s) => {
+      if (watchers.size >= MAX_WATCHERS) throw new ConnectError('resource_exhausted', 'too many watchers');
+      const dir = path(b);
+      const id = randomUUID();
+      const events: Json[] = [];
+      const handle = await agent.watch(dir, b.recursive === true, (e) => {
+        if (events.length >= MAX_WATCHER_EVENTS) events.shift();
+        events.push(watchEvent(dir, e));
+      });
+      const w: PolledWatcher = { sandboxId: s.id, events, close: () => handle.close(), polledAt: Date.now() };
+      watchers.set(id, w);
+      // The agent ended it (the folder went, the sandbox slept): what it saw can still be read.
+      void handle.closed.catch(() => undefined);
+      return { watcherId: id };
+    }),
+  );
+
+  unary('/filesystem.Filesystem/GetWatcherEvents', async (b, req) => {
+    const w = watcherOf(b, req);
+    return { events: w.events.splice(0) };
+  });
+
+  unary('/filesystem.Filesystem/RemoveWatcher', async (b, req) => {
+    const w = watcherOf(b, req);
+    w.close();
+    watchers.delete(str(b.watcherId, 'watcherId')!);
+    return {};
+  });
+
+  const sweep = setInterval(() => {
+    for (const [id, w] of watchers)
+      if (Date.now() - w.polledAt > WATCHER_IDLE_MS) {
+        w.close();
+        watchers.delete(id);
+      }
+  }, 60_000);
+  sweep.unref();
+  app.addHook('onClose', async () => {
+    clearInterval(sweep);
+    for (const w of watchers.values()) w.close();
+    watchers.clear();
   });
 
   // ---- /files: contents, as plain HTTP ----
@@ -408,6 +468,18 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
     deps.sandboxOf(req);
     return reply.status(204).send();
   });
+}
+
+/** Polling watchers a front keeps at once, events each keeps, and how long one may go unpolled. */
+const MAX_WATCHERS = 1024;
+const MAX_WATCHER_EVENTS = 10_000;
+const WATCHER_IDLE_MS = 10 * 60_000;
+
+interface PolledWatcher {
+  sandboxId: string;
+  events: Json[];
+  close(): void;
+  polledAt: number;
 }
 
 /** A /files path: required, as the query gives it. */
