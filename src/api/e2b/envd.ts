@@ -150,6 +150,16 @@ async function selected(agent: AgentClient, selector: unknown): Promise<ProcessI
   return found;
 }
 
+/**
+ * Keepalive messages on a quiet stream, as envd sends them (the SDK asks every 50 s): an idle
+ * HTTP client or proxy would otherwise end a long, silent command's stream.
+ */
+function keepalive(out: ServerStream, message: object): NodeJS.Timeout {
+  const t = setInterval(() => out.send(message), KEEPALIVE_MS);
+  t.unref();
+  return t;
+}
+
 /** Streams a followed process as envd's ProcessEvents: start, data..., end. */
 async function streamEvents(reply: FastifyReply, h: ProcessHandle, pty: boolean, id: string): Promise<void> {
   reply.hijack();
@@ -177,8 +187,10 @@ async function streamEvents(reply: FastifyReply, h: ProcessHandle, pty: boolean,
     },
     (e: unknown) => out.end(toolboxError(e, id)),
   );
+  const beat = keepalive(out, { event: { keepalive: {} } });
   // A client that leaves ends the stream, not the process: E2B's disconnect() leaves it running.
   await Promise.race([ended, out.closed]);
+  clearInterval(beat);
   h.detach();
 }
 
@@ -360,7 +372,9 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
         () => out.end(),
         (e: unknown) => out.end(e),
       );
+      const beat = keepalive(out, { keepalive: {} });
       await Promise.race([stop, out.closed]);
+      clearInterval(beat);
       w.close();
     });
   });
@@ -469,6 +483,8 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
     return reply.status(204).send();
   });
 }
+
+const KEEPALIVE_MS = 30_000;
 
 /** Polling watchers a front keeps at once, events each keeps, and how long one may go unpolled. */
 const MAX_WATCHERS = 1024;
