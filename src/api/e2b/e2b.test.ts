@@ -51,7 +51,7 @@ async function e2bKey(daemon: Daemon, tenant: string): Promise<string> {
 }
 
 /** A busybox rootfs with the host's bash at /bin/bash (E2B runs every command with it). */
-export async function e2bRootfs(name: string): Promise<{ dir: string; rootfs: string }> {
+async function e2bRootfs(name: string): Promise<{ dir: string; rootfs: string }> {
   const t = await testFolder(name);
   await rm(join(t.rootfs, 'bin', 'bash'), { force: true });
   await symlink('/usr/bin/bash', join(t.rootfs, 'bin', 'bash'));
