@@ -278,6 +278,12 @@ const ROUTES: Route[] = [
     ok: [200, 'application/json'],
   },
   {
+    method: 'get',
+    path: '/v1/e2b',
+    summary: "where E2B's SDK reaches this node: { apiUrl, sandboxUrl, domain } (docs/E2B.md); 404 while off",
+    ok: [200, 'application/json'],
+  },
+  {
     method: 'post',
     path: '/v1/tokens',
     summary: 'mint a token for a tenant (answered once)',

@@ -7,6 +7,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { StateStore, TokenRow } from '../state/store.js';
 import { hashToken, newToken } from './auth.js';
+import { newE2bKey } from './e2b/front.js';
 import { CreateTokenBody, TokenIdParams, type TokenView } from './schemas.js';
 import { parse } from './validate.js';
 
@@ -37,7 +38,8 @@ export function registerTokenRoutes(app: FastifyInstance, opts: TokenRouteOption
   app.post('/v1/tokens', async (req, reply) => {
     requireAdmin(req, 'creating a token');
     const b = parse(CreateTokenBody, req.body, 'request body');
-    const token = newToken();
+    // An E2B-format key (`e2b_` + hex) for E2B's SDK: the same token otherwise (e2b/front.ts).
+    const token = b.e2b ? newE2bKey() : newToken();
     const row: TokenRow = { hash: hashToken(token), tenant: b.tenant, admin: b.admin, createdAt: Date.now() };
     store.insertToken(row);
     return reply.status(201).send({ ...tokenView(row), token });

@@ -280,6 +280,8 @@ export const CreateTokenBody = z.strictObject({
     .regex(/^[a-z0-9][a-z0-9_-]{0,62}$/, 'tenant names: lowercase letters, digits, - and _, up to 63'),
   /** An admin token sees and manages every tenant. */
   admin: z.boolean().default(false),
+  /** A key in E2B's format (`e2b_` + hex), for programs written for E2B's SDK (docs/E2B.md). */
+  e2b: z.boolean().default(false),
 });
 
 /** PUT /v1/registries/{host}: a tenant's login to a registry (checked with it, stored sealed). */

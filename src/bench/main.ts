@@ -18,6 +18,7 @@ import { confineSuite } from './confine.js';
 import { cliSuite } from './cli.js';
 import { toolboxSuite } from './toolbox.js';
 import { templateSuite } from './template.js';
+import { e2bSuite } from './e2b.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -30,6 +31,7 @@ const SUITES: BenchSuite[] = [
   cliSuite,
   toolboxSuite,
   templateSuite,
+  e2bSuite,
 ];
 
 async function main(): Promise<void> {

@@ -20,6 +20,7 @@ import { registerTemplates } from './commands/templates.js';
 import { registerDashboard } from './commands/dashboard.js';
 import { registerService } from './commands/service.js';
 import { registerVersion } from './commands/version.js';
+import { registerE2b } from './commands/e2b.js';
 import { DORMANT_VERSION } from '../domain/version.js';
 import { EXIT_USAGE, reportError } from './output.js';
 import { DEFAULT_URL } from '../sdk/client.js';
@@ -55,6 +56,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerTemplates(program);
   registerCost(program);
   registerUrl(program);
+  registerE2b(program);
   registerTokens(program);
   registerImages(program);
   registerDashboard(program);

@@ -62,7 +62,16 @@ export interface DaemonConfig {
   meter: { intervalMs: number; prices: Partial<PriceSheet> };
   /** Registry pulls and the image cache (docs/IMAGES.md). */
   images: { insecureRegistries: string[]; pullTimeoutMs: number; maxPullBytes: number; gcIntervalMs: number };
+  /** The E2B front (docs/E2B.md): off unless `listen` is set. */
+  e2b: { listen?: string; templates: Record<string, E2bTemplateConfig> };
 }
+
+/** An E2B template id as what a sandbox is made from (api/e2b/templates.ts). */
+export type E2bTemplateConfig = ({ rootfs: string } | { image: string }) & {
+  command?: string[];
+  memoryBytes?: number;
+  cpus?: number;
+};
 
 // ---- the file's shape (also what the environment and the flags are parsed into) ----
 
@@ -173,6 +182,28 @@ const Layer = z.strictObject({
       pullTimeout: duration.optional(),
       maxPullSize: size.optional(),
       gcInterval: duration.optional(),
+    })
+    .optional(),
+  e2b: z
+    .strictObject({
+      listen: hostPort.optional(),
+      templates: z
+        .record(
+          z.string().min(1).max(128),
+          z
+            .strictObject({
+              rootfs: z.string().min(1).optional(),
+              image: z.string().min(1).optional(),
+              command: z.array(z.string()).min(1).optional(),
+              memory: size.optional(),
+              cpus: z.number().positive().optional(),
+            })
+            .refine(
+              (t) => (t.rootfs === undefined) !== (t.image === undefined),
+              'give rootfs or image (one)',
+            ),
+        )
+        .optional(),
     })
     .optional(),
   meter: z
@@ -368,6 +399,15 @@ function policyOf(p: z.output<typeof policy> | undefined): SandboxPolicy {
   return out;
 }
 
+function e2bTemplateOf(t: NonNullable<NonNullable<Layer['e2b']>['templates']>[string]): E2bTemplateConfig {
+  return {
+    ...(t.rootfs !== undefined ? { rootfs: t.rootfs } : { image: t.image! }),
+    ...(t.command !== undefined ? { command: t.command } : {}),
+    ...(t.memory !== undefined ? { memoryBytes: t.memory } : {}),
+    ...(t.cpus !== undefined ? { cpus: t.cpus } : {}),
+  };
+}
+
 /** The merged layers over the defaults. */
 function resolveConfig(l: Layer): DaemonConfig {
   const D = DEFAULTS;
@@ -431,6 +471,12 @@ function resolveConfig(l: Layer): DaemonConfig {
       pullTimeoutMs: l.images?.pullTimeout ?? D.images.pullTimeoutMs,
       maxPullBytes: l.images?.maxPullSize ?? D.images.maxPullBytes,
       gcIntervalMs: l.images?.gcInterval ?? D.images.gcIntervalMs,
+    },
+    e2b: {
+      ...(l.e2b?.listen !== undefined ? { listen: l.e2b.listen } : {}),
+      templates: Object.fromEntries(
+        Object.entries(l.e2b?.templates ?? {}).map(([k, t]) => [k, e2bTemplateOf(t)]),
+      ),
     },
     meter: {
       intervalMs: l.meter?.interval ?? D.meter.intervalMs,
@@ -591,6 +637,20 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       pullTimeout: exactDuration(c.images.pullTimeoutMs),
       maxPullSize: exactSize(c.images.maxPullBytes),
       gcInterval: exactDuration(c.images.gcIntervalMs),
+    },
+    e2b: {
+      ...(c.e2b.listen !== undefined ? { listen: c.e2b.listen } : {}),
+      templates: Object.fromEntries(
+        Object.entries(c.e2b.templates).map(([k, t]) => [
+          k,
+          {
+            ...('rootfs' in t ? { rootfs: t.rootfs } : { image: t.image }),
+            ...(t.command !== undefined ? { command: t.command } : {}),
+            ...(t.memoryBytes !== undefined ? { memory: exactSize(t.memoryBytes) } : {}),
+            ...(t.cpus !== undefined ? { cpus: t.cpus } : {}),
+          },
+        ]),
+      ),
     },
     meter: {
       interval: exactDuration(c.meter.intervalMs),

@@ -28,7 +28,8 @@ import { buildServer, type ServerOptions } from '../api/server.js';
 import { registerCostRoutes } from '../api/routes-cost.js';
 import { registerImageRoutes } from '../api/routes-images.js';
 import { ImageService, type ImageServiceOptions } from '../control/images.js';
-import { defaultConfig, type DaemonConfig } from './config.js';
+import { registerE2bInfo, startE2bFront, type E2bFront } from '../api/e2b/front.js';
+import { defaultConfig, type DaemonConfig, type E2bTemplateConfig } from './config.js';
 
 /** What the daemon hands to the controller as the operator set it (documented on ControllerOptions). */
 const CONTROLLER_SETTINGS = [
@@ -86,6 +87,8 @@ export interface DaemonOptions extends ControllerSettings, RuntimeSettings, Serv
     /** How often what no sandbox uses is removed; 0: only on POST /v1/images/prune. */
     gcIntervalMs?: number;
   };
+  /** The E2B front (docs/E2B.md); false: none (the default). */
+  e2b?: { listen: string; templates?: Record<string, E2bTemplateConfig> } | false;
 }
 
 export interface Daemon {
@@ -101,6 +104,8 @@ export interface Daemon {
   reconciled: { id: string; from: string; to: string }[];
   meter: Meter;
   log: Logger;
+  /** The E2B front, when on. */
+  e2b: E2bFront | undefined;
   close(): Promise<void>;
 }
 
@@ -153,6 +158,7 @@ export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
           defaults: { node: c.policy.defaults, tenants: c.policy.tenants },
         }
       : false,
+    e2b: c.e2b.listen !== undefined ? { listen: c.e2b.listen, templates: c.e2b.templates } : false,
     ...(c.debug.includes('timings')
       ? {
           onTimings: (t: OperationTimings) =>
@@ -329,6 +335,11 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     ...(opts.policy !== undefined ? { policy: opts.policy } : {}),
     warn,
   });
+  let e2b: E2bFront | undefined;
+  const proxyDomain = opts.proxy ? opts.proxy.domain : undefined;
+  registerE2bInfo(app, () =>
+    e2b ? { apiUrl: e2b.url, sandboxUrl: e2b.url, domain: proxyDomain ?? null } : undefined,
+  );
   const { host, port } = parseListen(listen);
   await app.listen({ host, port });
   const addr = app.server.address();
@@ -336,6 +347,18 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     typeof addr === 'object' && addr
       ? `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`
       : `http://${host}:${port}`;
+  if (opts.e2b) {
+    e2b = await startE2bFront({
+      controller,
+      store,
+      listen: opts.e2b.listen,
+      templates: opts.e2b.templates ?? {},
+      accessKey: () => secrets.agentTokenKey(),
+      ...(proxyDomain !== undefined ? { domain: proxyDomain } : {}),
+      hostPaths: [dataDir, stagingDir],
+      logger: opts.logger ?? false,
+    });
+  }
   return {
     url,
     log,
@@ -348,11 +371,13 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     wake,
     meter,
     reconciled,
+    e2b,
     async close() {
       // Pages still streaming from the vault's page server: let them finish first.
       await controller.settleLazyRestores();
       await meter.close();
       await wake.close();
+      await e2b?.close();
       await app.close();
       // What answered requests left running (removing a hibernated sandbox's container).
       await controller.settle();

@@ -246,6 +246,13 @@ export const SETTINGS: readonly Setting[] = [
     help: 'largest checkpoint archive a client may upload',
   },
   {
+    key: 'e2b.listen',
+    kind: 'string',
+    env: 'DORMANT_E2B_LISTEN',
+    flag: '--e2b-listen <host:port>',
+    help: "the E2B front's address: E2B's SDK runs against it (docs/E2B.md); off when unset",
+  },
+  {
     key: 'meter.interval',
     kind: 'duration',
     env: 'DORMANT_METER_INTERVAL',

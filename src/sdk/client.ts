@@ -335,7 +335,7 @@ export class DormantClient {
     await this.request<string>('DELETE', `/v1/templates/${encodeURIComponent(ref)}`, undefined, opts);
   }
 
-  createToken(o: { tenant: string; admin?: boolean }, opts?: CallOptions) {
+  createToken(o: { tenant: string; admin?: boolean; e2b?: boolean }, opts?: CallOptions) {
     return this.request<TokenInfo & { token: string }>('POST', '/v1/tokens', o, opts);
   }
   /** Every token's public id, tenant and dates (admin only). */

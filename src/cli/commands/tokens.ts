@@ -37,6 +37,7 @@ export function registerTokens(program: Command): void {
       `
 Examples:
   dormant token create --tenant acme            # prints the token once
+  dormant token create --tenant acme --e2b      # an E2B_API_KEY for E2B's SDK
   DORMANT_TOKEN=$(dormant token create --tenant acme) dormant ls
   dormant token ls
   dormant token revoke 3f9a1c2b7d4e`,
@@ -47,11 +48,16 @@ Examples:
     .description('mint a token for a tenant (needs the admin token); prints it once')
     .requiredOption('--tenant <name>', 'lowercase letters, digits, - and _')
     .option('--admin', 'a token that sees and manages every tenant')
-    .option('--json', 'print { id, token, tenant, admin, createdAt } as JSON')
+    .option('--e2b', "a key in E2B's format (e2b_...) for E2B's SDK (dormant e2b; docs/E2B.md)")
+    .option('--json', 'print { id, token, tenant, admin, createdAt } as JSON (--e2b: and key)')
     .action(async (o) => {
-      const t = await clientFromEnv().createToken({ tenant: o.tenant, admin: !!o.admin });
+      const t = await clientFromEnv().createToken({
+        tenant: o.tenant,
+        admin: !!o.admin,
+        ...(o.e2b ? { e2b: true } : {}),
+      });
       if (o.json) {
-        printJson(t);
+        printJson(o.e2b ? { key: t.token, ...t } : t);
         return;
       }
       process.stdout.write(`${t.token}\n`);
