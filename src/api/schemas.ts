@@ -96,6 +96,12 @@ export const CreateSandboxBody = z.strictObject({
     .optional()
     .describe('what hibernate does when the sandbox holds GPU state; default keep-running (docs/GPU.md)'),
   labels: labels.optional(),
+  egress: z
+    .union([z.string().max(16_384), z.array(z.string().max(253)).max(64)])
+    .optional()
+    .describe(
+      "where it may connect beyond the node: `internet` (all but private ranges, the node and other sandboxes), `none`, or IPv4 CIDRs and host names like `198.18.0.0/15,api.example.com`; default: the tenant's (docs/NETWORK.md)",
+    ),
 });
 export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
 
@@ -338,6 +344,10 @@ export const SandboxSchema = z.object({
   gpus: z.string().nullable().describe('GPUs it was created with (`all`, `0,1`), or null'),
   gpuPolicy: GpuPolicySchema.describe('what hibernate does when it holds GPU state (docs/GPU.md)'),
   labels: z.record(z.string(), z.string()).describe('its labels ({} when none)'),
+  egress: z
+    .string()
+    .nullable()
+    .describe('its egress policy: `internet`, `none`, or its list; null: none at all (made before egress)'),
 });
 export type SandboxView = z.output<typeof SandboxSchema>;
 

@@ -13,6 +13,7 @@ import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { SandboxPolicy } from '../domain/sandbox.js';
 import type { PriceSheet } from '../domain/cost.js';
 import { parseDurationMs, parseSizeBytes } from '../domain/units.js';
+import { egressText, parseEgressPolicy, type EgressPolicy } from '../domain/egress.js';
 import { SETTINGS, type Setting } from './settings.js';
 import { DEFAULTS, DEFAULT_CONFIG_FILE, defaultMasterKeyFile, defaultProxyListen } from './defaults.js';
 
@@ -56,6 +57,8 @@ export interface DaemonConfig {
   importLimits: { maxBytes: number; maxMemberBytes: number; maxEntries: number };
   api: { bodyLimitBytes: number; execBodyLimitBytes: number; maxUploadBytes: number };
   meter: { intervalMs: number; prices: Partial<PriceSheet> };
+  /** Sandboxes' way out (docs/NETWORK.md): the default policy, per-tenant ones, the resolvers. */
+  egress: { default: EgressPolicy; tenants: Record<string, EgressPolicy>; dns: string[] };
 }
 
 // ---- the file's shape (also what the environment and the flags are parsed into) ----
@@ -92,6 +95,16 @@ const policy = z.strictObject({
   archiveAfter: duration.optional(),
   deleteAfter: duration.optional(),
   lifetime: duration.optional(),
+});
+
+/** An egress policy: `internet`, `none`, or CIDRs and host names (domain/egress.ts). */
+const egressPolicy = z.union([z.string(), z.array(z.string())]).transform((v, ctx) => {
+  try {
+    return parseEgressPolicy(v);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: (e as Error).message });
+    return z.NEVER;
+  }
 });
 
 /** One layer of configuration: everything optional; unknown keys are errors (a typo would else be ignored). */
@@ -157,6 +170,13 @@ const Layer = z.strictObject({
       bodyLimit: size.optional(),
       execBodyLimit: size.optional(),
       maxUpload: size.optional(),
+    })
+    .optional(),
+  egress: z
+    .strictObject({
+      default: egressPolicy.optional(),
+      tenants: z.record(z.string().min(1), egressPolicy).optional(),
+      dns: z.array(z.ipv4()).max(3).optional(),
     })
     .optional(),
   meter: z
@@ -408,6 +428,11 @@ function resolveConfig(l: Layer): DaemonConfig {
       execBodyLimitBytes: l.api?.execBodyLimit ?? D.api.execBodyLimitBytes,
       maxUploadBytes: l.api?.maxUpload ?? D.api.maxUploadBytes,
     },
+    egress: {
+      default: l.egress?.default ?? { mode: 'internet' },
+      tenants: l.egress?.tenants ?? {},
+      dns: l.egress?.dns ?? [],
+    },
     meter: {
       intervalMs: l.meter?.interval ?? D.meter.intervalMs,
       prices: {
@@ -549,6 +574,11 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       pagesFromVault: c.restore.pagesFromVault,
       pagesFromVaultAbove: exactSize(c.restore.pagesFromVaultAboveBytes),
       timeout: exactDuration(c.restore.timeoutMs),
+    },
+    egress: {
+      default: egressText(c.egress.default),
+      tenants: Object.fromEntries(Object.entries(c.egress.tenants).map(([t, p]) => [t, egressText(p)])),
+      dns: c.egress.dns,
     },
     importLimits: {
       maxBytes: exactSize(c.importLimits.maxBytes),

@@ -31,6 +31,7 @@ import { defaultConfig, type DaemonConfig } from './config.js';
 const CONTROLLER_SETTINGS = [
   'readonlyBinds',
   'defaultDiskBytes',
+  'defaultEgress',
   'allowedSourceRoots',
   'keepCheckpoints',
   'importLimits',
@@ -47,7 +48,7 @@ type ControllerSettings = Pick<ControllerOptions, (typeof CONTROLLER_SETTINGS)[n
 /** ... to the runtime (documented on RuncRuntimeOptions). */
 type RuntimeSettings = Pick<
   RuncRuntimeOptions,
-  'checkpointTimeoutMs' | 'restoreTimeoutMs' | 'apparmorProfile'
+  'checkpointTimeoutMs' | 'restoreTimeoutMs' | 'apparmorProfile' | 'egressResolvers'
 >;
 /** ... to the API server (documented on ServerOptions). */
 type ServerSettings = Pick<ServerOptions, 'bodyLimitBytes' | 'execBodyLimitBytes' | 'maxUploadBytes'>;
@@ -108,6 +109,8 @@ export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
     ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
     allowedSourceRoots: c.sandbox.allowedSourceRoots,
     defaultDiskBytes: c.sandbox.diskBytes,
+    defaultEgress: { node: c.egress.default, tenants: c.egress.tenants },
+    ...(c.egress.dns.length > 0 ? { egressResolvers: c.egress.dns } : {}),
     keepCheckpoints: c.checkpoint.keep,
     checkpointTimeoutMs: c.checkpoint.timeoutMs,
     restoreTimeoutMs: c.restore.timeoutMs,
@@ -232,6 +235,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     restoreTimeoutMs: opts.restoreTimeoutMs,
     seccomp: loadSeccompProfile(opts.seccompProfile!),
     ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
+    ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
+    egressRefresh: true,
   });
   await runtime.dropStaleConfigs();
   const settings: Partial<Record<keyof ControllerSettings, unknown>> = {};

@@ -69,6 +69,8 @@ export interface SandboxInfo {
   gpuPolicy: GpuPolicy;
   /** its labels ({} when none) */
   labels: Record<string, string>;
+  /** its egress policy: `internet`, `none`, or its list; null: none at all (made before egress) */
+  egress: string | null;
 }
 
 /** A checkpoint (GET /v1/checkpoints). */
@@ -259,6 +261,8 @@ export interface CreateSandboxOptions {
   gpuPolicy?: GpuPolicy;
   /** your own key/value labels (at most 64; values up to 256 characters) */
   labels?: Record<string, string>;
+  /** where it may connect beyond the node: `internet` (all but private ranges, the node and other sandboxes), `none`, or IPv4 CIDRs and host names like `198.18.0.0/15,api.example.com`; default: the tenant's (docs/NETWORK.md) */
+  egress?: string | string[];
 }
 
 /** What PATCH /v1/sandboxes/{id} changes. */
@@ -319,6 +323,8 @@ export type ErrorFamily =
 /** Every code the API answers errors with. */
 export type ApiErrorCode =
   | 'INVALID_ARGUMENT'
+  | 'EGRESS_POLICY_INVALID'
+  | 'EGRESS_HOST_UNRESOLVABLE'
   | 'BAD_REQUEST'
   | 'METHOD_NOT_ALLOWED'
   | 'REQUEST_TOO_LARGE'
@@ -410,6 +416,16 @@ export const API_ERRORS: {
   readonly [C in ApiErrorCode]: { status: number; family: ErrorFamily; hint: string };
 } = {
   INVALID_ARGUMENT: { status: 400, family: 'invalid', hint: 'fix the request: the message names the field' },
+  EGRESS_POLICY_INVALID: {
+    status: 400,
+    family: 'invalid',
+    hint: 'give --egress internet, none, or CIDRs and host names: 198.18.0.0/15,api.example.com',
+  },
+  EGRESS_HOST_UNRESOLVABLE: {
+    status: 422,
+    family: 'unprocessable',
+    hint: 'check the name, or list its addresses as CIDRs',
+  },
   BAD_REQUEST: { status: 400, family: 'invalid', hint: 'send well-formed HTTP/1.1' },
   METHOD_NOT_ALLOWED: {
     status: 405,
