@@ -6,8 +6,8 @@
  * Node-wide chains, made once per daemon process and idempotently (a host whose FORWARD
  * policy is DROP still forwards ours: the jumps go at the top):
  *
- *   filter FORWARD  -> DORMANT-FWD     replies to sandboxes pass; nothing else enters one;
- *                                      from a sandbox: DORMANT-EGRESS, then DROP
+ *   filter FORWARD  -> DORMANT-FWD     replies to sandboxes pass; from a sandbox:
+ *                                      DORMANT-EGRESS, then DROP; nothing else enters one
  *   filter          DORMANT-EGRESS     one jump per sandbox: -i dmh<n> -j DMO-<n>
  *   filter INPUT    -> DORMANT-IN      from a sandbox to any of the node's own addresses (its
  *                                      API, the proxy, ssh): only replies and ping
@@ -93,9 +93,10 @@ export function nodeRules(): string {
     ':DORMANT-FWD - [0:0]',
     ':DORMANT-IN - [0:0]',
     '-A DORMANT-FWD -o dmh+ -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT',
-    '-A DORMANT-FWD -o dmh+ -j DROP',
+    // From a sandbox first: its chain rejects another sandbox at once (a drop would hang it).
     '-A DORMANT-FWD -i dmh+ -j DORMANT-EGRESS',
     '-A DORMANT-FWD -i dmh+ -j DROP',
+    '-A DORMANT-FWD -o dmh+ -j DROP',
     '-A DORMANT-IN -i dmh+ -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT',
     '-A DORMANT-IN -i dmh+ -p icmp -m icmp --icmp-type 8 -j ACCEPT',
     '-A DORMANT-IN -i dmh+ -p tcp -j REJECT --reject-with tcp-reset',
