@@ -17,6 +17,7 @@ import { loadSuite } from './load.js';
 import { confineSuite } from './confine.js';
 import { cliSuite } from './cli.js';
 import { toolboxSuite } from './toolbox.js';
+import { egressSuite } from './egress.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -28,6 +29,7 @@ const SUITES: BenchSuite[] = [
   confineSuite,
   cliSuite,
   toolboxSuite,
+  egressSuite,
 ];
 
 async function main(): Promise<void> {
