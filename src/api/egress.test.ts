@@ -181,6 +181,20 @@ describe('egress', () => {
     await client.resume(sb.id);
     assert.ok((await fetchFrom(sb, `http://${outside.address}:8080/`)).ok, 'after resume');
     assert.ok(!(await fetchFrom(sb, `http://${outside.other}:8080/`)).ok, 'the list still holds');
+    // Metering: 2 MB sent; the total survives hibernate/resume and the daemon's restart.
+    const metered = async (): Promise<number> => {
+      await daemon!.meter.sample();
+      const m = await client.sandboxMetrics(sb.id);
+      return m.samples[m.samples.length - 1]?.egressBytes ?? 0;
+    };
+    const up = await client.exec(sb.id, [
+      'sh',
+      '-c',
+      `head -c 2000000 /dev/zero > /tmp/up && wget -q -O - --post-file /tmp/up http://${outside.address}:8080/`,
+    ]);
+    assert.match(up.stdout, /got 2000000/);
+    const sent = await metered();
+    assert.ok(sent > 2_000_000 && sent < 2_400_000, `metered egress ${sent}`);
     const fork = await client.fork(sb.id, { name: 'travels-fork' });
     assert.equal(fork.egress, 'api.egress.test');
     assert.ok((await fetchFrom(fork, `http://${outside.address}:8080/`)).ok, 'in the fork');
@@ -189,6 +203,8 @@ describe('egress', () => {
     daemon = undefined;
     await start();
     assert.ok((await fetchFrom(sb, `http://${outside.address}:8080/`)).ok, 'after a daemon restart');
+    const after = await metered();
+    assert.ok(after >= sent && after < sent + 100_000, `metered egress after restart ${after} (was ${sent})`);
     const slots = await Promise.all(
       [sb, fork].map(async (s) => (await daemon!.runtime.state(s.id)).network.hostInterface.slice(3)),
     );

@@ -376,6 +376,12 @@ export const MetricSampleSchema = z.object({
     .nonnegative()
     .nullable()
     .describe('bytes used on its writable layer; null: not known (a sandbox without a disk quota)'),
+  egressBytes: z
+    .number()
+    .int()
+    .nonnegative()
+    .nullable()
+    .describe('all it sent beyond the node so far (its egress); null: not known (no egress)'),
 });
 export type MetricSampleView = z.output<typeof MetricSampleSchema>;
 

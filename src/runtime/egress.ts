@@ -8,15 +8,18 @@
  *
  *   filter FORWARD  -> DORMANT-FWD     replies to sandboxes pass; from a sandbox:
  *                                      DORMANT-EGRESS, then DROP; nothing else enters one
- *   filter          DORMANT-EGRESS     one jump per sandbox: -i dmh<n> -j DMO-<n>
+ *   filter          DORMANT-EGRESS     two rules per sandbox: -i dmh<n> -j DMO-<n>, then
+ *                                      -i dmh<n> -j ACCEPT (what its chain let RETURN)
  *   filter INPUT    -> DORMANT-IN      from a sandbox to any of the node's own addresses (its
  *                                      API, the proxy, ssh): only replies and ping
  *   nat POSTROUTING -> DORMANT-NAT     MASQUERADE of the sandbox subnet leaving by another link
  *
  * Per sandbox, chain DMO-<n> (n its slot), rewritten whole with one `iptables-restore
  * --noflush` (declaring a chain there flushes it): other sandboxes rejected first, then DNS
- * to the resolvers, then the policy, ending in ACCEPT or REJECT. Its ACCEPT rules' byte
- * counters are the sandbox's egress (the meter reads them all with one iptables-save).
+ * to the resolvers, then the policy: RETURN for what it allows, REJECT for the rest. The byte
+ * counter of the sandbox's ACCEPT rule in DORMANT-EGRESS is its egress (the meter reads them
+ * all with one iptables-save); that rule is never rewritten while the sandbox lives, so a
+ * list's names resolved anew do not reset it.
  *
  * DNS: the sandbox's /etc/resolv.conf (a runtime-owned file bound read-only) names the node's
  * resolvers (its /etc/resolv.conf's non-loopback ones, or those configured), admitted through
@@ -149,14 +152,14 @@ export function sandboxRules(
   if (policy.mode !== 'none')
     for (const r of opts.resolvers)
       for (const proto of ['udp', 'tcp'])
-        rules.push(`-A ${chain} -d ${r}/32 -p ${proto} -m ${proto} --dport 53 -j ACCEPT`);
+        rules.push(`-A ${chain} -d ${r}/32 -p ${proto} -m ${proto} --dport 53 -j RETURN`);
   if (policy.mode === 'internet') {
     for (const range of NON_INTERNET) rules.push(`-A ${chain} -d ${range} -j REJECT`);
-    rules.push(`-A ${chain} -j ACCEPT`);
+    rules.push(`-A ${chain} -j RETURN`);
   } else {
     if (policy.mode === 'list')
       for (const c of [...policy.cidrs, ...opts.addresses.map((a) => `${a}/32`)])
-        rules.push(`-A ${chain} -d ${c} -j ACCEPT`);
+        rules.push(`-A ${chain} -d ${c} -j RETURN`);
     rules.push(`-A ${chain} -j REJECT`);
   }
   return ['*filter', `:${chain} - [0:0]`, ...rules, 'COMMIT', ''].join('\n');
@@ -194,29 +197,42 @@ export async function resolveHosts(
   };
 }
 
-/** Writes the sandbox's DMO chain and its jump (the jump only when missing). */
+/** Writes the sandbox's DMO chain, and its two rules in DORMANT-EGRESS when missing. */
 export async function applyEgress(net: SandboxNetwork, rules: string): Promise<void> {
-  const jump = ['DORMANT-EGRESS', '-i', net.hostInterface, '-j', egressChain(net)];
-  await restore(rules);
-  if ((await ipt(['-C', ...jump], 'filter', [0, 1, 2])) !== 0) await ipt(['-A', ...jump]);
+  const chain = egressChain(net);
+  const present =
+    (await ipt(['-C', 'DORMANT-EGRESS', '-i', net.hostInterface, '-j', chain], 'filter', [0, 1, 2])) === 0;
+  // One restore: the chain (made or flushed and filled) and, the first time, the rules to it.
+  const jumps = present
+    ? []
+    : [
+        `-A DORMANT-EGRESS -i ${net.hostInterface} -j ${chain}`,
+        `-A DORMANT-EGRESS -i ${net.hostInterface} -j ACCEPT`,
+      ];
+  await restore(rules.replace(/^COMMIT$/m, [...jumps, 'COMMIT'].join('\n')));
 }
 
 /** Removes the sandbox's jump and chain; nothing there is no error. */
 export async function removeEgress(net: SandboxNetwork): Promise<void> {
   const chain = egressChain(net);
   // -C fails (1 or 2) when the chain or the jump is absent; delete every copy of the jump.
-  for (let i = 0; i < 4; i++) {
-    const rc = await ipt(['-D', 'DORMANT-EGRESS', '-i', net.hostInterface, '-j', chain], 'filter', [0, 1, 2]);
-    if (rc !== 0) break;
-  }
+  for (const target of [chain, 'ACCEPT'])
+    for (let i = 0; i < 4; i++) {
+      const rc = await ipt(
+        ['-D', 'DORMANT-EGRESS', '-i', net.hostInterface, '-j', target],
+        'filter',
+        [0, 1, 2],
+      );
+      if (rc !== 0) break;
+    }
   await ipt(['-F', chain], 'filter', [0, 1]);
   await ipt(['-X', chain], 'filter', [0, 1]);
 }
 
 /**
- * Bytes each sandbox sent beyond the node, by host interface (`dmh<n>`): the sums of its DMO
- * chain's ACCEPT counters, read with one iptables-save. The counters start again at zero when
- * a chain is rewritten (a list's names resolved anew, a reboot): the meter adds up increases.
+ * Bytes each sandbox sent beyond the node, by host interface (`dmh<n>`): its ACCEPT rule's
+ * counter, all read with one iptables-save. A counter starts again at zero when the rule is
+ * made again (after a reboot): the meter adds up increases.
  */
 export async function egressCounters(): Promise<Map<string, number>> {
   const out = new Map<string, number>();
@@ -224,9 +240,7 @@ export async function egressCounters(): Promise<Map<string, number>> {
     timeoutMs: IPT_TIMEOUT_MS,
     okExitCodes: [0, 1],
   });
-  for (const m of r.stdout.matchAll(/^\[\d+:(\d+)\] -A DMO-(\d+) .*-j ACCEPT$/gm)) {
-    const iface = `dmh${m[2]!}`;
-    out.set(iface, (out.get(iface) ?? 0) + Number(m[1]));
-  }
+  for (const m of r.stdout.matchAll(/^\[\d+:(\d+)\] -A DORMANT-EGRESS -i (dmh\d+) -j ACCEPT$/gm))
+    out.set(m[2]!, (out.get(m[2]!) ?? 0) + Number(m[1]));
   return out;
 }

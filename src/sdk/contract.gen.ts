@@ -153,6 +153,8 @@ export interface SandboxMetricSample {
   memoryBytes: number;
   /** bytes used on its writable layer; null: not known (a sandbox without a disk quota) */
   diskBytes: number | null;
+  /** all it sent beyond the node so far (its egress); null: not known (no egress) */
+  egressBytes: number | null;
 }
 
 /** GET /v1/sandboxes/{id}/metrics. */

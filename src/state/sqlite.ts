@@ -72,6 +72,9 @@ export const MIGRATIONS: string[] = [
   // one sandbox's samples found without a scan of everyone's (GET /v1/sandboxes/{id}/metrics).
   `ALTER TABLE samples ADD COLUMN disk_bytes INTEGER;
    CREATE INDEX samples_sandbox ON samples (sandbox_id, at);`,
+  // Egress per sample: the running total and the raw counter it came from (NULL: no egress).
+  `ALTER TABLE samples ADD COLUMN egress_bytes INTEGER;
+   ALTER TABLE samples ADD COLUMN egress_counter INTEGER;`,
 ];
 
 interface SandboxRow {
@@ -471,7 +474,7 @@ export class SqliteStateStore implements StateStore {
 
   insertSamples(samples: readonly StoredSample[]): void {
     const stmt = this.db.prepare(
-      'INSERT INTO samples (sandbox_id, at, memory_bytes, cpu_usage_usec, disk_bytes) VALUES (?, ?, ?, ?, ?)',
+      'INSERT INTO samples (sandbox_id, at, memory_bytes, cpu_usage_usec, disk_bytes, egress_bytes, egress_counter) VALUES (?, ?, ?, ?, ?, ?, ?)',
     );
     this.db.transaction(() => {
       for (const x of samples)
@@ -481,6 +484,8 @@ export class SqliteStateStore implements StateStore {
           Math.round(x.memoryBytes),
           Math.round(x.cpuUsageUsec),
           x.diskBytes !== undefined ? Math.round(x.diskBytes) : null,
+          x.egressBytes ?? null,
+          x.egressCounter ?? null,
         );
     })();
   }
@@ -498,6 +503,8 @@ export class SqliteStateStore implements StateStore {
       memory_bytes: number;
       cpu_usage_usec: number;
       disk_bytes: number | null;
+      egress_bytes: number | null;
+      egress_counter: number | null;
     }[];
     return rows.map((r) => ({
       sandboxId: r.sandbox_id,
@@ -505,6 +512,9 @@ export class SqliteStateStore implements StateStore {
       memoryBytes: r.memory_bytes,
       cpuUsageUsec: r.cpu_usage_usec,
       ...(r.disk_bytes !== null ? { diskBytes: r.disk_bytes } : {}),
+      ...(r.egress_bytes !== null && r.egress_counter !== null
+        ? { egressBytes: r.egress_bytes, egressCounter: r.egress_counter }
+        : {}),
     }));
   }
 

@@ -4,7 +4,8 @@
  * real address), with an HTTP server on two of its addresses and a small DNS server.
  *
  *   host end     198.18.<n>.1   (interface dto<pid>)
- *   outside      198.18.<n>.2   HTTP :8080 ("outside <address>"), DNS :53
+ *   outside      198.18.<n>.2   HTTP :8080 ("outside <address>", "got N" for a POST's body;
+ *                              /bytes/N answers N bytes), DNS :53
  *                198.18.<n>.3   HTTP :8080 (an address a list can leave out)
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -29,7 +30,10 @@ const http = require('node:http');
 const names = JSON.parse(process.argv[1]);
 http.createServer((req, res) => {
   if (req.url.startsWith('/bytes/')) { res.end(Buffer.alloc(Number(req.url.slice(7)), 120)); return; }
-  res.end('outside ' + req.socket.localAddress + '\n');
+  // A POST's body is read and counted: the upload direction.
+  let got = 0;
+  req.on('data', (d) => (got += d.length));
+  req.on('end', () => res.end('outside ' + req.socket.localAddress + (got > 0 ? ' got ' + got : '') + '\n'));
 }).listen(8080, '0.0.0.0');
 const sock = dgram.createSocket('udp4');
 sock.on('message', (q, rinfo) => {
