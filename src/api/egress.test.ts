@@ -12,7 +12,7 @@ import type { Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { run } from '../sys/exec.js';
 import { apiError, startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
-import { httpGet } from './testing/host.js';
+import { eventually, httpGet } from './testing/host.js';
 import { startOutside, type Outside } from './testing/outside.js';
 
 /** What a TCP server sends before it closes. */
@@ -45,6 +45,8 @@ describe('egress', () => {
       listen: '0.0.0.0:0',
       allowedSourceRoots: [dir],
       egressResolvers: [outside.address],
+      // The test's DNS answers live 1 s: names are looked up again after 1 s, not 30.
+      egressRefreshMinMs: 1000,
       defaultEgress: { node: { mode: 'internet' }, tenants: { closed: { mode: 'none' } } },
     }));
     apiPort = Number(new URL(daemon.url).port);
@@ -159,6 +161,22 @@ describe('egress', () => {
       !(await fetchFrom(sb, `http://${outside.other}:8080/`)).ok,
       'an address the name does not have',
     );
+    await client.remove(sb.id);
+  });
+
+  test('a name whose address changes: the node follows it, and the old address is closed', async () => {
+    const names = { 'api.egress.test': `${outside.prefix}2`, 'other.egress.test': `${outside.prefix}3` };
+    await outside.setNames({ ...names, 'moving.egress.test': outside.address });
+    const sb = await make('moving', 'moving.egress.test');
+    assert.ok((await fetchFrom(sb, `http://${outside.address}:8080/`)).ok);
+    assert.ok(!(await fetchFrom(sb, `http://${outside.other}:8080/`)).ok);
+    await outside.setNames({ ...names, 'moving.egress.test': outside.other });
+    await eventually('the new address is admitted', async () => {
+      const r = await fetchFrom(sb, `http://${outside.other}:8080/`);
+      if (!r.ok) throw new Error(r.out);
+    });
+    assert.ok(!(await fetchFrom(sb, `http://${outside.address}:8080/`)).ok, 'the old address is closed');
+    await outside.setNames(names);
     await client.remove(sb.id);
   });
 

@@ -48,7 +48,7 @@ type ControllerSettings = Pick<ControllerOptions, (typeof CONTROLLER_SETTINGS)[n
 /** ... to the runtime (documented on RuncRuntimeOptions). */
 type RuntimeSettings = Pick<
   RuncRuntimeOptions,
-  'checkpointTimeoutMs' | 'restoreTimeoutMs' | 'apparmorProfile' | 'egressResolvers'
+  'checkpointTimeoutMs' | 'restoreTimeoutMs' | 'apparmorProfile' | 'egressResolvers' | 'egressRefreshMinMs'
 >;
 /** ... to the API server (documented on ServerOptions). */
 type ServerSettings = Pick<ServerOptions, 'bodyLimitBytes' | 'execBodyLimitBytes' | 'maxUploadBytes'>;
@@ -236,6 +236,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     seccomp: loadSeccompProfile(opts.seccompProfile!),
     ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
     ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
+    ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
     egressRefresh: true,
   });
   await runtime.dropStaleConfigs();

@@ -169,6 +169,7 @@ export function sandboxRules(
 export async function resolveHosts(
   hosts: readonly string[],
   resolvers: readonly string[],
+  minMs = MIN_REFRESH_MS,
 ): Promise<{ addresses: string[]; ttlMs: number }> {
   if (hosts.length === 0) return { addresses: [], ttlMs: MAX_REFRESH_MS };
   const resolver = new Resolver({ timeout: 2000, tries: 2 });
@@ -193,7 +194,7 @@ export async function resolveHosts(
   }
   return {
     addresses: [...addresses].sort(),
-    ttlMs: Math.min(MAX_REFRESH_MS, Math.max(MIN_REFRESH_MS, ttl * 1000)),
+    ttlMs: Math.min(MAX_REFRESH_MS, Math.max(minMs, ttl * 1000)),
   };
 }
 

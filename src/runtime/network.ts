@@ -218,7 +218,50 @@ export interface EgressSetUp {
  * common case (restore right after a stop, nothing changed) costs one stat, not a handful of
  * `ip` and `iptables` processes; a namespace made again after a reboot has another inode.
  */
-export async function setUpNetwork(
+export function setUpNetwork(
+  net: SandboxNetwork,
+  ports: readonly number[],
+  opts: {
+    markerPath: string;
+    signal?: AbortSignal;
+    egress?: EgressSetUp;
+    /** Only a network already set up (its marker there): a refresh that must not revive one torn down. */
+    onlyIfSetUp?: boolean;
+  },
+): Promise<void> {
+  return locked(net.netns, async () => {
+    if (
+      opts.onlyIfSetUp === true &&
+      !(await readFile(opts.markerPath).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return;
+    await setUp(net, ports, opts);
+  });
+}
+
+/**
+ * One change at a time to a sandbox's network in this process: the daemon serializes
+ * lifecycle operations, but an egress list's names are refreshed on a timer (runc-host.ts),
+ * which must neither interleave with a teardown nor bring back what it removed.
+ */
+const netLocks = new Map<string, Promise<unknown>>();
+
+async function locked<T>(key: string, fn: () => Promise<T>): Promise<T> {
+  const prev = netLocks.get(key) ?? Promise.resolve();
+  const next = prev.then(fn, fn);
+  const tail = next.catch(() => undefined);
+  netLocks.set(key, tail);
+  try {
+    return await next;
+  } finally {
+    if (netLocks.get(key) === tail) netLocks.delete(key);
+  }
+}
+
+async function setUp(
   net: SandboxNetwork,
   ports: readonly number[],
   opts: { markerPath: string; signal?: AbortSignal; egress?: EgressSetUp },
@@ -332,9 +375,16 @@ export async function clearCriuNetworkLock(net: SandboxNetwork): Promise<void> {
 }
 
 /** Deletes the namespace (which takes the veth pair with it) and a stray host end. */
-export async function tearDownNetwork(
+export function tearDownNetwork(
   net: SandboxNetwork,
   opts: { markerPath?: string; signal?: AbortSignal } = {},
+): Promise<void> {
+  return locked(net.netns, () => tearDown(net, opts));
+}
+
+async function tearDown(
+  net: SandboxNetwork,
+  opts: { markerPath?: string; signal?: AbortSignal },
 ): Promise<void> {
   const { signal } = opts;
   if (opts.markerPath !== undefined) await rm(opts.markerPath, { force: true });

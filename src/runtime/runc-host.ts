@@ -89,6 +89,8 @@ export interface RuncRuntimeOptions {
    * Default false (the daemon turns it on).
    */
   egressRefresh?: boolean;
+  /** The shortest time a name's answer is kept, whatever its TTL. Default 30 s. */
+  egressRefreshMinMs?: number;
 }
 
 /** Where the default seccomp profile lives: data the operator can read, beside the code. */
@@ -315,6 +317,8 @@ export class RuncHost {
 
   protected readonly egressResolvers: readonly string[];
 
+  private readonly egressRefreshMinMs: number | undefined;
+
   /** Per sandbox with host names in its egress list: what they resolved to, and when next. */
   private readonly egressNames = new Map<string, { addresses: string[]; dueAt: number }>();
 
@@ -350,13 +354,17 @@ export class RuncHost {
     this.apparmorProfile =
       options.apparmorProfile !== undefined && hostHasAppArmor() ? options.apparmorProfile : undefined;
     this.egressResolvers = options.egressResolvers ?? nodeResolvers();
+    this.egressRefreshMinMs = options.egressRefreshMinMs;
     if (options.egressRefresh === true)
       // unref: the timer never keeps a process alive; each tick looks at what is due.
-      setInterval(() => {
-        this.refreshEgress().catch((e: unknown) =>
-          this.warn?.(`egress: refreshing host names failed: ${(e as Error).message}`),
-        );
-      }, 5_000).unref();
+      setInterval(
+        () => {
+          this.refreshEgress().catch((e: unknown) =>
+            this.warn?.(`egress: refreshing host names failed: ${(e as Error).message}`),
+          );
+        },
+        Math.min(5_000, this.egressRefreshMinMs ?? 5_000),
+      ).unref();
   }
 
   // ---- egress (egress.ts) --------------------------------------------------------------
@@ -380,7 +388,7 @@ export class RuncHost {
       const known = this.egressNames.get(rec.spec.id);
       if (known !== undefined && known.dueAt > Date.now()) addresses = known.addresses;
       else {
-        const r = await resolveHosts(policy.hosts, this.egressResolvers);
+        const r = await resolveHosts(policy.hosts, this.egressResolvers, this.egressRefreshMinMs);
         addresses = r.addresses;
         this.egressNames.set(rec.spec.id, { addresses, dueAt: Date.now() + r.ttlMs });
       }
@@ -413,7 +421,7 @@ export class RuncHost {
       if (!(await exists(join(this.dir(id), 'network.done')))) continue;
       let r: { addresses: string[]; ttlMs: number };
       try {
-        r = await resolveHosts(policy.hosts, this.egressResolvers);
+        r = await resolveHosts(policy.hosts, this.egressResolvers, this.egressRefreshMinMs);
       } catch (e) {
         this.warn?.(`egress of ${id}: ${(e as Error).message}; keeping the last addresses`);
         if (known !== undefined) known.dueAt = now + 30_000;
@@ -424,6 +432,7 @@ export class RuncHost {
       await setUpNetwork(rec.network, rec.spec.ports ?? [], {
         markerPath: join(this.dir(id), 'network.done'),
         egress: (await this.egressSetUp(rec))!,
+        onlyIfSetUp: true,
       });
     }
   }

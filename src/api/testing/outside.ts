@@ -9,6 +9,9 @@
  *                198.18.<n>.3   HTTP :8080 (an address a list can leave out)
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { run } from '../../sys/exec.js';
 
 export interface Outside {
@@ -20,6 +23,8 @@ export interface Outside {
   /** Its second address (HTTP only). */
   other: string;
   hostAddress: string;
+  /** Changes what its DNS server answers (at once: the file is read at every query). */
+  setNames(names: Record<string, string>): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -27,7 +32,9 @@ export interface Outside {
 const SERVERS = String.raw`
 const dgram = require('node:dgram');
 const http = require('node:http');
-const names = JSON.parse(process.argv[1]);
+const fs = require('node:fs');
+// Read again at every query: a test changes an answer by rewriting the file.
+const names = () => JSON.parse(fs.readFileSync(process.argv[1], 'utf8'));
 http.createServer((req, res) => {
   if (req.url.startsWith('/bytes/')) { res.end(Buffer.alloc(Number(req.url.slice(7)), 120)); return; }
   // A POST's body is read and counted: the upload direction.
@@ -41,7 +48,7 @@ sock.on('message', (q, rinfo) => {
   while (q[i] !== 0) { labels.push(q.subarray(i + 1, i + 1 + q[i]).toString()); i += q[i] + 1; }
   const qtype = q.readUInt16BE(i + 1);
   const question = q.subarray(12, i + 5);
-  const addr = names[labels.join('.').toLowerCase()];
+  const addr = names()[labels.join('.').toLowerCase()];
   const found = addr !== undefined && qtype === 1;
   const head = Buffer.alloc(12);
   q.copy(head, 0, 0, 2);
@@ -49,7 +56,7 @@ sock.on('message', (q, rinfo) => {
   head.writeUInt16BE(1, 4);
   head.writeUInt16BE(found ? 1 : 0, 6);
   const answer = found
-    ? Buffer.concat([Buffer.from([0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]), Buffer.from(addr.split('.').map(Number))])
+    ? Buffer.concat([Buffer.from([0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4]), Buffer.from(addr.split('.').map(Number))])
     : Buffer.alloc(0);
   sock.send(Buffer.concat([head, question, answer]), rinfo.port, rinfo.address);
 });
@@ -81,16 +88,19 @@ export async function startOutside(names: (prefix: string) => Record<string, str
     ].join(' && '),
   );
   let child: ChildProcess | undefined;
+  const folder = await mkdtemp(join(tmpdir(), 'dormant-t-out-'));
+  const namesFile = join(folder, 'names.json');
+  const setNames = (n: Record<string, string>): Promise<void> => writeFile(namesFile, JSON.stringify(n));
+  await setNames(names(prefix));
   const close = async (): Promise<void> => {
     if (child?.pid !== undefined) child.kill('SIGKILL');
+    await rm(folder, { recursive: true, force: true });
     await sh(`ip netns del ${netns} 2>/dev/null; ip link del ${veth} 2>/dev/null; true`);
   };
   try {
-    child = spawn(
-      'ip',
-      ['netns', 'exec', netns, process.execPath, '-e', SERVERS, JSON.stringify(names(prefix))],
-      { stdio: ['ignore', 'pipe', 'inherit'] },
-    );
+    child = spawn('ip', ['netns', 'exec', netns, process.execPath, '-e', SERVERS, namesFile], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
     await new Promise<void>((resolve, reject) => {
       child!.stdout!.once('data', () => resolve());
       child!.once('exit', (code) => reject(new Error(`the outside servers exited (${code})`)));
@@ -99,5 +109,13 @@ export async function startOutside(names: (prefix: string) => Record<string, str
     await close();
     throw e;
   }
-  return { netns, prefix, address: `${prefix}2`, other: `${prefix}3`, hostAddress: `${prefix}1`, close };
+  return {
+    netns,
+    prefix,
+    address: `${prefix}2`,
+    other: `${prefix}3`,
+    hostAddress: `${prefix}1`,
+    setNames,
+    close,
+  };
 }
