@@ -97,6 +97,10 @@ describe('egress', () => {
     // Metering: what it sent beyond the node is counted.
     const bytes = (await daemon!.runtime.egressBytes()).get(sb.id) ?? 0;
     assert.ok(bytes > 100, `egress bytes ${bytes}`);
+    const prom = await fetch(`${daemon!.url}/metrics`, {
+      headers: { authorization: `Bearer ${daemon!.adminToken}` },
+    });
+    assert.match(await prom.text(), /^dormant_sandbox_egress_bytes [1-9]\d*$/m);
   });
 
   test("the node's API and another tenant's sandbox are out of reach, whatever the policy", async () => {
