@@ -68,6 +68,17 @@ export function registerMetrics(app: FastifyInstance, opts: MetricsOptions): Reg
       this.set(total);
     },
   });
+  new Gauge({
+    name: 'dormant_sandbox_egress_bytes',
+    help: 'Bytes the current sandboxes sent beyond the node, from their egress counters (docs/NETWORK.md)',
+    registers: [registry],
+    async collect() {
+      let total = 0;
+      for (const n of (await controller.egressBytes().catch(() => new Map<string, number>())).values())
+        total += n;
+      this.set(total);
+    },
+  });
 
   const transitions = new Counter({
     name: 'dormant_transitions_total',

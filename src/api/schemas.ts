@@ -111,6 +111,12 @@ export const CreateSandboxBody = z.strictObject({
     .describe(
       "a template's name or id: the sandbox starts from its checkpoint (memory, processes, files); give no rootfs, image, command, env, ports or limits",
     ),
+  egress: z
+    .union([z.string().max(16_384), z.array(z.string().max(253)).max(64)])
+    .optional()
+    .describe(
+      "where it may connect beyond the node: `internet` (all but private ranges, the node and other sandboxes), `none`, or IPv4 CIDRs and host names like `198.18.0.0/15,api.example.com`; default: the tenant's (docs/NETWORK.md)",
+    ),
 });
 export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
 
@@ -368,6 +374,10 @@ export const SandboxSchema = z.object({
   gpus: z.string().nullable().describe('GPUs it was created with (`all`, `0,1`), or null'),
   gpuPolicy: GpuPolicySchema.describe('what hibernate does when it holds GPU state (docs/GPU.md)'),
   labels: z.record(z.string(), z.string()).describe('its labels ({} when none)'),
+  egress: z
+    .string()
+    .nullable()
+    .describe('its egress policy: `internet`, `none`, or its list; null: none at all (made before egress)'),
 });
 export type SandboxView = z.output<typeof SandboxSchema>;
 
@@ -396,6 +406,12 @@ export const MetricSampleSchema = z.object({
     .nonnegative()
     .nullable()
     .describe('bytes used on its writable layer; null: not known (a sandbox without a disk quota)'),
+  egressBytes: z
+    .number()
+    .int()
+    .nonnegative()
+    .nullable()
+    .describe('all it sent beyond the node so far (its egress); null: not known (no egress)'),
 });
 export type MetricSampleView = z.output<typeof MetricSampleSchema>;
 

@@ -3,6 +3,7 @@
  * schemas.ts, and answers errors as `{ error: { code, message, hint } }` with a stable code.
  * Another tenant's sandbox answers 404, exactly like one that does not exist.
  */
+import { egressText } from '../domain/egress.js';
 import { DEFAULT_GPU_POLICY } from '../domain/gpu.js';
 import Fastify, {
   LogController,
@@ -123,6 +124,7 @@ export function sandboxView(s: Sandbox): SandboxView {
     gpus: s.gpus ?? null,
     gpuPolicy: s.gpuPolicy ?? DEFAULT_GPU_POLICY,
     labels: s.spec.labels ?? {},
+    egress: s.spec.egress !== undefined ? egressText(s.spec.egress) : null,
   };
 }
 
@@ -291,6 +293,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.gpuPolicy !== undefined ? { gpuPolicy: b.gpuPolicy } : {}),
       ...(b.labels !== undefined ? { labels: b.labels } : {}),
       ...(b.template !== undefined ? { template: b.template } : {}),
+      ...(b.egress !== undefined ? { egress: b.egress } : {}),
       policy: {
         ...(b.idle !== undefined ? { hibernateAfterMs: b.idle } : {}),
         ...(b.pauseAfter !== undefined ? { pauseAfterMs: b.pauseAfter } : {}),

@@ -19,6 +19,7 @@ import { cliSuite } from './cli.js';
 import { toolboxSuite } from './toolbox.js';
 import { templateSuite } from './template.js';
 import { e2bSuite } from './e2b.js';
+import { egressSuite } from './egress.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -32,6 +33,7 @@ const SUITES: BenchSuite[] = [
   toolboxSuite,
   templateSuite,
   e2bSuite,
+  egressSuite,
 ];
 
 async function main(): Promise<void> {

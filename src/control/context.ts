@@ -169,6 +169,7 @@ export class LifecycleContext {
         ? { engineBinds: s.spec.engineBinds }
         : {}),
       ...(s.spec.cgroupNamespace === false ? { cgroupNamespace: false } : {}),
+      ...(s.spec.egress !== undefined ? { egress: s.spec.egress } : {}),
     };
   }
 

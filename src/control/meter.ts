@@ -15,6 +15,8 @@ export interface MeterSource {
   usage(id: string): Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
   /** Bytes used on the sandbox's writable layer, when that is cheap to know (one statfs). */
   diskUsage?(id: string): Promise<number | undefined>;
+  /** Each sandbox's egress counter (bytes sent beyond the node; it may start again at 0), by id. */
+  egressBytes?(): Promise<Map<string, number>>;
 }
 
 /** A sandbox's samples as GET /v1/sandboxes/{id}/metrics shows them. */
@@ -24,6 +26,8 @@ export interface MetricPoint {
   cpuPercent: number | null;
   memoryBytes: number;
   diskBytes: number | null;
+  /** All it sent beyond the node up to then; null: not known (no egress, or made before). */
+  egressBytes: number | null;
 }
 
 /** Most samples one metrics answer holds. */
@@ -45,6 +49,7 @@ export function metricPoints(samples: readonly StoredSample[], since: number): M
         cpuPercent: rose ? ((x.cpuUsageUsec - prev!.cpuUsageUsec) / ((x.at - prev!.at) * 1000)) * 100 : null,
         memoryBytes: x.memoryBytes,
         diskBytes: x.diskBytes ?? null,
+        egressBytes: x.egressBytes ?? null,
       });
     }
     prev = x;
@@ -95,6 +100,27 @@ export class Meter {
 
   private failing = false;
 
+  /** Each sandbox's last egress total and raw counter (from its last sample after a restart). */
+  private readonly egress = new Map<string, { total: number; counter: number }>();
+
+  /** The running egress total of `id` given its counter now: increases add, a reset starts over. */
+  private egressTotal(id: string, counter: number, at: number): { total: number; counter: number } {
+    let prev = this.egress.get(id);
+    if (prev === undefined) {
+      const last = this.opts.store.sandboxSamples(id, { since: at + 1, limit: 0 })[0];
+      prev =
+        last?.egressBytes !== undefined && last.egressCounter !== undefined
+          ? { total: last.egressBytes, counter: last.egressCounter }
+          : { total: 0, counter: 0 };
+    }
+    const next = {
+      total: prev.total + (counter >= prev.counter ? counter - prev.counter : counter),
+      counter,
+    };
+    this.egress.set(id, next);
+    return next;
+  }
+
   /** A timed pass: its failure is told once per run of failures, never thrown. */
   private tick(): void {
     this.sample().then(
@@ -122,20 +148,29 @@ export class Meter {
     await Promise.resolve();
     const at = this.opts.clock.now();
     const out: StoredSample[] = [];
+    // One read of every counter per pass; a failure leaves this pass's samples without egress.
+    const counters = await this.opts.source.egressBytes?.().catch(() => undefined);
+    const live = new Set<string>();
     for (const s of this.opts.source.list()) {
       if (s.state !== 'running' && s.state !== 'paused') continue;
       const u = await this.opts.source.usage(s.id);
       if (!u) continue;
       // The layer's use is a nicety: a failure to read it leaves the sample without it.
       const disk = await this.opts.source.diskUsage?.(s.id).catch(() => undefined);
+      live.add(s.id);
+      const counter = counters?.get(s.id);
+      const egress = counter !== undefined ? this.egressTotal(s.id, counter, at) : undefined;
       out.push({
         sandboxId: s.id,
         at,
         memoryBytes: u.memoryBytes,
         cpuUsageUsec: u.cpuUsageUsec,
         ...(disk !== undefined ? { diskBytes: disk } : {}),
+        ...(egress !== undefined ? { egressBytes: egress.total, egressCounter: egress.counter } : {}),
       });
     }
+    // Hibernated ones keep theirs (read back from the store anyway); removed ones go.
+    for (const id of this.egress.keys()) if (!live.has(id) && !counters?.has(id)) this.egress.delete(id);
     this.opts.store.insertSamples(out);
     return out.length;
   }

@@ -4,6 +4,7 @@ import type { StatePort, VaultPort } from './ports.js';
 import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js';
 import type { ArchiveLimits } from '../checkpoint/archive.js';
 import type { PlatformFacts } from '../domain/compat.js';
+import type { EgressPolicy } from '../domain/egress.js';
 import type { GpuNode } from './gpu.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { SandboxProfile } from '../checkpoint/profile-check.js';
@@ -72,6 +73,11 @@ export interface ControllerOptions {
   checkpointProfile?: Partial<SandboxProfile>;
   /** Disk quota of a sandbox's writable layer when its create names none. Default 10 GiB. */
   defaultDiskBytes?: number;
+  /**
+   * Egress of a sandbox whose create names none (domain/egress.ts): the tenant's, else the
+   * node's. Default `internet`. Applied at create; a sandbox keeps the policy it was made with.
+   */
+  defaultEgress?: { node: EgressPolicy; tenants: Record<string, EgressPolicy> };
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
   /** Caps on what an imported archive may unpack to (defaults: archive.ts). */

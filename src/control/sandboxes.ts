@@ -368,6 +368,11 @@ export class SandboxController {
    * of its own, so one statfs answers (no walk of its files). Undefined without a quota, or
    * when the answer cannot be the layer's (it is larger than the quota: not mounted).
    */
+  /** Each sandbox's egress counter (MeterSource.egressBytes), when the runtime counts it. */
+  async egressBytes(): Promise<Map<string, number>> {
+    return (await this.ctx.runtime.egressBytes?.()) ?? new Map();
+  }
+
   async diskUsage(id: string): Promise<number | undefined> {
     const quota = this.ctx.store.getSandbox(id)?.spec.diskBytes;
     if (quota === undefined) return undefined;

@@ -13,6 +13,7 @@ import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { SandboxPolicy } from '../domain/sandbox.js';
 import type { PriceSheet } from '../domain/cost.js';
 import { parseDurationMs, parseSizeBytes } from '../domain/units.js';
+import { egressText, parseEgressPolicy, type EgressPolicy } from '../domain/egress.js';
 import { SETTINGS, type Setting } from './settings.js';
 import { DEFAULTS, DEFAULT_CONFIG_FILE, defaultMasterKeyFile, defaultProxyListen } from './defaults.js';
 
@@ -64,6 +65,8 @@ export interface DaemonConfig {
   images: { insecureRegistries: string[]; pullTimeoutMs: number; maxPullBytes: number; gcIntervalMs: number };
   /** The E2B front (docs/E2B.md): off unless `listen` is set. */
   e2b: { listen?: string; templates: Record<string, E2bTemplateConfig> };
+  /** Sandboxes' way out (docs/NETWORK.md): the default policy, per-tenant ones, the resolvers. */
+  egress: { default: EgressPolicy; tenants: Record<string, EgressPolicy>; dns: string[] };
 }
 
 /** An E2B template id as what a sandbox is made from (api/e2b/templates.ts). */
@@ -107,6 +110,16 @@ const policy = z.strictObject({
   archiveAfter: duration.optional(),
   deleteAfter: duration.optional(),
   lifetime: duration.optional(),
+});
+
+/** An egress policy: `internet`, `none`, or CIDRs and host names (domain/egress.ts). */
+const egressPolicy = z.union([z.string(), z.array(z.string())]).transform((v, ctx) => {
+  try {
+    return parseEgressPolicy(v);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: (e as Error).message });
+    return z.NEVER;
+  }
 });
 
 /** One layer of configuration: everything optional; unknown keys are errors (a typo would else be ignored). */
@@ -204,6 +217,13 @@ const Layer = z.strictObject({
             ),
         )
         .optional(),
+    })
+    .optional(),
+  egress: z
+    .strictObject({
+      default: egressPolicy.optional(),
+      tenants: z.record(z.string().min(1), egressPolicy).optional(),
+      dns: z.array(z.ipv4()).max(3).optional(),
     })
     .optional(),
   meter: z
@@ -478,6 +498,11 @@ function resolveConfig(l: Layer): DaemonConfig {
         Object.entries(l.e2b?.templates ?? {}).map(([k, t]) => [k, e2bTemplateOf(t)]),
       ),
     },
+    egress: {
+      default: l.egress?.default ?? { mode: 'internet' },
+      tenants: l.egress?.tenants ?? {},
+      dns: l.egress?.dns ?? [],
+    },
     meter: {
       intervalMs: l.meter?.interval ?? D.meter.intervalMs,
       prices: {
@@ -621,6 +646,11 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       pagesFromVault: c.restore.pagesFromVault,
       pagesFromVaultAbove: exactSize(c.restore.pagesFromVaultAboveBytes),
       timeout: exactDuration(c.restore.timeoutMs),
+    },
+    egress: {
+      default: egressText(c.egress.default),
+      tenants: Object.fromEntries(Object.entries(c.egress.tenants).map(([t, p]) => [t, egressText(p)])),
+      dns: c.egress.dns,
     },
     importLimits: {
       maxBytes: exactSize(c.importLimits.maxBytes),

@@ -35,6 +35,7 @@ import { defaultConfig, type DaemonConfig, type E2bTemplateConfig } from './conf
 const CONTROLLER_SETTINGS = [
   'readonlyBinds',
   'defaultDiskBytes',
+  'defaultEgress',
   'allowedSourceRoots',
   'keepCheckpoints',
   'importLimits',
@@ -51,7 +52,7 @@ type ControllerSettings = Pick<ControllerOptions, (typeof CONTROLLER_SETTINGS)[n
 /** ... to the runtime (documented on RuncRuntimeOptions). */
 type RuntimeSettings = Pick<
   RuncRuntimeOptions,
-  'checkpointTimeoutMs' | 'restoreTimeoutMs' | 'apparmorProfile'
+  'checkpointTimeoutMs' | 'restoreTimeoutMs' | 'apparmorProfile' | 'egressResolvers' | 'egressRefreshMinMs'
 >;
 /** ... to the API server (documented on ServerOptions). */
 type ServerSettings = Pick<ServerOptions, 'bodyLimitBytes' | 'execBodyLimitBytes' | 'maxUploadBytes'>;
@@ -130,6 +131,8 @@ export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
     ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
     allowedSourceRoots: c.sandbox.allowedSourceRoots,
     defaultDiskBytes: c.sandbox.diskBytes,
+    defaultEgress: { node: c.egress.default, tenants: c.egress.tenants },
+    ...(c.egress.dns.length > 0 ? { egressResolvers: c.egress.dns } : {}),
     keepCheckpoints: c.checkpoint.keep,
     checkpointTimeoutMs: c.checkpoint.timeoutMs,
     restoreTimeoutMs: c.restore.timeoutMs,
@@ -258,6 +261,9 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     restoreTimeoutMs: opts.restoreTimeoutMs,
     seccomp: loadSeccompProfile(opts.seccompProfile!),
     ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
+    ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
+    ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
+    egressRefresh: true,
   });
   await runtime.dropStaleConfigs();
   const { gcIntervalMs, ...pulls } = opts.images ?? {};

@@ -53,6 +53,14 @@ const e = (status: number, family: ErrorFamily, hint: string): ErrorInfo => ({ s
 export const ERRORS = {
   // ---- the request ---------------------------------------------------------------------
   INVALID_ARGUMENT: e(400, 'invalid', 'fix the request: the message names the field'),
+  /** An egress policy that is not `internet`, `none` or a list of IPv4 CIDRs and host names. */
+  EGRESS_POLICY_INVALID: e(
+    400,
+    'invalid',
+    'give --egress internet, none, or CIDRs and host names: 198.18.0.0/15,api.example.com',
+  ),
+  /** A host name in an egress list that the node's resolvers cannot resolve to an IPv4 address. */
+  EGRESS_HOST_UNRESOLVABLE: e(422, 'unprocessable', 'check the name, or list its addresses as CIDRs'),
   /** The wake proxy could not parse the request. */
   BAD_REQUEST: e(400, 'invalid', 'send well-formed HTTP/1.1'),
   /** The wake proxy relays no CONNECT. */

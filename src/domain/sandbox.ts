@@ -4,6 +4,7 @@
  */
 import { DormantError } from './errors.js';
 import type { GpuPolicy } from './gpu.js';
+import type { EgressPolicy } from './egress.js';
 
 export const SANDBOX_STATES = [
   'creating',
@@ -222,6 +223,8 @@ export interface SandboxSpec {
   engineBinds?: { destination: string; dir: boolean }[];
   /** false: no cgroup namespace (an import whose checkpoint holds cgroup v1 binds). */
   cgroupNamespace?: false;
+  /** Where it may connect beyond the node (domain/egress.ts); absent: nowhere (made before egress). */
+  egress?: EgressPolicy;
 }
 
 export interface Sandbox {

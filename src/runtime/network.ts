@@ -12,15 +12,19 @@
  * a hash of the id, so a sandbox usually keeps the same address if it is made again.
  *
  * Inside the namespace a small iptables ruleset lets the host reach only the declared TCP
- * ports and keeps the sandbox from opening connections to the host.
+ * ports and keeps the sandbox from opening connections to the host. A sandbox with an egress
+ * policy gets its way out through the host (egress.ts: NAT, DNS, the policy's host-side chain);
+ * one without (made before egress existed) has none.
  */
 import { createHash } from 'node:crypto';
 import { mkdir, readFile, readdir, rm, stat, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
+import type { EgressPolicy } from '../domain/egress.js';
 import type { SandboxNetwork } from './runtime.js';
 import { AGENT_PORT } from './agent-client.js';
+import { applyEgress, ensureNodeChains, removeEgress, resolvConfText, sandboxRules } from './egress.js';
 
 const IP_TIMEOUT_MS = 10_000;
 /** Where `ip netns add` pins namespaces. */
@@ -156,8 +160,9 @@ async function linkExists(name: string, netns?: string): Promise<boolean> {
   return r.exitCode === 0;
 }
 
-/** The iptables ruleset inside the sandbox's namespace. */
-export function firewallRules(net: SandboxNetwork, ports: readonly number[]): string {
+/** The iptables ruleset inside the sandbox's namespace; `egress` absent or none: no way out. */
+export function firewallRules(net: SandboxNetwork, ports: readonly number[], egress?: EgressPolicy): string {
+  const out = egress !== undefined && egress.mode !== 'none';
   return [
     '*filter',
     ':INPUT DROP [0:0]',
@@ -169,10 +174,12 @@ export function firewallRules(net: SandboxNetwork, ports: readonly number[]): st
     ...ports.map((p) => `-A INPUT -i eth0 -p tcp -m tcp --dport ${p} -j ACCEPT`),
     // The toolbox agent's port, for the daemon only (runtime/runc-agent.ts).
     `-A INPUT -i eth0 -s ${net.hostAddress} -p tcp -m tcp --dport ${AGENT_PORT} -j ACCEPT`,
-    // The sandbox may answer, but not open connections to the host (or anything beyond it).
+    // The sandbox may answer, but not open connections to the host; beyond it, only with an
+    // egress policy, which the host enforces (egress.ts): this is the second wall.
     '-A OUTPUT -o lo -j ACCEPT',
     '-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT',
     `-A OUTPUT -o eth0 -d ${net.hostAddress} -p icmp -j ACCEPT`,
+    ...(out ? [`-A OUTPUT -o eth0 -d ${net.hostAddress} -j REJECT`, '-A OUTPUT -o eth0 -j ACCEPT'] : []),
     '-A OUTPUT -o eth0 -j REJECT',
     'COMMIT',
     '',
@@ -193,21 +200,81 @@ async function netnsIdentity(name: string): Promise<string | undefined> {
   }
 }
 
+/** A sandbox's egress as setUpNetwork applies it (egress.ts). */
+export interface EgressSetUp {
+  policy: EgressPolicy;
+  /** The sandbox subnet (other sandboxes, refused whatever the policy). */
+  subnet: string;
+  resolvers: readonly string[];
+  /** What the list's host names resolve to now. */
+  addresses: readonly string[];
+  /** The runtime-owned file bound at the sandbox's /etc/resolv.conf. */
+  resolvConfPath: string;
+}
+
 /**
  * Creates (or completes, after a crash) the namespace, the veth pair and the firewall.
  * `markerPath` records which namespace (by inode) was fully set up with which rules, so the
  * common case (restore right after a stop, nothing changed) costs one stat, not a handful of
  * `ip` and `iptables` processes; a namespace made again after a reboot has another inode.
  */
-export async function setUpNetwork(
+export function setUpNetwork(
   net: SandboxNetwork,
   ports: readonly number[],
-  opts: { markerPath: string; signal?: AbortSignal },
+  opts: {
+    markerPath: string;
+    signal?: AbortSignal;
+    egress?: EgressSetUp;
+    /** Only a network already set up (its marker there): a refresh that must not revive one torn down. */
+    onlyIfSetUp?: boolean;
+  },
 ): Promise<void> {
-  const { signal } = opts;
-  const rules = firewallRules(net, ports);
+  return locked(net.netns, async () => {
+    if (
+      opts.onlyIfSetUp === true &&
+      !(await readFile(opts.markerPath).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return;
+    await setUp(net, ports, opts);
+  });
+}
+
+/**
+ * One change at a time to a sandbox's network in this process: the daemon serializes
+ * lifecycle operations, but an egress list's names are refreshed on a timer (runc-host.ts),
+ * which must neither interleave with a teardown nor bring back what it removed.
+ */
+const netLocks = new Map<string, Promise<unknown>>();
+
+async function locked<T>(key: string, fn: () => Promise<T>): Promise<T> {
+  const prev = netLocks.get(key) ?? Promise.resolve();
+  const next = prev.then(fn, fn);
+  const tail = next.catch(() => undefined);
+  netLocks.set(key, tail);
+  try {
+    return await next;
+  } finally {
+    if (netLocks.get(key) === tail) netLocks.delete(key);
+  }
+}
+
+async function setUp(
+  net: SandboxNetwork,
+  ports: readonly number[],
+  opts: { markerPath: string; signal?: AbortSignal; egress?: EgressSetUp },
+): Promise<void> {
+  const { signal, egress } = opts;
+  const rules = firewallRules(net, ports, egress?.policy);
+  const hostRules = egress !== undefined ? sandboxRules(net, egress.policy, egress) : '';
+  const resolvConf = egress !== undefined ? resolvConfText(egress.policy, egress.resolvers) : '';
   const want = (identity: string): string =>
-    JSON.stringify({ netns: identity, rules: createHash('sha256').update(rules).digest('hex') });
+    JSON.stringify({
+      netns: identity,
+      rules: createHash('sha256').update(rules).update(hostRules).update(resolvConf).digest('hex'),
+    });
   const before = await netnsIdentity(net.netns);
   if (before !== undefined) {
     try {
@@ -247,6 +314,11 @@ export async function setUpNetwork(
       signal,
       input: rules,
     });
+    if (egress !== undefined) {
+      await writeFile(egress.resolvConfPath, resolvConf, { mode: 0o644 });
+      await ensureNodeChains(egress.subnet);
+      await applyEgress(net, hostRules);
+    }
   } catch (e) {
     throw new DormantError(
       ErrorCode.RUNTIME_NETWORK_FAILED,
@@ -303,12 +375,21 @@ export async function clearCriuNetworkLock(net: SandboxNetwork): Promise<void> {
 }
 
 /** Deletes the namespace (which takes the veth pair with it) and a stray host end. */
-export async function tearDownNetwork(
+export function tearDownNetwork(
   net: SandboxNetwork,
   opts: { markerPath?: string; signal?: AbortSignal } = {},
 ): Promise<void> {
+  return locked(net.netns, () => tearDown(net, opts));
+}
+
+async function tearDown(
+  net: SandboxNetwork,
+  opts: { markerPath?: string; signal?: AbortSignal },
+): Promise<void> {
   const { signal } = opts;
   if (opts.markerPath !== undefined) await rm(opts.markerPath, { force: true });
+  // The host-side chain first: it names the interface the namespace's deletion takes away.
+  await removeEgress(net);
   if (await netnsExists(net.netns)) await ip(['netns', 'del', net.netns], signal);
   if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, signal);
 }

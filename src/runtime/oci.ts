@@ -80,6 +80,7 @@ export function compileSandboxSpec(raw: SandboxSpec): Readonly<SandboxSpec> {
       ? { engineBinds: Object.freeze(raw.engineBinds.map((b) => Object.freeze({ ...b }))) }
       : {}),
     ...(raw.cgroupNamespace === false ? { cgroupNamespace: false } : {}),
+    ...(raw.egress !== undefined ? { egress: Object.freeze(structuredClone(raw.egress)) } : {}),
     // Only when there are some: the spec of a sandbox without devices stays what it was.
     ...(raw.devices !== undefined && raw.devices.length > 0
       ? {
@@ -133,6 +134,11 @@ export const READONLY_PATHS = Object.freeze([
   '/proc/sys',
   '/proc/sysrq-trigger',
 ]);
+
+/** Where a sandbox's resolv.conf is: in its folder, next to its CRIU config. */
+export function resolvConfPath(criuConfigPath: string): string {
+  return criuConfigPath.replace(/[^/]*$/, 'resolv.conf');
+}
 
 /** The CFS period used for the CPU limit, in microseconds. */
 export const CPU_PERIOD_US = 100_000;
@@ -232,6 +238,18 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
         source: b.source,
         options: ['bind', 'ro', 'nosuid', 'nodev'],
       })),
+      // A sandbox with egress gets the runtime's resolv.conf (network.ts writes it beside the
+      // CRIU config), read-only: outside the writable layer, so the sandbox cannot swap it.
+      ...(spec.egress !== undefined && !engineBinds.some((b) => b.destination === '/etc/resolv.conf')
+        ? [
+            {
+              destination: '/etc/resolv.conf',
+              type: 'bind',
+              source: resolvConfPath(input.criuConfigPath),
+              options: ['bind', 'ro', 'nosuid', 'nodev', 'noexec'],
+            },
+          ]
+        : []),
       ...engineBinds.map((b) => {
         const source = input.engineBindSources?.[b.destination];
         if (source === undefined)

@@ -22,7 +22,7 @@
  * from the bundle) and is removed when the container ends (stop, so also after a checkpoint;
  * destroy): a hibernated sandbox's environment is nowhere in clear.
  */
-import { chmod, mkdir, open, readFile, rename, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
 import { createHash } from 'node:crypto';
 import { dirname, join } from 'node:path';
 import { accessSync, readFileSync } from 'node:fs';
@@ -30,7 +30,10 @@ import { fileURLToPath } from 'node:url';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
 import { ensureCollector } from './log-collector.js';
-import { parseSubnet, setUpNetwork, type Subnet } from './network.js';
+import type { EgressPolicy } from '../domain/egress.js';
+import { egressCounters, nodeResolvers, resolveHosts } from './egress.js';
+import { ipv4, parseSubnet, setUpNetwork, type EgressSetUp, type Subnet } from './network.js';
+import { resolvConfPath } from './oci.js';
 import { mountOverlay } from './rootfs.js';
 import { privateFolder } from './staging.js';
 import type { CallOptions, SandboxNetwork, SandboxSpec } from './runtime.js';
@@ -75,6 +78,19 @@ export interface RuncRuntimeOptions {
    * and everything it made is removed. Default 120 s.
    */
   restoreTimeoutMs?: number;
+  /**
+   * The resolvers sandboxes with egress use (their /etc/resolv.conf, and the node's lookups of
+   * an egress list's host names). Default: the node's own non-loopback ones (egress.ts).
+   */
+  egressResolvers?: readonly string[];
+  /**
+   * Keep the host names of egress lists current: every sandbox's names are resolved again when
+   * their TTL (30 s to 5 min) runs out, and its rules rewritten when the answer changed.
+   * Default false (the daemon turns it on).
+   */
+  egressRefresh?: boolean;
+  /** The shortest time a name's answer is kept, whatever its TTL. Default 30 s. */
+  egressRefreshMinMs?: number;
 }
 
 /** Where the default seccomp profile lives: data the operator can read, beside the code. */
@@ -299,6 +315,13 @@ export class RuncHost {
 
   protected readonly warn: ((message: string) => void) | undefined;
 
+  protected readonly egressResolvers: readonly string[];
+
+  private readonly egressRefreshMinMs: number | undefined;
+
+  /** Per sandbox with host names in its egress list: what they resolved to, and when next. */
+  private readonly egressNames = new Map<string, { addresses: string[]; dueAt: number }>();
+
   constructor(options: RuncRuntimeOptions) {
     if (!options.stateDir.startsWith('/'))
       throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'RuncRuntime: stateDir must be absolute', {
@@ -330,6 +353,102 @@ export class RuncHost {
     // AppArmor only where the host has it (and the operator named a profile it loaded).
     this.apparmorProfile =
       options.apparmorProfile !== undefined && hostHasAppArmor() ? options.apparmorProfile : undefined;
+    this.egressResolvers = options.egressResolvers ?? nodeResolvers();
+    this.egressRefreshMinMs = options.egressRefreshMinMs;
+    if (options.egressRefresh === true)
+      // unref: the timer never keeps a process alive; each tick looks at what is due.
+      setInterval(
+        () => {
+          this.refreshEgress().catch((e: unknown) =>
+            this.warn?.(`egress: refreshing host names failed: ${(e as Error).message}`),
+          );
+        },
+        Math.min(5_000, this.egressRefreshMinMs ?? 5_000),
+      ).unref();
+  }
+
+  // ---- egress (egress.ts) --------------------------------------------------------------
+
+  /** The sandbox subnet as a CIDR (what the rules refuse to every sandbox). */
+  protected subnetCidr(): string {
+    return `${ipv4(this.subnet.base)}/${this.subnet.prefixLength}`;
+  }
+
+  /** Resolves a policy's host names: an unresolvable one is EGRESS_HOST_UNRESOLVABLE. */
+  async checkEgress(policy: EgressPolicy): Promise<void> {
+    if (policy.mode === 'list') await resolveHosts(policy.hosts, this.egressResolvers);
+  }
+
+  /** What setUpNetwork needs for a sandbox's egress, its host names resolved now. */
+  protected async egressSetUp(rec: SandboxRecord): Promise<EgressSetUp | undefined> {
+    const policy = rec.spec.egress;
+    if (policy === undefined) return undefined;
+    let addresses: string[] = [];
+    if (policy.mode === 'list' && policy.hosts.length > 0) {
+      const known = this.egressNames.get(rec.spec.id);
+      if (known !== undefined && known.dueAt > Date.now()) addresses = known.addresses;
+      else {
+        const r = await resolveHosts(policy.hosts, this.egressResolvers, this.egressRefreshMinMs);
+        addresses = r.addresses;
+        this.egressNames.set(rec.spec.id, { addresses, dueAt: Date.now() + r.ttlMs });
+      }
+    }
+    return {
+      policy,
+      subnet: this.subnetCidr(),
+      resolvers: this.egressResolvers,
+      addresses,
+      resolvConfPath: resolvConfPath(join(this.dir(rec.spec.id), 'criu.conf')),
+    };
+  }
+
+  /**
+   * Resolves again the host names of every set-up sandbox whose answer is due and rewrites its
+   * rules when it changed (setUpNetwork: only the host-side chain differs, the rest is kept).
+   * A name that fails to resolve keeps its last addresses.
+   */
+  async refreshEgress(): Promise<void> {
+    const ids = await readdir(join(this.stateDir, 'sandboxes')).catch(() => [] as string[]);
+    const now = Date.now();
+    for (const id of this.egressNames.keys()) if (!ids.includes(id)) this.egressNames.delete(id);
+    for (const id of ids) {
+      const known = this.egressNames.get(id);
+      if (known !== undefined && known.dueAt > now) continue;
+      const rec = await this.readRecord(id).catch(() => undefined);
+      const policy = rec?.spec.egress;
+      if (rec === undefined || policy?.mode !== 'list' || policy.hosts.length === 0) continue;
+      // Only sandboxes whose network is up (a destroyed or never-prepared one has none).
+      if (!(await exists(join(this.dir(id), 'network.done')))) continue;
+      let r: { addresses: string[]; ttlMs: number };
+      try {
+        r = await resolveHosts(policy.hosts, this.egressResolvers, this.egressRefreshMinMs);
+      } catch (e) {
+        this.warn?.(`egress of ${id}: ${(e as Error).message}; keeping the last addresses`);
+        if (known !== undefined) known.dueAt = now + 30_000;
+        continue;
+      }
+      this.egressNames.set(id, { addresses: r.addresses, dueAt: now + r.ttlMs });
+      if (known !== undefined && known.addresses.join() === r.addresses.join()) continue;
+      await setUpNetwork(rec.network, rec.spec.ports ?? [], {
+        markerPath: join(this.dir(id), 'network.done'),
+        egress: (await this.egressSetUp(rec))!,
+        onlyIfSetUp: true,
+      });
+    }
+  }
+
+  /** Bytes each sandbox sent beyond the node (its chain's ACCEPT counters), by sandbox id. */
+  async egressBytes(): Promise<Map<string, number>> {
+    const byIface = await egressCounters();
+    const out = new Map<string, number>();
+    if (byIface.size === 0) return out;
+    const ids = await readdir(join(this.stateDir, 'sandboxes')).catch(() => [] as string[]);
+    for (const id of ids) {
+      const rec = await this.readRecord(id).catch(() => undefined);
+      const bytes = rec !== undefined ? byIface.get(rec.network.hostInterface) : undefined;
+      if (bytes !== undefined) out.set(id, bytes);
+    }
+    return out;
   }
 
   // ---- paths -------------------------------------------------------------------------
@@ -499,9 +618,11 @@ export class RuncHost {
   /** Everything a container needs on the host: network, log collector, mounted rootfs. */
   protected async ensureHostSide(rec: SandboxRecord, signal?: AbortSignal, mount = true): Promise<void> {
     const id = rec.spec.id;
+    const egress = await this.egressSetUp(rec);
     await setUpNetwork(rec.network, rec.spec.ports ?? [], {
       markerPath: join(this.dir(id), 'network.done'),
       signal,
+      ...(egress !== undefined ? { egress } : {}),
     });
     await ensureCollector(join(this.dir(id), 'log'), signal);
     if (!mount) return;

@@ -6,6 +6,7 @@
  * layer, log, network reservation). The runtime knows nothing of the vault, tenants or
  * policies: the daemon hands it folders to write CRIU images into and to restore from.
  */
+import type { EgressPolicy } from '../domain/egress.js';
 import type { StepSink } from '../domain/timings.js';
 import type { AgentAddress } from './agent-client.js';
 
@@ -72,6 +73,11 @@ export interface SandboxSpec {
    * which runc maps on restore only without one. Default true.
    */
   cgroupNamespace?: boolean;
+  /**
+   * Where it may open connections beyond the node (domain/egress.ts), with DNS through the
+   * node's resolvers. Absent: no way out at all (sandboxes made before egress existed).
+   */
+  egress?: EgressPolicy;
 }
 
 /** An engine's bind mount: a file, or a folder (`dir`), at `destination` inside. */
@@ -235,6 +241,13 @@ export interface Runtime {
    * (for a keeper that must end them after dormant has died). Optional.
    */
   procsFiles?(id: string): string[];
+  /**
+   * Checks an egress policy before anything is made: its host names must resolve
+   * (EGRESS_HOST_UNRESOLVABLE otherwise). Optional.
+   */
+  checkEgress?(policy: EgressPolicy): Promise<void>;
+  /** Bytes each sandbox sent beyond the node since its rules were last written, by id. Optional. */
+  egressBytes?(): Promise<Map<string, number>>;
   /** Freezes every process (cgroup freezer); memory stays. */
   freeze(id: string, opts?: CallOptions): Promise<void>;
   thaw(id: string, opts?: CallOptions): Promise<void>;

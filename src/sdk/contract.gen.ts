@@ -69,6 +69,8 @@ export interface SandboxInfo {
   gpuPolicy: GpuPolicy;
   /** its labels ({} when none) */
   labels: Record<string, string>;
+  /** its egress policy: `internet`, `none`, or its list; null: none at all (made before egress) */
+  egress: string | null;
 }
 
 /** A checkpoint (GET /v1/checkpoints). */
@@ -151,6 +153,8 @@ export interface SandboxMetricSample {
   memoryBytes: number;
   /** bytes used on its writable layer; null: not known (a sandbox without a disk quota) */
   diskBytes: number | null;
+  /** all it sent beyond the node so far (its egress); null: not known (no egress) */
+  egressBytes: number | null;
 }
 
 /** GET /v1/sandboxes/{id}/metrics. */
@@ -284,6 +288,8 @@ export interface CreateSandboxOptions {
   labels?: Record<string, string>;
   /** a template's name or id: the sandbox starts from its checkpoint (memory, processes, files); give no rootfs, image, command, env, ports or limits */
   template?: string;
+  /** where it may connect beyond the node: `internet` (all but private ranges, the node and other sandboxes), `none`, or IPv4 CIDRs and host names like `198.18.0.0/15,api.example.com`; default: the tenant's (docs/NETWORK.md) */
+  egress?: string | string[];
 }
 
 /** What PATCH /v1/sandboxes/{id} changes. */
@@ -379,6 +385,8 @@ export type ErrorFamily =
 /** Every code the API answers errors with. */
 export type ApiErrorCode =
   | 'INVALID_ARGUMENT'
+  | 'EGRESS_POLICY_INVALID'
+  | 'EGRESS_HOST_UNRESOLVABLE'
   | 'BAD_REQUEST'
   | 'METHOD_NOT_ALLOWED'
   | 'REQUEST_TOO_LARGE'
@@ -487,6 +495,16 @@ export const API_ERRORS: {
   readonly [C in ApiErrorCode]: { status: number; family: ErrorFamily; hint: string };
 } = {
   INVALID_ARGUMENT: { status: 400, family: 'invalid', hint: 'fix the request: the message names the field' },
+  EGRESS_POLICY_INVALID: {
+    status: 400,
+    family: 'invalid',
+    hint: 'give --egress internet, none, or CIDRs and host names: 198.18.0.0/15,api.example.com',
+  },
+  EGRESS_HOST_UNRESOLVABLE: {
+    status: 422,
+    family: 'unprocessable',
+    hint: 'check the name, or list its addresses as CIDRs',
+  },
   BAD_REQUEST: { status: 400, family: 'invalid', hint: 'send well-formed HTTP/1.1' },
   METHOD_NOT_ALLOWED: {
     status: 405,

@@ -84,6 +84,9 @@ export const MIGRATIONS: string[] = [
    );`,
   // Templates: named warmed checkpoints new sandboxes start from (state/templates.ts).
   TEMPLATES_MIGRATION,
+  // Egress per sample: the running total and the raw counter it came from (NULL: no egress).
+  `ALTER TABLE samples ADD COLUMN egress_bytes INTEGER;
+   ALTER TABLE samples ADD COLUMN egress_counter INTEGER;`,
 ];
 
 /** A tenant's login to a registry: `sealed` is the password sealed with the tenant's key. */
@@ -492,7 +495,7 @@ export class SqliteStateStore implements StateStore {
 
   insertSamples(samples: readonly StoredSample[]): void {
     const stmt = this.db.prepare(
-      'INSERT INTO samples (sandbox_id, at, memory_bytes, cpu_usage_usec, disk_bytes) VALUES (?, ?, ?, ?, ?)',
+      'INSERT INTO samples (sandbox_id, at, memory_bytes, cpu_usage_usec, disk_bytes, egress_bytes, egress_counter) VALUES (?, ?, ?, ?, ?, ?, ?)',
     );
     this.db.transaction(() => {
       for (const x of samples)
@@ -502,6 +505,8 @@ export class SqliteStateStore implements StateStore {
           Math.round(x.memoryBytes),
           Math.round(x.cpuUsageUsec),
           x.diskBytes !== undefined ? Math.round(x.diskBytes) : null,
+          x.egressBytes ?? null,
+          x.egressCounter ?? null,
         );
     })();
   }
@@ -519,6 +524,8 @@ export class SqliteStateStore implements StateStore {
       memory_bytes: number;
       cpu_usage_usec: number;
       disk_bytes: number | null;
+      egress_bytes: number | null;
+      egress_counter: number | null;
     }[];
     return rows.map((r) => ({
       sandboxId: r.sandbox_id,
@@ -526,6 +533,9 @@ export class SqliteStateStore implements StateStore {
       memoryBytes: r.memory_bytes,
       cpuUsageUsec: r.cpu_usage_usec,
       ...(r.disk_bytes !== null ? { diskBytes: r.disk_bytes } : {}),
+      ...(r.egress_bytes !== null && r.egress_counter !== null
+        ? { egressBytes: r.egress_bytes, egressCounter: r.egress_counter }
+        : {}),
     }));
   }
 

@@ -41,7 +41,12 @@ export interface SandboxQuery {
 }
 
 /** A meter sample as stored: the writable layer's use too, where it is known. */
-export type StoredSample = MeterSample & { diskBytes?: number };
+/**
+ * `egressBytes`: all the sandbox sent beyond the node so far (runtime/egress.ts), summed over
+ * counter resets; `egressCounter`: the raw counter it was computed from, so a restarted meter
+ * carries on from it.
+ */
+export type StoredSample = MeterSample & { diskBytes?: number; egressBytes?: number; egressCounter?: number };
 
 export interface StateStore {
   /**

@@ -100,6 +100,7 @@ function sandboxDetail(s: SandboxInfo): string {
     ['gpus', s.gpus ?? 'none'],
     ['gpu policy', s.gpuPolicy],
     ['labels', labelText(s.labels) || '-'],
+    ['egress', s.egress ?? 'none (made before egress)'],
     [
       'policy',
       Object.entries(s.policy)
@@ -181,6 +182,10 @@ export function registerSandboxes(program: Command): void {
       'when it holds GPU state: keep-running (never hibernate), filesystem-only (archive instead), checkpoint (CUDA checkpoint)',
     )
     .option('--label <k=v>', 'a label (repeatable); dormant ls --label k=v finds it', collect, [])
+    .option(
+      '--egress <policy>',
+      "where it may connect beyond the node: internet, none, or CIDRs and host names like 198.18.0.0/15,pypi.org (default: the tenant's, else internet)",
+    )
     .option('--json', 'print the sandbox as JSON')
     .argument('[command...]', "the command to run, after -- (default with --image: the image's entrypoint)")
     .addHelpText(
@@ -232,6 +237,7 @@ export function registerSandboxes(program: Command): void {
           ...(o.gpus !== undefined ? { gpus: o.gpus } : {}),
           ...(o.gpuPolicy !== undefined ? { gpuPolicy: o.gpuPolicy as GpuPolicy } : {}),
           ...(Object.keys(labels).length > 0 ? { labels } : {}),
+          ...(o.egress !== undefined ? { egress: o.egress } : {}),
         }),
       );
       if (o.json) printJson(s);

@@ -16,6 +16,7 @@ import {
 import { parseImageRef, unpackImage, type ImageConfig } from '../../runtime/image.js';
 import { isRegistryRef } from '../../runtime/registry.js';
 import { MAX_DISK_BYTES, MIN_DISK_BYTES } from '../../runtime/oci.js';
+import { parseEgressPolicy, type EgressPolicy } from '../../domain/egress.js';
 import { DEFAULT_GPU_POLICY, parseGpuPolicy, parseGpus, type GpuPolicy } from '../../domain/gpu.js';
 import { LifecycleContext, invalid } from '../context.js';
 import { gpuDevices, checkGpusAvailable } from './gpu.js';
@@ -44,6 +45,22 @@ export interface CreateSandboxInput {
   labels?: Record<string, string>;
   /** Start from this template's checkpoint (id or name; ops/template-start.ts) instead. */
   template?: string;
+  /** `internet`, `none`, or CIDRs and host names (domain/egress.ts). Default: the tenant's. */
+  egress?: string | string[];
+}
+
+/** The egress a create gets: its own, else its tenant's default, else the node's (internet). */
+export async function egressOf(
+  ctx: LifecycleContext,
+  tenant: string,
+  asked?: string | string[],
+): Promise<EgressPolicy> {
+  const d = ctx.opts.defaultEgress;
+  const policy =
+    asked !== undefined ? parseEgressPolicy(asked) : (d?.tenants[tenant] ?? d?.node ?? { mode: 'internet' });
+  // Names are resolved now: one that does not resolve fails the create before anything exists.
+  await ctx.runtime.checkEgress?.(policy);
+  return policy;
 }
 
 export const DEFAULT_MEMORY = 512 * 1024 ** 2;
@@ -116,10 +133,11 @@ async function validateSource(
 export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxInput): Promise<Sandbox> {
   // Checked before an image is unpacked: a bad label costs nothing.
   const labels = validateLabels(input.labels ?? {});
+  const egress = await egressOf(ctx, input.tenant, input.egress);
   const { source, image, release } = await validateSource(ctx, input);
   let sandbox: Sandbox;
   try {
-    sandbox = await recordSandbox(ctx, input, labels, source, image);
+    sandbox = await recordSandbox(ctx, input, labels, source, image, egress);
   } finally {
     // Recorded (or refused): the image collector sees the sandbox's use from here on.
     release?.();
@@ -152,6 +170,7 @@ async function recordSandbox(
   labels: Record<string, string>,
   source: SandboxSpec['source'],
   image: ImageConfig | undefined,
+  egress: EgressPolicy,
 ): Promise<Sandbox> {
   const command = input.command.length > 0 ? input.command : (image?.command ?? []);
   if (command.length === 0) throw invalid('a sandbox needs a command', 'dormant create ... -- CMD ARG...');
@@ -191,6 +210,7 @@ async function recordSandbox(
       policy: { ...input.policy },
       ...(input.onResume ? { onResume: input.onResume } : {}),
       ...(Object.keys(labels).length > 0 ? { labels } : {}),
+      egress,
     },
     createdAt: now,
     stateSince: now,
