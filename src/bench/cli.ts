@@ -4,7 +4,7 @@
  * start-up and one request), each against `node -e ''` (the floor any Node CLI pays) run
  * alternately in the same rounds so the machine's drift falls on both.
  */
-import { spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -15,12 +15,19 @@ import { median } from './harness.js';
 
 const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'dormant');
 
-function timedRun(args: string[], env: NodeJS.ProcessEnv): number {
+/** Runs a command to its end; not spawnSync: the daemon answering it lives in this process. */
+async function timedRun(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
   const t = performance.now();
-  const r = spawnSync(process.execPath, args, { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, args, { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr.setEncoding('utf8');
+  child.stderr.on('data', (d: string) => (stderr += d));
+  const code = await new Promise<number | null>((resolve, reject) => {
+    child.once('error', reject);
+    child.once('close', resolve);
+  });
   const ms = performance.now() - t;
-  if (r.status !== 0)
-    throw new Error(`bench cli: ${args.join(' ')} exited ${r.status}: ${r.stderr.toString()}`);
+  if (code !== 0) throw new Error(`bench cli: ${args.join(' ')} exited ${code}: ${stderr}`);
   return ms;
 }
 
@@ -41,9 +48,9 @@ export const cliSuite: BenchSuite = {
     const rounds = quick ? 9 : 25;
     try {
       for (let i = 0; i < rounds; i++) {
-        t.node!.push(timedRun(['-e', ''], env));
-        t.version!.push(timedRun([BIN, '--version'], env));
-        t.ls!.push(timedRun([BIN, 'ls'], env));
+        t.node!.push(await timedRun(['-e', ''], env));
+        t.version!.push(await timedRun([BIN, '--version'], env));
+        t.ls!.push(await timedRun([BIN, 'ls'], env));
       }
     } finally {
       await daemon.close();

@@ -95,15 +95,22 @@ export function renderSuite(suite: string, s: BenchSection, command: string, at:
  */
 export function mergeReport(existing: string, fresh: Map<string, string>, order: readonly string[]): string {
   const old = new Map<string, string>();
+  // Hand-written sections (no suite marker) stay where they were: after the suite before them.
+  const notes = new Map<string, string[]>();
   const parts = existing.split(/^(?=## )/m).slice(1);
+  let last: string | undefined;
   for (const part of parts) {
     const m = /<!-- suite: ([\w-]+) -->/.exec(part);
-    if (m) old.set(m[1]!, part.trimEnd() + '\n');
+    if (m) {
+      last = m[1]!;
+      old.set(last, part.trimEnd() + '\n');
+    } else if (last !== undefined) notes.set(last, [...(notes.get(last) ?? []), part.trimEnd() + '\n']);
   }
   const sections: string[] = [];
   for (const name of order) {
     const text = fresh.get(name) ?? old.get(name);
     if (text !== undefined) sections.push(text.trimEnd() + '\n');
+    sections.push(...(notes.get(name) ?? []));
   }
   return `${HEADER}\n${sections.join('\n')}`;
 }

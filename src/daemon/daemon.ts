@@ -176,7 +176,9 @@ export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
  * defaults of the fields it leaves out.
  */
 function withDefaults(given: DaemonOptions): DaemonOptions {
-  const base = optionsFromConfig(defaultConfig(given));
+  // The configuration's log is `dormant serve`'s (info); an embedded daemon that names none
+  // logs only warnings and errors (startDaemon).
+  const { log: _serveLog, ...base } = optionsFromConfig(defaultConfig(given));
   const out: DaemonOptions = { ...base };
   for (const [k, v] of Object.entries(given) as [keyof DaemonOptions, unknown][]) {
     if (v !== undefined) (out as unknown as Record<string, unknown>)[k] = v;
