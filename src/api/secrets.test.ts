@@ -16,7 +16,7 @@ import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promise
 import { randomBytes } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { bundleDirFor, startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
@@ -187,6 +187,9 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
       // The log collector's pid files (numbers, no tenant data), and runc's own container
       // folders, which runc makes 0711 (search only; runc's files in them are 0600).
       (p.includes('/log/') && p.endsWith('.pid')) ||
+      // The sandbox's resolv.conf (resolvers, no tenant data), bound read-only into the
+      // sandbox: 0644 so its non-root users can resolve names; its folder stays 0700.
+      (p === join(data, 'runtime', 'sandboxes', basename(dirname(p)), 'resolv.conf') && mode(p) === '644') ||
       (p.startsWith(join(data, 'runtime', 'runc') + '/') && statSync(p).isDirectory() && mode(p) === '711');
     const exposed = open.stdout.split('\n').filter((p) => p !== '' && !allowed(p));
     assert.deepEqual(exposed, [], 'files or folders readable by group or others');
