@@ -185,6 +185,22 @@ describe('E2B front: the real E2B SDK', () => {
     assert.equal(await again.files.exists(`/../../..${hostFile}`), false);
     await other.kill();
 
+    // createSnapshot: a dormant template of the sandbox; a sandbox made from it has its
+    // processes and memory (the background command answers with the same secret) and files.
+    const snap = await again.createSnapshot();
+    assert.ok((await Sandbox.listSnapshots().nextItems()).some((s) => s.snapshotId === snap.snapshotId));
+    const copy = await Sandbox.create(snap.snapshotId);
+    assert.notEqual(copy.sandboxId, id);
+    let copied = '';
+    await copy.commands.connect(bg.pid, { onStdout: (d) => void (copied += d) });
+    await copy.commands.sendStdin(bg.pid, 'ping\n');
+    await until('the copy answers', () => copied.includes('again'));
+    assert.equal(copied.trim(), `again ${secret}`);
+    assert.equal(await copy.files.read('/tmp/hello.txt'), 'hello from e2b');
+    await copy.kill();
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true);
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false, 'gone');
+
     // kill: gone from dormant too.
     await again.kill();
     await assert.rejects(client.getSandbox(id), /no sandbox/);

@@ -245,11 +245,38 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
     return out;
   });
 
+  // Snapshots are dormant templates made from the sandbox (its memory, processes and files);
+  // `Sandbox.create(snapshotId)` then starts from one like from any dormant template.
+  const snapshotInfo = (name: string): Json => ({ snapshotID: name, names: [name] });
+  app.post('/sandboxes/:id/snapshots', async (req, reply) => {
+    const { tenant, p } = scope(req);
+    const s = controller.get(idOf(req), tenant);
+    const b = body(req);
+    const name =
+      typeof b.name === 'string' && b.name !== ''
+        ? b.name
+        : `snapshot-${s.id.replace(/^sb-/, '')}-${Date.now().toString(36)}`;
+    const t = await controller.createTemplate({ tenant: s.tenant, admin: p.admin, name, from: s.id });
+    return reply.status(201).send(snapshotInfo(t.name));
+  });
+  app.get('/snapshots', async (req) => {
+    const { tenant } = scope(req);
+    const q = req.query as Record<string, unknown>;
+    return controller
+      .listTemplates(tenant)
+      .filter((t) => tenant === undefined || t.tenant === tenant)
+      .filter((t) => typeof q.sandboxID !== 'string' || t.origin === `sandbox ${q.sandboxID}`)
+      .filter((t) => typeof q.name !== 'string' || t.name === q.name || t.id === q.name)
+      .map((t) => snapshotInfo(t.name));
+  });
+  app.delete('/templates/:id', async (req, reply) => {
+    await controller.removeTemplate(idOf(req), scope(req).tenant);
+    return reply.status(204).send();
+  });
+
   // Named so a program gets a clear answer rather than a bare 404 (docs/E2B.md: not supported).
   for (const [method, path] of [
     ['GET', '/sandboxes/:id/metrics'],
-    ['POST', '/sandboxes/:id/snapshots'],
-    ['GET', '/snapshots'],
     ['GET', '/templates'],
     ['PUT', '/sandboxes/:id/network'],
   ] as const) {

@@ -78,8 +78,14 @@ export interface E2bSandbox {
   };
   getHost(port: number): string;
   betaPause(): Promise<boolean>;
+  createSnapshot(opts?: { name?: string }): Promise<E2bSnapshotInfo>;
   setTimeout(ms: number): Promise<void>;
   kill(): Promise<void>;
+}
+
+export interface E2bSnapshotInfo {
+  snapshotId: string;
+  names: string[];
 }
 
 export interface E2bSandboxClass {
@@ -90,6 +96,8 @@ export interface E2bSandboxClass {
   list(opts?: E2bOpts): {
     nextItems(): Promise<{ sandboxId: string; metadata: Record<string, string>; state: string }[]>;
   };
+  listSnapshots(opts?: E2bOpts): { nextItems(): Promise<E2bSnapshotInfo[]> };
+  deleteSnapshot(id: string, opts?: E2bOpts): Promise<boolean>;
 }
 
 export interface E2bSdk {
