@@ -74,6 +74,7 @@ describe('E2B front: the real E2B SDK', () => {
     ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
       policy: false,
+      meterIntervalMs: 200,
       e2b: { listen: '127.0.0.1:0', templates: { base: { rootfs } } },
     }));
     key = await e2bKey(daemon, 'acme');
@@ -143,6 +144,11 @@ describe('E2B front: the real E2B SDK', () => {
     await until('the answer', () => after.includes('again'));
     assert.equal(after.trim(), `again ${secret}`);
     assert.equal(await again.files.read('/tmp/hello.txt'), 'hello from e2b');
+
+    // getMetrics: the meter's samples (it samples every 200 ms here).
+    await until('a metric sample', async () => (await again.getMetrics()).length > 0);
+    const [m] = await again.getMetrics();
+    assert.ok(m!.memUsed > 0 && m!.memTotal >= m!.memUsed && m!.cpuCount >= 1, JSON.stringify(m));
 
     // setTimeout is the idle policy.
     await again.setTimeout(120_000);

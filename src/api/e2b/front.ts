@@ -21,6 +21,7 @@ import { scrubHostPaths } from '../server.js';
 import { ConnectError, sendUnaryError } from './connect.js';
 import { registerEnvd } from './envd.js';
 import { registerRest } from './rest.js';
+import { MAX_METRIC_POINTS, metricPoints } from '../../control/meter.js';
 import type { E2bTemplate } from './templates.js';
 
 export interface E2bFrontOptions {
@@ -138,6 +139,8 @@ export async function startE2bFront(opts: E2bFrontOptions): Promise<E2bFront> {
     principalOf,
     accessToken,
     domain: opts.domain,
+    metrics: (id, since) =>
+      metricPoints(store.sandboxSamples(id, { since, limit: MAX_METRIC_POINTS }), since),
   });
   registerEnvd(app, { controller, sandboxOf, maxMultipartBytes: opts.maxMultipartBytes ?? 64 * 1024 * 1024 });
 

@@ -10,6 +10,7 @@ import { DormantError, ErrorCode, isDormantError } from '../../domain/errors.js'
 import type { Sandbox } from '../../domain/sandbox.js';
 import type { SandboxController } from '../../control/sandboxes.js';
 import type { Principal } from '../auth.js';
+import type { MetricPoint } from '../../control/meter.js';
 import { resolveTemplate, type E2bTemplate } from './templates.js';
 
 /** The envd version the front says it speaks: the SDK turns features on and off by it. */
@@ -26,6 +27,8 @@ export interface RestDeps {
   accessToken(sandboxId: string): string;
   /** E2B_DOMAIN: the wake proxy's domain, where `getHost(port)` leads. */
   domain: string | undefined;
+  /** The meter's points for a sandbox from `since` (ms) on (GET /v1/sandboxes/ID/metrics's). */
+  metrics(sandboxId: string, since: number): MetricPoint[];
 }
 
 type Json = Record<string, unknown>;
@@ -274,9 +277,33 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
     return reply.status(204).send();
   });
 
+  // The meter's samples in E2B's shape: `start`/`end` in Unix seconds (default: the last hour).
+  app.get('/sandboxes/:id/metrics', async (req) => {
+    const s = controller.get(idOf(req), scope(req).tenant);
+    const q = req.query as Record<string, unknown>;
+    const start = Number(q.start);
+    const end = Number(q.end);
+    const since = Number.isFinite(start) && start > 0 ? start * 1000 : Date.now() - 3_600_000;
+    const until = Number.isFinite(end) && end > 0 ? end * 1000 : Infinity;
+    return deps
+      .metrics(s.id, since)
+      .filter((m) => m.at <= until)
+      .map((m) => ({
+        timestamp: new Date(m.at).toISOString(),
+        timestampUnix: Math.floor(m.at / 1000),
+        cpuCount: Math.max(1, Math.ceil(s.spec.cpus)),
+        // E2B's percentage is of the sandbox's CPUs; the meter's is of one CPU.
+        cpuUsedPct: m.cpuPercent === null ? 0 : m.cpuPercent / Math.max(1, s.spec.cpus),
+        memUsed: m.memoryBytes,
+        memTotal: s.spec.memoryBytes,
+        memCache: 0,
+        diskUsed: m.diskBytes ?? 0,
+        diskTotal: s.spec.diskBytes ?? 0,
+      }));
+  });
+
   // Named so a program gets a clear answer rather than a bare 404 (docs/E2B.md: not supported).
   for (const [method, path] of [
-    ['GET', '/sandboxes/:id/metrics'],
     ['GET', '/templates'],
     ['PUT', '/sandboxes/:id/network'],
   ] as const) {

@@ -79,6 +79,7 @@ export interface E2bSandbox {
   getHost(port: number): string;
   betaPause(): Promise<boolean>;
   createSnapshot(opts?: { name?: string }): Promise<E2bSnapshotInfo>;
+  getMetrics(): Promise<{ cpuCount: number; memUsed: number; memTotal: number; timestamp: Date }[]>;
   setTimeout(ms: number): Promise<void>;
   kill(): Promise<void>;
 }
