@@ -36,7 +36,12 @@ const isUtsnsImage = (name: string): boolean => /^utsns-\d+\.img$/.test(name);
  * images it rewrote (0: the checkpoint has no UTS namespace of its own).
  */
 export async function setImagesHostname(dir: string, hostname: string): Promise<number> {
-  const files = (await readdir(dir)).filter(isUtsnsImage);
+  // No folder: nothing to rename; the restore that follows says the images are missing.
+  const names = await readdir(dir).catch((e: unknown) => {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    throw e;
+  });
+  const files = names.filter(isUtsnsImage);
   for (const f of files) {
     const path = join(dir, f);
     const raw = await readFile(path);
