@@ -18,6 +18,7 @@ import { join, normalize } from 'node:path';
 import { StringDecoder } from 'node:string_decoder';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
+import { exists } from '../sys/fs.js';
 
 export interface ImageConfig {
   /** Entrypoint followed by Cmd: the command when the user gives none. */
@@ -307,16 +308,6 @@ export async function unpackImage(
 }
 
 // ---- the cache: what is there, and removing what no sandbox uses ----
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await stat(path);
-    return true;
-  } catch (e) {
-    if (errnoCode(e) === 'ENOENT') return false;
-    throw e;
-  }
-}
 
 /** The unpacked image of `digest` when the cache holds it complete (with its defaults), else undefined. */
 export async function readUnpacked(cacheDir: string, digest: string): Promise<UnpackedImage | undefined> {

@@ -20,6 +20,7 @@ import { chmod, open, readdir, rename, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
+import { exists } from '../sys/fs.js';
 import { isMountPoint } from './rootfs.js';
 
 const MKFS_TIMEOUT_MS = 60_000;
@@ -33,16 +34,6 @@ export function layerImage(dir: string): string {
 /** Where the image is mounted: the folder holding upper/ and work/. */
 export function layerMountPoint(dir: string): string {
   return join(dir, 'fs');
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await stat(path);
-    return true;
-  } catch (e) {
-    if (errnoCode(e) === 'ENOENT') return false;
-    throw e;
-  }
 }
 
 function layerError(message: string, cause?: unknown): DormantError {

@@ -29,6 +29,7 @@ import { accessSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
+import { exists } from '../sys/fs.js';
 import { ensureCollector } from './log-collector.js';
 import type { EgressPolicy } from '../domain/egress.js';
 import { egressCounters, nodeResolvers, resolveHosts } from './egress.js';
@@ -260,16 +261,6 @@ export async function writeFileAtomic(path: string, data: string): Promise<void>
 /** `fn` timed as `step` when the caller asked for timings. */
 export function timed<T>(opts: CallOptions, step: string, fn: () => Promise<T>): Promise<T> {
   return opts.timer ? opts.timer.time(step, fn) : fn();
-}
-
-export async function exists(path: string): Promise<boolean> {
-  try {
-    await stat(path);
-    return true;
-  } catch (e) {
-    if (errnoCode(e) === 'ENOENT') return false;
-    throw e;
-  }
 }
 
 function hostHasAppArmor(): boolean {

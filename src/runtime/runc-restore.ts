@@ -7,7 +7,8 @@ import { join, resolve } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
 import type { RestoreOptions } from './runtime.js';
-import { exists, readEnd, readStart, sigkill } from './runc-host.js';
+import { exists } from '../sys/fs.js';
+import { readEnd, readStart, sigkill } from './runc-host.js';
 
 /** What of a failed restore's CRIU log is kept: its start and its end. */
 const KEPT_LOG_HEAD_BYTES = 256 * 1024;

@@ -45,7 +45,6 @@ import {
   CGROUP_ROOT,
   DEFAULTS,
   RuncHost,
-  exists,
   recordSpec,
   sigkill,
   tailOf,
@@ -54,6 +53,7 @@ import {
   privateFile,
   type SandboxRecord,
 } from './runc-host.js';
+import { exists } from '../sys/fs.js';
 import { engineBindsOf, ensureEngineBinds } from './engine-binds.js';
 import { endLazyPagesIn, keepRestoreLog, startLazyPages, watchRestore } from './runc-restore.js';
 import { agentStarter, endOutsideTimeNamespace } from './runc-agent.js';
