@@ -17,7 +17,7 @@ import {
   TemplateSchema,
   type TemplateView,
 } from './schemas.js';
-import { parse } from './validate.js';
+import { parse, sourceAndLimits } from './validate.js';
 
 const Params = z.object({ id: z.string().min(1).max(128) });
 
@@ -70,13 +70,7 @@ export function registerTemplateRoutes(
         ? {
             build: {
               command: b.command,
-              ...(b.rootfs !== undefined ? { rootfs: b.rootfs } : {}),
-              ...(b.image !== undefined ? { image: b.image } : {}),
-              ...(b.env !== undefined ? { env: b.env } : {}),
-              ...(b.ports !== undefined ? { ports: b.ports } : {}),
-              ...(b.memory !== undefined ? { memoryBytes: b.memory } : {}),
-              ...(b.cpus !== undefined ? { cpus: b.cpus } : {}),
-              ...(b.disk !== undefined ? { diskBytes: b.disk } : {}),
+              ...sourceAndLimits(b),
             },
           }
         : {}),

@@ -50,7 +50,7 @@ import {
 } from './schemas.js';
 import { decodeCursor, encodeCursor, parseLabelFilter } from './listing.js';
 import { metricPoints, MAX_METRIC_POINTS } from '../control/meter.js';
-import { parse } from './validate.js';
+import { parse, sourceAndLimits } from './validate.js';
 import { registerTokenRoutes } from './routes-tokens.js';
 import { registerMetrics } from './metrics.js';
 import { registerOpenApi } from './openapi.js';
@@ -281,13 +281,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       admin: req.principal.admin,
       command: b.command,
       ...(b.name !== undefined ? { name: b.name } : {}),
-      ...(b.rootfs !== undefined ? { rootfs: b.rootfs } : {}),
-      ...(b.image !== undefined ? { image: b.image } : {}),
-      ...(b.env !== undefined ? { env: b.env } : {}),
-      ...(b.ports !== undefined ? { ports: b.ports } : {}),
-      ...(b.memory !== undefined ? { memoryBytes: b.memory } : {}),
-      ...(b.cpus !== undefined ? { cpus: b.cpus } : {}),
-      ...(b.disk !== undefined ? { diskBytes: b.disk } : {}),
+      ...sourceAndLimits(b),
       ...(b.onResume !== undefined ? { onResume: b.onResume } : {}),
       ...(b.gpus !== undefined ? { gpus: b.gpus } : {}),
       ...(b.gpuPolicy !== undefined ? { gpuPolicy: b.gpuPolicy } : {}),

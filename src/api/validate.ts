@@ -1,6 +1,7 @@
 /** Request validation: one zod schema parses each request part, or the answer is a 400. */
 import type { z } from 'zod';
 import { DormantError, ErrorCode } from '../domain/errors.js';
+import type { CreateSandboxInput } from '../control/ops/create.js';
 
 /**
  * Parses `value` with `schema`; on failure throws INVALID_ARGUMENT (400) naming the first bad
@@ -49,4 +50,33 @@ function findNul(value: unknown, path: string[], depth = 0): string | undefined 
     }
   }
   return undefined;
+}
+
+type SandboxSource = Pick<
+  CreateSandboxInput,
+  'rootfs' | 'image' | 'env' | 'ports' | 'memoryBytes' | 'cpus' | 'diskBytes'
+>;
+
+/**
+ * A body's root filesystem or image, environment, ports and limits as the controller takes
+ * them: a sandbox's create and a template's builder read the same fields.
+ */
+export function sourceAndLimits(b: {
+  rootfs?: string | undefined;
+  image?: string | undefined;
+  env?: Record<string, string> | undefined;
+  ports?: SandboxSource['ports'] | undefined;
+  memory?: number | undefined;
+  cpus?: number | undefined;
+  disk?: number | undefined;
+}): SandboxSource {
+  return {
+    ...(b.rootfs !== undefined ? { rootfs: b.rootfs } : {}),
+    ...(b.image !== undefined ? { image: b.image } : {}),
+    ...(b.env !== undefined ? { env: b.env } : {}),
+    ...(b.ports !== undefined ? { ports: b.ports } : {}),
+    ...(b.memory !== undefined ? { memoryBytes: b.memory } : {}),
+    ...(b.cpus !== undefined ? { cpus: b.cpus } : {}),
+    ...(b.disk !== undefined ? { diskBytes: b.disk } : {}),
+  };
 }
