@@ -363,16 +363,16 @@ export class SandboxController {
   /** Each sandbox's writable layer folder: it never moves, and asking the runtime runs runc. */
   private readonly upperDirs = new Map<string, string>();
 
-  /**
-   * Bytes in use on the sandbox's writable layer: with a disk quota the layer is a filesystem
-   * of its own, so one statfs answers (no walk of its files). Undefined without a quota, or
-   * when the answer cannot be the layer's (it is larger than the quota: not mounted).
-   */
   /** Each sandbox's egress counter (MeterSource.egressBytes), when the runtime counts it. */
   async egressBytes(): Promise<Map<string, number>> {
     return (await this.ctx.runtime.egressBytes?.()) ?? new Map();
   }
 
+  /**
+   * Bytes in use on the sandbox's writable layer: with a disk quota the layer is a filesystem
+   * of its own, so one statfs answers (no walk of its files). Undefined without a quota, or
+   * when the answer cannot be the layer's (it is larger than the quota: not mounted).
+   */
   async diskUsage(id: string): Promise<number | undefined> {
     const quota = this.ctx.store.getSandbox(id)?.spec.diskBytes;
     if (quota === undefined) return undefined;
