@@ -48,6 +48,54 @@ test('the prefilter finds what the detectors find on the whole buffer', () => {
   assert.ok(text < buf.length / 10, `${text} of ${buf.length} bytes looked at`);
 });
 
+test('over bytes, the detectors find exactly what they find over each region decoded whole', () => {
+  // Text dense with anchors, near-misses and open-ended shapes (JWTs and webhooks longer than
+  // any fixed window, a service-account "type" across blanks), between binary bytes.
+  let seed = 7;
+  const rnd = (n: number) => {
+    seed = (seed * 1103515245 + 12345) % 2 ** 31;
+    return seed % n;
+  };
+  const word = (n: number, set = 'abcXYZ019_-') =>
+    Array.from({ length: n }, () => set[rnd(set.length)]).join('');
+  const pieces = [
+    () => `API_KEY=${word(8 + rnd(40))}`,
+    () => `token: "${word(20 + rnd(30), 'aZ9xQ')}"`,
+    () => `password = ${word(rnd(12))}`,
+    () => `PASSWORD=${word(520 + rnd(20))}`,
+    () => `secretary ${word(5)}`,
+    () => `key${word(3)}`,
+    () => `AKIA${word(16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789')}${rnd(2) ? 'x' : ' '}`,
+    () => `eyJ${word(900 + rnd(600))}.eyJ${word(20)}.${word(30)}`,
+    () => `eyJ${word(5)}`,
+    () =>
+      `https://hooks.slack.com/services/T${word(1200, 'ABC123')}/B${word(8, 'XYZ9')}/${word(24, 'abcXYZ09')}`,
+    () => `"type"${' '.repeat(rnd(300))}:\t"service_account"`,
+    () => `ghp_${word(36 + rnd(220), 'aB3')}`,
+    () => `sk-ant-api03-${word(40 + rnd(90))} sk-${word(rnd(230))}`,
+    () => `${word(3)}${rnd(10)}Q~${word(31 + rnd(5))}`,
+    () => `xoxb-${word(rnd(260))} sk_live_${word(rnd(260), 'aZ0')}`,
+    () => `-----BEGIN ${rnd(2) ? 'RSA ' : ''}PRIVATE KEY-----`,
+    () => `{"user": "agent", "tool": "bash", "cwd": "/workspace"}`,
+  ];
+  const parts: Buffer[] = [];
+  for (let i = 0; i < 3000; i++) {
+    parts.push(Buffer.from(`${word(rnd(8), ' \n\t=:"')}${pieces[rnd(pieces.length)]!()}`, 'latin1'));
+    if (rnd(20) === 0) parts.push(randomBytes(1 + rnd(40)));
+  }
+  const buf = Buffer.concat(parts);
+  const regions = textRegions(buf);
+  const reference: string[] = [];
+  for (let r = 0; r < regions.length; r += 2) {
+    for (const s of findSecrets(buf.toString('latin1', regions[r], regions[r + 1]))) {
+      reference.push(`${s.kind}@${s.offset + regions[r]!}:${s.name ?? ''}:${s.value}`);
+    }
+  }
+  const fast = findSecretsInBytes(buf).map((s) => `${s.kind}@${s.offset}:${s.name ?? ''}:${s.value}`);
+  assert.ok(reference.length > 1000, `${reference.length} found`);
+  assert.deepEqual(fast, reference);
+});
+
 test('textRegions: runs at the edges, short runs skipped, close runs merged', () => {
   const b = Buffer.concat([
     Buffer.from('0123456789ab'),

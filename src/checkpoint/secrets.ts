@@ -119,41 +119,51 @@ function specificAt(
 }
 
 /**
- * Finds secrets in `text` (a latin1 view of bytes). `offset`s are relative to `text`.
+ * The detectors at one anchor: `idx` is where an anchor literal of `anchorLength` characters
+ * starts in `text`. Pushes what it finds (offsets in `text` plus `shift`) and returns where the
+ * search for the next anchor resumes: after the secret, after the assignment, or after the
+ * anchor.
+ */
+function detectAt(text: string, idx: number, anchorLength: number, out: RawSecret[], shift: number): number {
+  const sp = specificAt(text, idx);
+  if (sp) {
+    out.push({ kind: sp.kind, offset: sp.offset + shift, length: sp.value.length, value: sp.value });
+    return sp.offset + sp.value.length;
+  }
+  ASSIGN.lastIndex = idx;
+  const m = ASSIGN.exec(text);
+  if (!m) return idx + anchorLength;
+  const value = m[1]!;
+  const whole = m[0];
+  // The name runs backwards from the keyword over identifier characters.
+  let start = idx;
+  while (start > 0 && idx - start < 128 && NAME_CHAR.test(text[start - 1]!)) start--;
+  const keywordEnd = whole.search(/["']?[ \t]{0,4}[=:]/);
+  const name = text.slice(start, idx + keywordEnd);
+  const valueOffset = idx + whole.length - value.length + shift;
+  const next = idx + whole.length;
+  if (PLACEHOLDER.test(value) || NOT_SECRET_NAMES.has(name)) return next;
+  const specific = EXACT_ANYWHERE.find(([, re]) => re.test(value));
+  if (specific) {
+    const sm = specific[1].exec(value)![0];
+    out.push({ kind: specific[0], offset: valueOffset, length: sm.length, name, value: sm });
+  } else if (looksLikeEnvName(name) && value.length >= 8) {
+    out.push({ kind: 'secret_assignment', offset: valueOffset, length: value.length, name, value });
+  } else if (value.length >= 16 && entropy(value) >= 3.5 && /[0-9]/.test(value) && /[A-Za-z]/.test(value)) {
+    out.push({ kind: 'high_entropy_assignment', offset: valueOffset, length: value.length, name, value });
+  }
+  return next;
+}
+
+/**
+ * Finds secrets in `text` (a latin1 view of bytes). `offset`s are relative to `text`. The
+ * reference form: findSecretsInBytes finds the same over bytes without decoding them all.
  */
 export function findSecrets(text: string): RawSecret[] {
   const out: RawSecret[] = [];
   ANCHOR.lastIndex = 0;
   for (let a = ANCHOR.exec(text); a !== null; a = ANCHOR.exec(text)) {
-    const idx = a.index;
-    const sp = specificAt(text, idx);
-    if (sp) {
-      out.push({ kind: sp.kind, offset: sp.offset, length: sp.value.length, value: sp.value });
-      ANCHOR.lastIndex = sp.offset + sp.value.length;
-      continue;
-    }
-    ASSIGN.lastIndex = idx;
-    const m = ASSIGN.exec(text);
-    if (!m) continue;
-    const value = m[1]!;
-    const whole = m[0];
-    // The name runs backwards from the keyword over identifier characters.
-    let start = idx;
-    while (start > 0 && idx - start < 128 && NAME_CHAR.test(text[start - 1]!)) start--;
-    const keywordEnd = whole.search(/["']?[ \t]{0,4}[=:]/);
-    const name = text.slice(start, idx + keywordEnd);
-    const valueOffset = idx + whole.length - value.length;
-    ANCHOR.lastIndex = idx + whole.length;
-    if (PLACEHOLDER.test(value) || NOT_SECRET_NAMES.has(name)) continue;
-    const specific = EXACT_ANYWHERE.find(([, re]) => re.test(value));
-    if (specific) {
-      const sm = specific[1].exec(value)![0];
-      out.push({ kind: specific[0], offset: valueOffset, length: sm.length, name, value: sm });
-    } else if (looksLikeEnvName(name) && value.length >= 8) {
-      out.push({ kind: 'secret_assignment', offset: valueOffset, length: value.length, name, value });
-    } else if (value.length >= 16 && entropy(value) >= 3.5 && /[0-9]/.test(value) && /[A-Za-z]/.test(value)) {
-      out.push({ kind: 'high_entropy_assignment', offset: valueOffset, length: value.length, name, value });
-    }
+    ANCHOR.lastIndex = detectAt(text, a.index, a[0].length, out, 0);
   }
   return out;
 }
@@ -202,20 +212,129 @@ export function textRegions(buf: Uint8Array, minRun = MIN_SECRET_CHARS, maxGap =
 }
 
 /**
- * findSecrets over raw bytes, behind the prefilter: only text regions are decoded and run
- * through the detectors. Offsets are relative to `buf`. A value ends at its first byte that
- * is not ASCII text (the detectors alone would run on through high bytes).
+ * The anchors of ANCHOR as byte literals, in its order (at any one position at most one of
+ * them matches), each with how far past its start a detector anchored there can read: a
+ * fixed bound for the bounded shapes, or "while the bytes are of this set" for the three
+ * shapes with an open-ended part (JWTs, Slack webhooks, the service-account `"type"`).
+ */
+interface ByteAnchor {
+  bytes: Uint8Array;
+  /** Bytes past the anchor's start that a match (and a lookahead after it) can reach. */
+  reach: number;
+  /** Or: a match runs only over bytes of this set (the window ends at the first other byte). */
+  runOf?: Uint8Array;
+}
+
+function byteSet(chars: string): Uint8Array {
+  const set = new Uint8Array(256);
+  for (const c of chars) set[c.charCodeAt(0)] = 1;
+  return set;
+}
+const ALNUM = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
+/** Longest assignment: an 11-character keyword, a quote, 4 blanks, `=`, 4 blanks, a quote, 512. */
+const ASSIGN_REACH = 11 + 1 + 4 + 1 + 4 + 1 + 512 + 16;
+const BYTE_ANCHORS: ByteAnchor[] = (
+  [
+    ...['AKIA', 'ASIA', 'ABIA', 'ACCA'].map((a) => ({ a, reach: 21 })),
+    { a: 'AIza', reach: 39 },
+    { a: '"type"', reach: 0, runOf: byteSet(`${ALNUM}_":\t\n\r\v\f `) },
+    { a: 'AccountKey=', reach: 99 },
+    ...'0123456789'.split('').map((d) => ({ a: `${d}Q~`, reach: 37 })),
+    ...'pousr'.split('').map((c) => ({ a: `gh${c}_`, reach: 259 })),
+    { a: 'github_pat_', reach: 266 },
+    ...['pat', 'dt', 'rt', 'ptt', 'cbt'].map((x) => ({ a: `gl${x}-`, reach: 70 })),
+    { a: 'sk-', reach: 211 },
+    { a: 'https://hooks.slack.com', reach: 0, runOf: byteSet(`${ALNUM}/:.`) },
+    ...'abposr'.split('').map((c) => ({ a: `xox${c}-`, reach: 255 })),
+    ...['sk', 'rk', 'pk'].flatMap((x) => ['live', 'test'].map((y) => ({ a: `${x}_${y}_`, reach: 258 }))),
+    { a: 'eyJ', reach: 0, runOf: byteSet(`${ALNUM}_-.`) },
+    { a: '-----BEGIN ', reach: 60 },
+    ...[
+      'Key',
+      'key',
+      'KEY',
+      'Token',
+      'token',
+      'TOKEN',
+      'Secret',
+      'secret',
+      'SECRET',
+      'Passw',
+      'passw',
+      'PASSW',
+    ].map((a) => ({ a, reach: ASSIGN_REACH })),
+    ...['Pwd', 'pwd', 'PWD', 'Credential', 'credential', 'CREDENTIAL'].map((a) => ({
+      a,
+      reach: ASSIGN_REACH,
+    })),
+  ] as { a: string; reach: number; runOf?: Uint8Array }[]
+).map(({ a, reach, runOf }) => ({ bytes: Buffer.from(a, 'latin1'), reach: reach + 8, runOf }));
+
+/** The anchors by their first two bytes (a 64 Ki table), for a scan that looks at each position once. */
+const BY_PAIR = new Array<ByteAnchor[] | undefined>(65536);
+for (const a of BYTE_ANCHORS) {
+  const k = (a.bytes[0]! << 8) | a.bytes[1]!;
+  (BY_PAIR[k] ??= []).push(a);
+}
+const HAS_PAIR = new Uint8Array(65536);
+for (let k = 0; k < 65536; k++) if (BY_PAIR[k]) HAS_PAIR[k] = 1;
+
+/** The anchor that starts at `i` of `buf` (before `to`), if any. */
+function anchorAt(buf: Uint8Array, i: number, to: number): ByteAnchor | undefined {
+  for (const a of BY_PAIR[(buf[i]! << 8) | buf[i + 1]!]!) {
+    const b = a.bytes;
+    if (i + b.length > to) continue;
+    let j = 2;
+    while (j < b.length && buf[i + j] === b[j]) j++;
+    if (j === b.length) return a;
+  }
+  return undefined;
+}
+
+/** Characters before an anchor a detector can read: the variable name (128) and Azure's 3. */
+const LOOK_BEHIND = 128;
+
+/**
+ * findSecrets over the bytes of one text region [from, to) of `buf`, without decoding it
+ * whole: anchors are found by their bytes, and only a window around each (as far back and
+ * forward as a detector anchored there can read) is decoded and run through the detectors,
+ * so the result is the same as findSecrets over the region's text.
+ */
+function findInRegion(buf: Buffer, from: number, to: number, out: RawSecret[]): void {
+  let i = from;
+  const last = to - 1;
+  while (i < last) {
+    if (HAS_PAIR[(buf[i]! << 8) | buf[i + 1]!] === 0) {
+      i++;
+      continue;
+    }
+    const a = anchorAt(buf, i, to);
+    if (a === undefined) {
+      i++;
+      continue;
+    }
+    let end: number;
+    if (a.runOf) {
+      end = i + a.bytes.length;
+      while (end < to && a.runOf[buf[end]!] === 1) end++;
+      end = Math.min(to, end + 1);
+    } else end = Math.min(to, i + a.reach);
+    const start = Math.max(from, i - LOOK_BEHIND);
+    const text = buf.toString('latin1', start, end);
+    i = start + detectAt(text, i - start, a.bytes.length, out, start);
+  }
+}
+
+/**
+ * findSecrets over raw bytes, behind the prefilter: only text regions are looked at, and in
+ * them only the windows around anchors are decoded. Offsets are relative to `buf`. A value
+ * ends at its first byte that is not ASCII text (the detectors alone would run on through
+ * high bytes).
  */
 export function findSecretsInBytes(buf: Buffer): RawSecret[] {
   const regions = textRegions(buf);
   const out: RawSecret[] = [];
-  for (let r = 0; r < regions.length; r += 2) {
-    const from = regions[r]!;
-    for (const s of findSecrets(buf.toString('latin1', from, regions[r + 1]))) {
-      s.offset += from;
-      out.push(s);
-    }
-  }
+  for (let r = 0; r < regions.length; r += 2) findInRegion(buf, regions[r]!, regions[r + 1]!, out);
   return out;
 }
 
