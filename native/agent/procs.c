@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
@@ -30,6 +31,9 @@
 #define MAX_EXITED 256       /* exited entries kept for list/attach */
 #define KEEP_EXITED_MS (10 * 60 * 1000)
 #define DRAIN_MS 50           /* output read after exit while a background child holds the pipe */
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434 /* the same number on every architecture */
+#endif
 
 extern char **environ;
 
@@ -44,6 +48,11 @@ struct proc {
   int pty;
   int64_t started_at, started_mono, ended_at, ended_mono, deadline;
   int exited, exit_code, term_sig, timed_out, out_eof;
+  /* The pump says when the output of an exited command is all read (out_drained): it sees the
+   * exit through a pidfd and then waits until the pipes stay empty for DRAIN_MS. Without a
+   * pidfd (an old kernel) followers wait DRAIN_MS of their own after the exit instead, which a
+   * pump starved of CPU can miss. */
+  int pidfd, pump_drains, out_drained;
   pthread_mutex_t in_lock; /* stdin writes, close and resize */
   int in_fd;               /* stdin pipe, or (pty) a dup of the master; -1 once closed */
   struct ring out; /* its output, for followers */
@@ -64,6 +73,7 @@ static void proc_unref(struct proc *p) { /* lock held */
   free(p->cwd);
   free(p->tag);
   if (p->in_fd >= 0) close(p->in_fd);
+  if (p->pidfd >= 0) close(p->pidfd);
   pthread_mutex_destroy(&p->in_lock);
   free(p);
 }
@@ -139,15 +149,35 @@ static void kill_on_deadline(struct proc *p) { /* lock held */
 static void *pump(void *arg) {
   struct proc *p = arg;
   char *buf = malloc(CHUNK_MAX);
-  struct pollfd fds[2] = {{.fd = p->out_fd, .events = POLLIN}, {.fd = p->err_fd, .events = POLLIN}};
+  struct pollfd fds[3] = {{.fd = p->out_fd, .events = POLLIN},
+                          {.fd = p->err_fd, .events = POLLIN},
+                          {.fd = p->pidfd, .events = POLLIN}};
+  /* Without a pidfd of a pump that drains, the process was reaped before it could be opened. */
+  int gone = p->pump_drains && p->pidfd < 0;
   int open = (p->out_fd >= 0) + (p->err_fd >= 0);
   while (open > 0 && buf) {
     pthread_mutex_lock(&lock);
     kill_on_deadline(p);
     int timeout = p->deadline && !p->exited ? (int)(p->deadline - mono_ms()) : -1;
+    int draining = gone && !p->out_drained;
     pthread_mutex_unlock(&lock);
+    if (draining) timeout = DRAIN_MS;
     if (timeout < -1) timeout = 0;
-    if (poll(fds, 2, timeout) <= 0) continue;
+    int ready = poll(fds, 3, timeout);
+    if (ready == 0 && draining) {
+      /* Exited, and nothing came for DRAIN_MS: what it wrote is all in the ring (what is
+       * still open belongs to a background child, whose later output is kept as it comes). */
+      pthread_mutex_lock(&lock);
+      p->out_drained = 1;
+      pthread_cond_broadcast(&cond);
+      pthread_mutex_unlock(&lock);
+      continue;
+    }
+    if (ready <= 0) continue;
+    if (fds[2].fd >= 0 && fds[2].revents) {
+      gone = 1;
+      fds[2].fd = -1; /* the pidfd is closed with the entry */
+    }
     for (int i = 0; i < 2; i++) {
       if (fds[i].fd < 0 || !fds[i].revents) continue;
       ssize_t r = read(fds[i].fd, buf, CHUNK_MAX);
@@ -362,7 +392,8 @@ static void follow(struct conn *c, struct proc *p, uint64_t pos) {
       pthread_mutex_unlock(&lock);
       if (send_frame(c, type, buf, n) < 0) f.closed = 1;
       pthread_mutex_lock(&lock);
-    } else if (p->exited && (p->out_eof || mono_ms() >= p->ended_mono + DRAIN_MS)) {
+    } else if (p->exited &&
+               (p->out_eof || (p->pump_drains ? p->out_drained : mono_ms() >= p->ended_mono + DRAIN_MS))) {
       struct sb b;
       sb_init(&b);
       exit_json(&b, p);
@@ -370,7 +401,7 @@ static void follow(struct conn *c, struct proc *p, uint64_t pos) {
       send_sb(c, 'X', &b);
       pthread_mutex_lock(&lock);
       break;
-    } else if (p->exited) {
+    } else if (p->exited && !p->pump_drains) {
       timed_wait_until(p->ended_mono + DRAIN_MS);
     } else {
       pthread_cond_wait(&cond, &lock);
@@ -470,7 +501,7 @@ void op_run(struct conn *c, const struct request *rq) {
   }
   memcpy(argv, argv_in, nargs * sizeof *argv);
   p->pty = ptyspec != NULL;
-  p->in_fd = p->out_fd = p->err_fd = -1;
+  p->in_fd = p->out_fd = p->err_fd = p->pidfd = -1;
   pthread_mutex_init(&p->in_lock, NULL);
   p->refs = 1;
 
@@ -511,6 +542,9 @@ void op_run(struct conn *c, const struct request *rq) {
       for (size_t i = nprocs; i-- > 0;) /* an old entry with the same pid is gone for good */
         if (table[i]->pid == pid) unlist(i);
       p->pid = pid;
+      /* ESRCH: reaped already (the pump then drains at once); any other error: no pidfds here. */
+      p->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+      p->pump_drains = p->pidfd >= 0 || errno == ESRCH;
       p->listed = 1;
       p->refs++; /* the table's */
       p->started_at = now_ms();
