@@ -11,6 +11,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
+import { connect } from 'node:net';
 import { stagingDirFor, type Daemon, type DaemonOptions } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { eventually, httpGet, sandboxProcesses, untilState } from './testing/host.js';
@@ -25,9 +26,26 @@ blob = bytearray(os.urandom(int(sys.argv[1] if len(sys.argv) > 1 else 64) * 1024
   answer: '"%d %s" % (count, hashlib.sha256(blob).hexdigest())',
 });
 
-/** The answer of the server of `sb` ("COUNT DIGEST"), once it answers. */
-const serve = (sb: SandboxInfo): Promise<string> =>
-  eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080, '/', 30_000), 60_000);
+/**
+ * The answer of the server of `sb` ("COUNT DIGEST"), once it answers: one request to the
+ * sandbox's counter. Only connecting is retried: a request that reached the server counted, so
+ * a retry after a slow answer (pages faulted in on a loaded machine) would count twice.
+ */
+const serve = async (sb: SandboxInfo): Promise<string> => {
+  await eventually(
+    `server of ${sb.id}`,
+    () =>
+      new Promise<void>((resolve, reject) => {
+        const s = connect({ host: sb.address!, port: 8080 }, () => {
+          s.destroy();
+          resolve();
+        });
+        s.on('error', reject);
+      }),
+    60_000,
+  );
+  return httpGet(sb.address!, 8080, '/', 180_000);
+};
 
 /** Host pids of `criu lazy-pages` processes serving sandbox `id`'s restore. */
 function lazyPagesOf(id: string): number[] {
