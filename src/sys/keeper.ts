@@ -13,7 +13,8 @@
  * The keeper learns of this process's death from its stdin (a pipe only this process writes:
  * end of file without the word "release"). It ignores SIGHUP, SIGINT, SIGTERM and SIGQUIT,
  * so a terminal's ^C or a service manager's SIGTERM, which this process answers by waiting
- * for the pages, does not drop the connection under it.
+ * for the pages, does not drop the connection under it. It says "ready" once those signals are
+ * ignored, and startKeeper waits for that: between the exec and the trap a SIGTERM would end it.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
@@ -22,6 +23,7 @@ import { DormantError, ErrorCode } from '../domain/errors.js';
 
 const SCRIPT = `
 trap '' HUP INT TERM QUIT PIPE
+echo ready
 IFS= read -r word
 [ "$word" = release ] && exit 0
 procs=
@@ -64,14 +66,14 @@ export async function startKeeper(o: {
   const child: ChildProcess = spawn('/bin/sh', ['-c', SCRIPT, 'dormant-keeper', ...o.procsFiles], {
     // Its own process group: a signal to this process's group does not reach it.
     detached: true,
-    stdio: ['pipe', 'ignore', 'ignore', ...o.hold],
+    stdio: ['pipe', 'pipe', 'ignore', ...o.hold],
   });
   const exited = once(child, 'exit').then(
     () => undefined,
     () => undefined,
   );
   await new Promise<void>((resolve, reject) => {
-    child.once('spawn', resolve);
+    child.stdout!.once('data', () => resolve());
     child.once('error', (e) =>
       reject(
         new DormantError(ErrorCode.COMMAND_FAILED, `the keeper (/bin/sh) could not start: ${e.message}`, {
@@ -79,7 +81,12 @@ export async function startKeeper(o: {
         }),
       ),
     );
+    void exited.then(() =>
+      reject(new DormantError(ErrorCode.COMMAND_FAILED, 'the keeper (/bin/sh) exited before it was ready')),
+    );
   });
+  // It writes nothing more.
+  child.stdout!.destroy();
   child.on('error', () => undefined);
   child.stdin?.on('error', () => undefined);
   // Neither the keeper nor its pipe keeps this process's event loop alive.
