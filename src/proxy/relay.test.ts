@@ -98,14 +98,17 @@ function upstream(name: string, seen: Seen[]): Server {
   return s;
 }
 
-/** Reads from a raw socket until `done(text so far)` holds, or fails after 5 s. */
+/**
+ * Reads from a raw socket until `done(text so far)` holds, or fails after 30 s (a bound for a
+ * hang, not a speed check: megabytes to a slow reader took over 5 s on a loaded machine).
+ */
 function readUntil(s: Socket, done: (t: string) => boolean): Promise<string> {
   return new Promise((resolve, reject) => {
     let got = '';
     const timer = setTimeout(() => {
       cleanup();
-      reject(new Error(`timed out; got ${JSON.stringify(got)}`));
-    }, 5000);
+      reject(new Error(`timed out; got ${JSON.stringify(got.slice(0, 300))} (${got.length} characters)`));
+    }, 30_000);
     const onData = (d: Buffer) => {
       got += d.toString('latin1');
       if (done(got)) {
