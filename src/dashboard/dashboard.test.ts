@@ -15,7 +15,7 @@ import { existsSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { chromium, type Browser, type Page } from 'playwright-core';
+import { chromium, type Browser, type Locator, type Page } from 'playwright-core';
 import type { Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { startTestDaemon, tearDown, testFolder } from '../api/testing/daemon.js';
@@ -86,6 +86,9 @@ describe(
 
     const row = (id: string) => page.locator(`tr[data-sandbox="${id}"]`);
     const rows = () => page.locator('#sandboxes tbody tr');
+    /** The data-sandbox of each element `locator` finds, in order. */
+    const sandboxIds = async (locator: Locator): Promise<(string | null)[]> =>
+      Promise.all((await locator.all()).map((x) => x.getAttribute('data-sandbox')));
     /** The state the daemon reports, polled until it is `want`. */
     const apiState = (id: string, want: string) =>
       eventually(
@@ -204,16 +207,12 @@ describe(
       await page.getByTestId('label-filter').fill('team=blue');
       await page.locator('#filters button[type=submit]').click();
       await row(acmeBox.id).waitFor({ state: 'detached' });
-      assert.deepEqual(await rows().evaluateAll((r) => r.map((x) => x.getAttribute('data-sandbox'))), [
-        betaBox.id,
-      ]);
+      assert.deepEqual(await sandboxIds(rows()), [betaBox.id]);
       // A label chip filters by that label.
       await page.click('#f-clear');
       await row(sb.id).locator('button.chip', { hasText: 'team=ops' }).click();
       await row(acmeBox.id).waitFor({ state: 'detached' });
-      assert.deepEqual(await rows().evaluateAll((r) => r.map((x) => x.getAttribute('data-sandbox'))), [
-        sb.id,
-      ]);
+      assert.deepEqual(await sandboxIds(rows()), [sb.id]);
       await page.click('#f-clear');
       await row(acmeBox.id).waitFor();
       assert.equal(await rows().count(), 3);
@@ -234,9 +233,7 @@ describe(
       await row(acmeBox.id).waitFor({ state: 'detached' });
       assert.equal(await rows().count(), 0);
       // Nor in the timeline: only acme's transitions.
-      const timelineIds = await page
-        .locator('#timeline li')
-        .evaluateAll((l) => l.map((x) => x.getAttribute('data-sandbox')));
+      const timelineIds = await sandboxIds(page.locator('#timeline li'));
       assert.ok(
         timelineIds.length > 0 && timelineIds.every((id) => id === acmeBox.id),
         timelineIds.join(','),
@@ -302,14 +299,11 @@ describe(
         /tenant\s*default.*labels\s*team=ops/s,
       );
       // The chart's line has a point per sample the API answers: at least two by now.
+      await page.locator('[data-testid=memory-chart] path[data-series="memory"]').waitFor();
       await eventually(
         'a memory line of two samples or more',
-        async () => {
-          const pts = await page
-            .locator('[data-testid=memory-chart] polyline')
-            .getAttribute('points', { timeout: 1000 });
-          assert.ok((pts?.split(' ').length ?? 0) >= 2, pts ?? '');
-        },
+        async () =>
+          assert.ok(Number(await page.getByTestId('memory-chart').getAttribute('data-points')) >= 2),
         30_000,
       );
       const drawn = Number(await page.getByTestId('memory-chart').getAttribute('data-points'));
@@ -322,7 +316,7 @@ describe(
         samples.every((x) => x.memoryBytes > 0),
         'real cgroup readings',
       );
-      await page.locator('[data-testid=cpu-chart] polyline[data-series="cpu"]').waitFor({ timeout: 30_000 });
+      await page.locator('[data-testid=cpu-chart] path[data-series="cpu"]').waitFor({ timeout: 30_000 });
       await page.getByTestId('logs').filter({ hasText: 'hello from web-agent' }).waitFor({ timeout: 15_000 });
       // Its events: the hibernate and resume of the tests before, newest first.
       const events = await page.locator('#d-events li').allTextContents();

@@ -114,7 +114,8 @@ const SVG = 'http://www.w3.org/2000/svg';
 
 /**
  * One series as a line in `svg` (viewBox 0 0 W H): x is time, y from 0 to the series' top;
- * labels at the top (the largest value) and under the axis (first and last time).
+ * labels at the top (the largest value) and under the axis (first and last time). The svg's
+ * data-points says how many samples it drew.
  */
 export function lineChart(svg, points, { format, series }) {
   svg.replaceChildren();
@@ -139,11 +140,17 @@ export function lineChart(svg, points, { format, series }) {
   const top = Math.max(...points.map((p) => p.value), 1e-9);
   const x = (at) => pad + ((at - t0) / Math.max(t1 - t0, 1)) * (W - 2 * pad);
   const y = (v) => H - pad - (v / top) * (H - 2 * pad);
-  add('polyline', {
-    class: series,
-    'data-series': series,
-    points: points.map((p) => `${x(p.at).toFixed(1)},${y(p.value).toFixed(1)}`).join(' '),
-  });
+  // No samples while it slept: a gap well past the usual interval (and past a busy node's
+  // jitter, 5 s) breaks the line rather than drawing a slope across a time nothing was
+  // measured (a lone point shows as a dot).
+  const steps = points.slice(1).map((p, i) => p.at - points[i].at);
+  const usual = [...steps].sort((a, b) => a - b)[Math.floor(steps.length / 2)] ?? 0;
+  const gap = Math.max(3 * usual, 5000);
+  const xy = (p) => `${x(p.at).toFixed(1)},${y(p.value).toFixed(1)}`;
+  const d = points
+    .map((p, i) => (i === 0 || p.at - points[i - 1].at > gap ? `M${xy(p)} L${xy(p)}` : `L${xy(p)}`))
+    .join(' ');
+  add('path', { class: series, 'data-series': series, d });
   add('text', { x: pad + 4, y: pad - 8 }).textContent = format(top);
   add('text', { x: pad, y: H - 8 }).textContent = new Date(t0).toLocaleTimeString();
   add('text', { x: W - pad, y: H - 8, 'text-anchor': 'end' }).textContent = new Date(t1).toLocaleTimeString();
