@@ -3,7 +3,7 @@
  * page holds no data, and talks to the API with the token the user pastes (kept in the
  * browser's localStorage) or passes once as `/#token=...`, which never reaches a server log.
  *
- * The files are hand-written HTML, CSS and a JavaScript module (src/dashboard/static), copied
+ * The files are hand-written HTML, CSS and JavaScript modules (src/dashboard/static), copied
  * to dist/dashboard/static by `npm run build`; served from src/ when it is there (a checkout),
  * else from that copy. `sse.js` is the SDK's event-stream reader, compiled (SSE_MODULE).
  */
@@ -16,6 +16,8 @@ import { DormantError, ErrorCode } from '../domain/errors.js';
 const TYPES: Record<string, string> = {
   'index.html': 'text/html; charset=utf-8',
   'app.js': 'text/javascript; charset=utf-8',
+  'detail.js': 'text/javascript; charset=utf-8',
+  'ui.js': 'text/javascript; charset=utf-8',
   'sse.js': 'text/javascript; charset=utf-8',
   'style.css': 'text/css; charset=utf-8',
 };

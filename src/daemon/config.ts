@@ -30,6 +30,10 @@ export interface DaemonConfig {
   logLevel: 'debug' | 'info' | 'warn' | 'error';
   /** json, text, or auto (text on a terminal). */
   logFormat: 'json' | 'text' | 'auto';
+  /** The log's own file (instead of stderr), rotated past logMaxBytes with logKeep old ones kept. */
+  logFile?: string;
+  logMaxBytes: number;
+  logKeep: number;
   /** Debug output: `timings` prints each hibernate, resume and fork step by step. */
   debug: string[];
   proxy: {
@@ -131,6 +135,9 @@ const Layer = z.strictObject({
   log: bool.optional(),
   logLevel: z.enum(['debug', 'info', 'warn', 'error']).optional(),
   logFormat: z.enum(['json', 'text', 'auto']).optional(),
+  logFile: z.string().min(1).optional(),
+  logMaxSize: size.optional(),
+  logKeep: z.number().int().min(0).max(1000).optional(),
   debug: z.array(z.enum(['timings'])).optional(),
   proxy: z
     .strictObject({
@@ -303,6 +310,7 @@ function resolvePaths(l: Layer, base: string): Layer {
     ...l,
     ...(l.dataDir !== undefined ? { dataDir: abs(l.dataDir) } : {}),
     ...(l.masterKeyFile !== undefined ? { masterKeyFile: abs(l.masterKeyFile) } : {}),
+    ...(l.logFile !== undefined ? { logFile: abs(l.logFile) } : {}),
     ...(l.sandbox
       ? {
           sandbox: {
@@ -444,6 +452,9 @@ function resolveConfig(l: Layer): DaemonConfig {
     log: l.log ?? D.log,
     logLevel: l.logLevel ?? D.logLevel,
     logFormat: l.logFormat ?? D.logFormat,
+    ...(l.logFile !== undefined ? { logFile: l.logFile } : {}),
+    logMaxBytes: l.logMaxSize ?? D.logMaxBytes,
+    logKeep: l.logKeep ?? D.logKeep,
     debug: l.debug ?? [...D.debug],
     proxy: {
       enabled: l.proxy?.enabled ?? D.proxy.enabled,
@@ -619,6 +630,9 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
     log: c.log,
     logLevel: c.logLevel,
     logFormat: c.logFormat,
+    ...(c.logFile !== undefined ? { logFile: c.logFile } : {}),
+    logMaxSize: exactSize(c.logMaxBytes),
+    logKeep: c.logKeep,
     debug: c.debug,
     proxy: {
       enabled: c.proxy.enabled,

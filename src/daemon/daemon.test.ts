@@ -7,7 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
@@ -143,6 +143,190 @@ describe('dormant serve --config', () => {
     await assert.rejects(
       admin.sandboxUrl(s!.id, 8080),
       (e: unknown) => e instanceof DormantApiError && e.code === 'PROXY_DISABLED',
+    );
+  });
+});
+
+/**
+ * SIGHUP and the log file: a real `dormant serve --config` whose log goes to its own file
+ * (0600, rotated by size, two old files kept). A tenant's policy default added to the file and
+ * a SIGHUP: the next sandbox of that tenant is paused by it; an invalid file is refused (the
+ * error names file and key) and the daemon keeps serving on the configuration it had.
+ */
+describe('dormant serve: SIGHUP reload and --log-file', () => {
+  let dir: string;
+  let config: string;
+  let logPath: string;
+  let daemon: ChildProcess | undefined;
+  let stderr = '';
+  let admin: DormantClient;
+  const base = {
+    listen: '127.0.0.1:0',
+    dataDir: 'data',
+    proxy: { enabled: false },
+    policy: { interval: '200ms' },
+    sandbox: { allowedSourceRoots: ['images'] },
+    // Every request logged, so the test can make the log grow past its limit.
+    log: true,
+    logFile: 'log/dormant.log',
+    logMaxSize: '32K',
+    logKeep: 2,
+  };
+
+  /** The log file's lines so far, each parsed (a line that is not JSON fails the test). */
+  const logLines = async (): Promise<Record<string, unknown>[]> =>
+    (await readFile(logPath, 'utf8').catch(() => ''))
+      .split('\n')
+      .filter((l) => l !== '')
+      .map((l) => {
+        try {
+          return JSON.parse(l) as Record<string, unknown>;
+        } catch {
+          return assert.fail(`a log line that is not JSON: ${l}`);
+        }
+      });
+  const logLine = (what: string, match: (l: Record<string, unknown>) => boolean) =>
+    eventually(
+      what,
+      async () => {
+        const l = (await logLines()).find(match);
+        return l ?? Promise.reject(new Error((await readFile(logPath, 'utf8').catch(() => '')).slice(-1500)));
+      },
+      30_000,
+    );
+  const hangup = () => {
+    assert.ok(daemon && daemon.exitCode === null, `the daemon runs: ${stderr}`);
+    daemon.kill('SIGHUP');
+  };
+
+  before(async () => {
+    dir = await mkdtemp('/tmp/dormant-serve-reload-');
+    await buildBusyboxRootfs(join(dir, 'images', 'rootfs'));
+    config = join(dir, 'config.json');
+    logPath = join(dir, 'log', 'dormant.log');
+    await writeFile(config, JSON.stringify(base));
+    const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('DORMANT_')));
+    const child = spawn(process.execPath, [BIN, 'serve', '--config', config], {
+      env,
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    daemon = child;
+    child.stderr.setEncoding('utf8');
+    child.stderr.on('data', (d: string) => (stderr += d));
+    const serving = await eventually(
+      'the daemon serving (said in its log file)',
+      async () => {
+        if (child.exitCode !== null) throw new Error(`exited ${child.exitCode}: ${stderr}`);
+        const l = (await logLines()).find((x) => /^serving on /.test(String(x.msg)));
+        return l ?? Promise.reject(new Error('not yet'));
+      },
+      60_000,
+    );
+    const token = (await readFile(join(dir, 'data', 'admin-token'), 'utf8')).trim();
+    admin = new DormantClient({ url: String(serving.url), token });
+  });
+
+  after(async () => {
+    if (admin) {
+      for (const s of await admin.listSandboxes().catch(() => []))
+        await admin.remove(s.id).catch(() => undefined);
+    }
+    if (daemon && daemon.exitCode === null) {
+      const exited = new Promise((r) => daemon!.once('exit', r));
+      daemon.kill('SIGTERM');
+      await exited;
+    }
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  test('the log goes to its file, 0600, and not to stderr', async () => {
+    assert.equal((await stat(logPath)).mode & 0o777, 0o600);
+    assert.doesNotMatch(stderr, /serving on/);
+  });
+
+  test("a tenant's policy default added to the file applies after SIGHUP; a restart-only key is named", async () => {
+    const t = await admin.createToken({ tenant: 'acme' });
+    const acme = new DormantClient({ url: admin.url, token: t.token });
+    const make = () =>
+      acme.createSandbox({
+        rootfs: join(dir, 'images', 'rootfs'),
+        command: ['sleep', '1000'],
+        memory: '64M',
+      });
+    const before = await make();
+    // Under the node's default (hibernate after 15 min) it stays running.
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal((await acme.getSandbox(before.id)).state, 'running');
+
+    await writeFile(
+      config,
+      JSON.stringify({
+        ...base,
+        policy: { interval: '200ms', tenants: { acme: { pauseAfter: '1s' } } },
+        checkpoint: { timeout: '5m' },
+      }),
+    );
+    hangup();
+    await logLine(
+      'the live change logged',
+      (l) => l.key === 'policy.tenants.acme.pauseAfter' && l.to === '1s' && l.level === 30,
+    );
+    await logLine('the restart-only change named', (l) => l.key === 'checkpoint.timeout' && l.level === 40);
+    const after = await make();
+    await eventually(
+      "the new sandbox paused by its tenant's new default",
+      async () => assert.equal((await acme.getSandbox(after.id)).state, 'paused'),
+      30_000,
+    );
+  });
+
+  test('an invalid file is refused, naming file and key, and the daemon keeps serving as it was', async () => {
+    await writeFile(
+      config,
+      JSON.stringify({ ...base, policy: { interval: '200ms', tenants: { acme: { pauseAfter: 'soon' } } } }),
+    );
+    hangup();
+    const err = await logLine('the refusal', (l) => l.level === 50 && /not reloaded/.test(String(l.msg)));
+    assert.match(String(err.msg), new RegExp(`${config}: policy\\.tenants\\.acme\\.pauseAfter`));
+    assert.equal(daemon!.exitCode, null, 'still running');
+    assert.equal((await admin.health()).ok, true);
+    // The policy in force is still the last good one: acme's next sandbox is paused too.
+    const t = await admin.createToken({ tenant: 'acme' });
+    const acme = new DormantClient({ url: admin.url, token: t.token });
+    const sb = await acme.createSandbox({
+      rootfs: join(dir, 'images', 'rootfs'),
+      command: ['sleep', '1000'],
+      memory: '64M',
+    });
+    await eventually(
+      'paused by the kept default',
+      async () => assert.equal((await acme.getSandbox(sb.id)).state, 'paused'),
+      30_000,
+    );
+  });
+
+  test('the log file rotates past its size with two old ones kept; SIGHUP reopens it after an outside move', async () => {
+    // Each request is two lines of a few hundred bytes: enough for several rotations.
+    for (let i = 0; i < 400; i++) await admin.health();
+    const names = (await readdir(join(dir, 'log'))).sort();
+    assert.deepEqual(names, ['dormant.log', 'dormant.log.1', 'dormant.log.2']);
+    for (const n of names) {
+      const s = await stat(join(dir, 'log', n));
+      assert.equal(s.mode & 0o777, 0o600, `${n} private`);
+      assert.ok(s.size <= 32 * 1024, `${n} within its limit (${s.size})`);
+      for (const l of (await readFile(join(dir, 'log', n), 'utf8')).split('\n').filter((x) => x !== ''))
+        JSON.parse(l);
+    }
+    // logrotate's way: the file moved aside, then SIGHUP; new lines start a new file.
+    await rename(logPath, `${logPath}.moved`);
+    await writeFile(config, JSON.stringify(base)); // valid again
+    hangup();
+    await logLine('the reload, in a new file', (l) => /configuration reloaded/.test(String(l.msg)));
+    assert.equal((await logLines())[0]?.msg, 'SIGHUP: reloading the configuration', 'a new file');
+    assert.match(
+      await readFile(`${logPath}.moved`, 'utf8'),
+      /\/v1\/health/,
+      'the old lines stay where they were moved',
     );
   });
 });

@@ -12,7 +12,7 @@ import { errnoCode } from '../domain/errors.js';
 import type { PriceSheet } from '../domain/cost.js';
 import { formatTimings, type OperationTimings } from '../domain/timings.js';
 import { cgroupUsage } from '../sys/cgroup.js';
-import { createLogger, type Logger } from '../sys/log.js';
+import { createLogger, type LogLevel, type LogSink, type Logger } from '../sys/log.js';
 import { cpuFacts, diskFacts, userfaultfdFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import { TenantSecrets, openVault, type MasterKeySource, type Vault } from '../vault/index.js';
@@ -20,6 +20,7 @@ import { criuFeature, getCriu } from '../criu/criu.js';
 import { RuncRuntime, loadSeccompProfile, type RuncRuntimeOptions } from '../runtime/runc.js';
 import { prepareStaging, privateFolder, releaseStaging } from '../runtime/staging.js';
 import { SandboxController, systemClock, type ControllerOptions } from '../control/sandboxes.js';
+import type { PolicyDefaults } from '../control/policy.js';
 import { TrackingController } from '../control/activity.js';
 import { Meter, priceSheet } from '../control/meter.js';
 import { startWakeServices, type PolicyConfig, type ProxyConfig, type WakeServices } from '../api/wake.js';
@@ -107,7 +108,42 @@ export interface Daemon {
   log: Logger;
   /** The E2B front, when on. */
   e2b: E2bFront | undefined;
+  /** Applies settings that change live (`dormant serve` on SIGHUP), from the next use on. */
+  reconfigure(s: LiveSettings): void;
   close(): Promise<void>;
+}
+
+/**
+ * What a running daemon changes without a restart. Each is read where it is used (a create,
+ * an import, a policy pass, a cost report, a log line), so a new value takes effect there from
+ * the next use on; what is built once at start (listeners, the runtime, body limits of routes,
+ * loops' timers) needs a restart (docs/CONFIG.md, "Reloading").
+ */
+export interface LiveSettings {
+  logLevel: LogLevel;
+  policyDefaults: PolicyDefaults;
+  allowedSourceRoots: string[];
+  defaultDiskBytes: number;
+  defaultEgress: NonNullable<ControllerOptions['defaultEgress']>;
+  keepCheckpoints: number;
+  importLimits: NonNullable<ControllerOptions['importLimits']>;
+  maxUploadBytes: number;
+  prices: Partial<PriceSheet>;
+}
+
+/** The live part of a configuration. */
+export function liveSettings(c: DaemonConfig): LiveSettings {
+  return {
+    logLevel: c.logLevel,
+    policyDefaults: { node: c.policy.defaults, tenants: c.policy.tenants },
+    allowedSourceRoots: c.sandbox.allowedSourceRoots,
+    defaultDiskBytes: c.sandbox.diskBytes,
+    defaultEgress: { node: c.egress.default, tenants: c.egress.tenants },
+    keepCheckpoints: c.checkpoint.keep,
+    importLimits: c.importLimits,
+    maxUploadBytes: c.api.maxUploadBytes,
+    prices: c.meter.prices,
+  };
 }
 
 /** The vault's master key as the configuration names it (a command runs with /bin/sh -c). */
@@ -115,11 +151,12 @@ export function masterKeySource(c: DaemonConfig): MasterKeySource {
   return 'command' in c.masterKey ? { command: '/bin/sh', args: ['-c', c.masterKey.command] } : c.masterKey;
 }
 
-/** The one place the configuration becomes the daemon's options. */
-export function optionsFromConfig(c: DaemonConfig): DaemonOptions {
+/** The one place the configuration becomes the daemon's options; `sink`: the log's file, if any. */
+export function optionsFromConfig(c: DaemonConfig, sink?: LogSink): DaemonOptions {
   const log = createLogger({
     level: c.logLevel,
     ...(c.logFormat !== 'auto' ? { format: c.logFormat } : {}),
+    ...(sink !== undefined ? { sink } : {}),
   });
   return {
     dataDir: c.dataDir,
@@ -279,7 +316,9 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   images.start(gcIntervalMs ?? 0, warn);
   const settings: Partial<Record<keyof ControllerSettings, unknown>> = {};
   for (const k of CONTROLLER_SETTINGS) if (opts[k] !== undefined) settings[k] = opts[k];
-  const controller = new TrackingController({
+  // Kept, with the policy's defaults, the prices and the server's options below: reconfigure
+  // replaces the live settings in these objects, which their users read on each use.
+  const controllerOpts: ControllerOptions = {
     ...(settings as ControllerSettings),
     // One line per hibernate, resume and fork, with the request's id when an API call made it.
     onTimings: (t: OperationTimings) => {
@@ -302,12 +341,13 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
     usage: (id) => cgroupUsage(`/dormant/${id}`),
     platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
-  });
+  };
+  const controller = new TrackingController(controllerOpts);
   // Rows from before sealing: their values sealed now, and the database rewritten so the old
   // pages and WAL frames holding them in clear are gone from its files.
   if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) store.compact();
   const reconciled = await controller.reconcile();
-  const app = buildServer({
+  const serverOpts: ServerOptions = {
     controller,
     store,
     checkpointVault: vault,
@@ -317,13 +357,15 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     bodyLimitBytes: opts.bodyLimitBytes,
     execBodyLimitBytes: opts.execBodyLimitBytes,
     maxUploadBytes: opts.maxUploadBytes,
-  });
+  };
+  const app = buildServer(serverOpts);
+  const prices = priceSheet(opts.prices);
   const clock = opts.clock ?? systemClock;
   const meter = new Meter({
     source: controller,
     store,
     clock,
-    prices: priceSheet(opts.prices),
+    prices,
     intervalMs: opts.meterIntervalMs!,
     freeDiskBytes: async () => (await diskFacts(dataDir)).freeBytes,
     attribution: () => vault.attribution(),
@@ -332,6 +374,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   registerCostRoutes(app, meter);
   registerImageRoutes(app, images);
   meter.start();
+  const policyDefaults: PolicyDefaults = { ...(opts.policy ? opts.policy.defaults : {}) };
   const wake = await startWakeServices({
     controller,
     store,
@@ -340,7 +383,9 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     dataDir,
     apiListen: listen,
     ...(opts.proxy !== undefined ? { proxy: opts.proxy } : {}),
-    ...(opts.policy !== undefined ? { policy: opts.policy } : {}),
+    ...(opts.policy !== undefined
+      ? { policy: opts.policy && { ...opts.policy, defaults: policyDefaults } }
+      : {}),
     warn,
   });
   let e2b: E2bFront | undefined;
@@ -380,6 +425,19 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     meter,
     reconciled,
     e2b,
+    reconfigure(s: LiveSettings) {
+      log.level = s.logLevel;
+      app.log.level = s.logLevel;
+      policyDefaults.node = s.policyDefaults.node;
+      policyDefaults.tenants = s.policyDefaults.tenants;
+      controllerOpts.allowedSourceRoots = s.allowedSourceRoots;
+      controllerOpts.defaultDiskBytes = s.defaultDiskBytes;
+      controllerOpts.defaultEgress = s.defaultEgress;
+      controllerOpts.keepCheckpoints = s.keepCheckpoints;
+      controllerOpts.importLimits = s.importLimits;
+      serverOpts.maxUploadBytes = s.maxUploadBytes;
+      Object.assign(prices, priceSheet(s.prices));
+    },
     async close() {
       // Pages still streaming from the vault's page server: let them finish first.
       await controller.settleLazyRestores();

@@ -29,6 +29,9 @@ export const DEFAULTS = {
   log: false,
   logLevel: 'info' as const,
   logFormat: 'auto' as const,
+  /** A log file rotates past 100 MiB; five old ones are kept: 600 MiB at most. */
+  logMaxBytes: 100 * 1024 ** 2,
+  logKeep: 5,
   debug: [] as string[],
   proxy: {
     enabled: true,

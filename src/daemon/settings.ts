@@ -78,6 +78,27 @@ export const SETTINGS: readonly Setting[] = [
     help: 'json (one object a line), text, or auto: text on a terminal, json elsewhere',
   },
   {
+    key: 'logFile',
+    kind: 'string',
+    env: 'DORMANT_LOG_FILE',
+    flag: '--log-file <file>',
+    help: 'write the log (JSON lines) to this file, mode 0600, instead of stderr; rotated by size',
+  },
+  {
+    key: 'logMaxSize',
+    kind: 'size',
+    env: 'DORMANT_LOG_MAX_SIZE',
+    flag: '--log-max-size <size>',
+    help: 'rotate the log file past this size (0: never, for logrotate: SIGHUP reopens it)',
+  },
+  {
+    key: 'logKeep',
+    kind: 'integer',
+    env: 'DORMANT_LOG_KEEP',
+    flag: '--log-keep <n>',
+    help: 'rotated log files kept (FILE.1 newest)',
+  },
+  {
     key: 'debug',
     kind: 'list',
     env: 'DORMANT_DEBUG',

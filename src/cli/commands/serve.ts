@@ -39,12 +39,21 @@ export function registerServe(program: Command): void {
     // Loaded here, not at the top: every other command starts without the daemon's modules.
     const { flagLayerRaw, loadConfig } = await import('../../daemon/config.js');
     const { optionsFromConfig, startDaemon } = await import('../../daemon/daemon.js');
+    const { configReloader } = await import('../../daemon/reload.js');
+    const { LogFile } = await import('../../sys/log.js');
     const values = cmd.opts() as Record<string, unknown>;
-    const { config, file } = loadConfig({
-      ...(o.config !== undefined ? { file: o.config } : {}),
-      flags: flagLayerRaw(values, (attr) => cmd.getOptionValueSource(attr) === 'cli'),
-    });
-    const d = await startDaemon(optionsFromConfig(config));
+    // Read again, the same way, on SIGHUP.
+    const load = () =>
+      loadConfig({
+        ...(o.config !== undefined ? { file: o.config } : {}),
+        flags: flagLayerRaw(values, (attr) => cmd.getOptionValueSource(attr) === 'cli'),
+      });
+    const { config, file } = load();
+    const logFile =
+      config.logFile !== undefined
+        ? new LogFile({ path: config.logFile, maxBytes: config.logMaxBytes, keep: config.logKeep })
+        : undefined;
+    const d = await startDaemon(optionsFromConfig(config, logFile));
     const { log } = d;
     for (const r of d.reconciled)
       log.info({ sandbox: r.id, from: r.from, to: r.to }, `reconciled ${r.id}: ${r.from} -> ${r.to}`);
@@ -55,11 +64,25 @@ export function registerServe(program: Command): void {
       `serving on ${d.url} (data in ${dataDir}; admin token in ${dataDir}/admin-token)`,
     );
     log.info(`dashboard at ${d.url}/ (\`dormant dashboard\` prints it signed in)`);
+    const reload = configReloader({ load, started: config, daemon: d, log });
+    // SIGHUP: the log file opened again (after logrotate moved it), then the configuration.
+    const onHangup = (): void => {
+      try {
+        logFile?.reopen();
+      } catch (e) {
+        process.stderr.write(`dormant: reopening ${config.logFile}: ${(e as Error).message}\n`);
+      }
+      log.info('SIGHUP: reloading the configuration');
+      reload();
+    };
+    process.on('SIGHUP', onHangup);
     await new Promise<void>((done) => {
       process.once('SIGINT', () => done());
       process.once('SIGTERM', () => done());
     });
+    process.off('SIGHUP', onHangup);
     log.info('shutting down (sandboxes keep running)');
     await d.close();
+    logFile?.close();
   });
 }

@@ -63,6 +63,8 @@ export function renderUnit(o: UnitOptions): string {
     '[Service]',
     'Type=simple',
     `ExecStart=${exec.join(' ')}`,
+    '# `systemctl reload dormant`: the configuration read again (docs/CONFIG.md, Reloading).',
+    'ExecReload=/bin/kill -HUP $MAINPID',
     ...(o.dataDir !== undefined ? [`Environment=DORMANT_DATA_DIR=${o.dataDir}`] : []),
     ...(o.listen !== undefined ? [`Environment=DORMANT_LISTEN=${o.listen}`] : []),
     'Restart=on-failure',

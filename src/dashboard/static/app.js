@@ -1,15 +1,30 @@
-// The dashboard: a plain ES module, no framework and no build step (the page is one table,
-// seven numbers and a list; a framework would outweigh it). It talks only to the HTTP API,
-// with the token the user pasted (localStorage) or passed once as /#token=... .
+// The dashboard: plain ES modules, no framework and no build step. This one is the list (a
+// table, seven numbers, a chart and a timeline) and the page's lifecycle; detail.js is a
+// sandbox's own page (#sandbox=ID); ui.js what both use. It talks only to the HTTP API, with
+// the token the user pasted (localStorage) or passed once as /#token=... .
 //
-// Data: GET /v1/sandboxes every few seconds and on every event; GET /v1/checkpoints for the
-// sizes of memory checkpoints (memory freed); GET /v1/cost?by=sandbox for what each sandbox
-// spent and what sleeping saved (the daemon's metering); GET /v1/events (server-sent events,
-// read with fetch because EventSource cannot send an Authorization header) from the first
-// transition, for the timeline and, on a daemon without /v1/cost, a labelled estimate. The
-// stream is read by the SDK's own reader (src/sdk/sse.ts), which the daemon serves compiled
-// as /dashboard/sse.js.
+// Data: GET /v1/sandboxes every few seconds and on every event (with the tenant and label
+// filters); GET /v1/checkpoints for the sizes of memory checkpoints (memory freed); GET
+// /v1/cost?by=sandbox for what each sandbox spent and what sleeping saved (the daemon's
+// metering); GET /v1/events (server-sent events, read with fetch because EventSource cannot
+// send an Authorization header) from the first transition, for the timeline, each sandbox's
+// events and, on a daemon without /v1/cost, a labelled estimate. The stream is read by the
+// SDK's own reader (src/sdk/sse.ts), which the daemon serves compiled as /dashboard/sse.js.
+// Whether the token is an admin's (who sees every tenant, and gets the tenant column and
+// filter) is asked of GET /v1/tokens, which answers admins only.
 import { readEventStream } from './sse.js';
+import { $, api, el, formatBytes, formatDuration, formatMoney, labelChips, session } from './ui.js';
+import {
+  act,
+  closeDetail,
+  detailOpen,
+  initDetail,
+  openDetail,
+  pending,
+  refreshDetail,
+  renderEvents,
+  scheduleDetailRefresh,
+} from './detail.js';
 
 /** Used only when the daemon has no /v1/cost; the page then says it is an estimate. */
 const ESTIMATE_PER_GIB_HOUR = 0.005;
@@ -18,66 +33,22 @@ const SLEEPING = new Set(['hibernated', 'archived']);
 const BUSY = new Set(['creating', 'hibernating', 'resuming', 'deleting']);
 const GIB = 1024 ** 3;
 
-const $ = (id) => document.getElementById(id);
 const state = {
-  token: '',
   sandboxes: [],
   checkpoints: new Map(),
   /** sandboxId -> transitions, oldest first. */
   history: new Map(),
   timeline: [],
-  pending: new Map(),
   events: null,
   /** The daemon's metering: { currency, totals, bySandbox }, or null (then: the estimate). */
   cost: null,
+  /** The list's filters: a tenant (admins), a label `key=value` or `key`. */
+  filter: { tenant: '', label: '' },
+  /** Tenants an admin can filter by: those of tokens and of sandboxes seen. */
+  tenants: new Set(),
 };
 
-// ---- formatting ------------------------------------------------------------------------
-export function formatBytes(n) {
-  if (!n) return '0 B';
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let i = 0;
-  while (n >= 1024 && i < units.length - 1) {
-    n /= 1024;
-    i++;
-  }
-  return `${n >= 10 || i === 0 ? Math.round(n) : n.toFixed(1)} ${units[i]}`;
-}
-
-export function formatDuration(ms) {
-  const s = Math.max(0, Math.floor(ms / 1000));
-  if (s < 60) return `${s}s`;
-  const m = Math.floor(s / 60);
-  if (m < 60) return `${m}m ${s % 60}s`;
-  const h = Math.floor(m / 60);
-  if (h < 48) return `${h}h ${m % 60}m`;
-  return `${Math.floor(h / 24)}d ${h % 24}h`;
-}
-
-/** Small amounts keep their digits (a sandbox-hour of memory is a fraction of a cent). */
-export function formatMoney(x, currency) {
-  const abs = Math.abs(x);
-  const digits = abs === 0 || abs >= 1 ? 2 : abs >= 0.01 ? 4 : 6;
-  let text = x.toFixed(digits);
-  // Rounded to nothing (or to minus nothing): say zero plainly.
-  if (Number(text) === 0) text = (0).toFixed(2);
-  return currency ? `${text} ${currency}` : `$${text}`;
-}
-
 const money = (x) => formatMoney(x, state.cost?.currency);
-
-// ---- API -------------------------------------------------------------------------------
-async function api(method, path) {
-  const res = await fetch(path, { method, headers: { authorization: `Bearer ${state.token}` } });
-  const body = res.headers.get('content-type')?.includes('json') ? await res.json() : await res.text();
-  if (!res.ok) {
-    const e = body?.error ?? { code: `HTTP_${res.status}`, message: String(body) };
-    const err = new Error(`${e.code}: ${e.message}${e.hint ? ` (${e.hint})` : ''}`);
-    err.status = res.status;
-    throw err;
-  }
-  return body;
-}
 
 /** Reads GET /v1/events as a stream and calls onTransition for each; reconnects after a drop. */
 function followEvents(onTransition) {
@@ -87,7 +58,7 @@ function followEvents(onTransition) {
     while (!ac.signal.aborted) {
       try {
         const res = await fetch(`/v1/events?since=${lastId}`, {
-          headers: { authorization: `Bearer ${state.token}` },
+          headers: { authorization: `Bearer ${session.token}` },
           signal: ac.signal,
         });
         if (res.status === 401) return signOut('the token was refused (revoked?)');
@@ -120,6 +91,10 @@ function onTransition(t) {
   if (state.timeline.length > 200) state.timeline.length = 200;
   renderTimeline();
   scheduleRefresh();
+  if (detailOpen()) {
+    renderEvents();
+    scheduleDetailRefresh();
+  }
 }
 
 /** Milliseconds spent holding memory and asleep, from the sandbox's transitions. */
@@ -158,16 +133,14 @@ function freedBytes(s) {
 }
 
 // ---- rendering -------------------------------------------------------------------------
-function el(tag, attrs = {}, ...children) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === 'class') e.className = v;
-    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
-    else if (v !== undefined && v !== false) e.setAttribute(k, v === true ? '' : String(v));
-  }
-  for (const c of children) if (c !== null && c !== undefined) e.append(c);
-  return e;
-}
+
+// ---- rendering -------------------------------------------------------------------------
+const openLink = (s) =>
+  el(
+    'a',
+    { href: `#sandbox=${encodeURIComponent(s.id)}`, title: 'its page: metrics, checkpoints, logs, events' },
+    s.name,
+  );
 
 function render() {
   const now = Date.now();
@@ -179,6 +152,7 @@ function render() {
   let saved = 0;
   let awake = 0;
   let asleep = 0;
+  for (const th of document.querySelectorAll('.col-tenant')) th.hidden = !session.admin;
   for (const s of state.sandboxes) {
     const c = costOf(s, now);
     cost += c.cost;
@@ -188,8 +162,8 @@ function render() {
     freed += f;
     if (SLEEPING.has(s.state)) asleep++;
     else if (s.state !== 'failed') awake++;
-    const pending = state.pending.get(s.id);
-    const busy = pending !== undefined || BUSY.has(s.state);
+    const doing = pending.get(s.id);
+    const busy = doing !== undefined || BUSY.has(s.state);
     const canHibernate = !busy && (s.state === 'running' || s.state === 'paused');
     const canResume = !busy && (s.state === 'paused' || SLEEPING.has(s.state));
     const memory =
@@ -199,61 +173,69 @@ function render() {
     body.append(
       el(
         'tr',
-        { 'data-sandbox': s.id, 'data-state': s.state },
-        el('td', {}, el('b', {}, s.name), s.name !== s.id ? el('span', { class: 'id' }, s.id) : null),
+        { 'data-sandbox': s.id, 'data-state': s.state, 'data-tenant': s.tenant },
+        el('td', {}, el('b', {}, openLink(s)), s.name !== s.id ? el('span', { class: 'id' }, s.id) : null),
+        session.admin ? el('td', { 'data-testid': 'tenant' }, s.tenant) : null,
         el(
           'td',
           {},
-          el(
-            'span',
-            { class: `state s-${s.state}`, 'data-testid': 'state' },
-            pending ? `${pending}…` : s.state,
-          ),
+          el('span', { class: `state s-${s.state}`, 'data-testid': 'state' }, doing ? `${doing}…` : s.state),
         ),
         el('td', { title: s.stateSince }, formatDuration(now - Date.parse(s.stateSince))),
         el('td', {}, memory),
         el('td', {}, money(c.cost)),
         el('td', {}, money(c.saved)),
+        el('td', {}, labelChips(s.labels, filterByLabel)),
         el(
           'td',
           { class: 'actions' },
-          el('button', { disabled: !canHibernate, onclick: () => act(s, 'hibernate') }, 'Hibernate'),
-          el('button', { disabled: !canResume, onclick: () => act(s, 'resume') }, 'Resume'),
+          el(
+            'button',
+            { disabled: !canHibernate, onclick: () => void rowAction(s, 'hibernate') },
+            'Hibernate',
+          ),
+          el('button', { disabled: !canResume, onclick: () => void rowAction(s, 'resume') }, 'Resume'),
         ),
       ),
     );
   }
-  $('empty').hidden = state.sandboxes.length > 0;
+  $('empty').hidden = state.sandboxes.length > 0 || filtered();
+  $('no-match').hidden = state.sandboxes.length > 0 || !filtered();
   $('t-count').textContent = String(state.sandboxes.length);
   $('t-awake').textContent = String(awake);
   $('t-asleep').textContent = String(asleep);
   $('t-held').textContent = formatBytes(held);
   $('t-freed').textContent = formatBytes(freed);
-  $('t-cost').textContent = money(state.cost ? state.cost.totals.spent : cost);
-  $('t-saved').textContent = money(state.cost ? state.cost.totals.saved : saved);
+  // Filtered, the totals are those of the rows shown; else the daemon's own (which also
+  // count sandboxes deleted within its window).
+  const whole = state.cost && !filtered();
+  $('t-cost').textContent = money(whole ? state.cost.totals.spent : cost);
+  $('t-saved').textContent = money(whole ? state.cost.totals.saved : saved);
   $('cost-metered').hidden = !state.cost;
   $('cost-estimate').hidden = !!state.cost;
 }
 
 function renderTimeline() {
   const names = new Map(state.sandboxes.map((s) => [s.id, s.name]));
+  const t = state.filter.tenant;
   $('timeline').replaceChildren(
     ...state.timeline
+      .filter((x) => !t || x.tenant === t)
       .slice(0, 100)
-      .map((t) =>
+      .map((x) =>
         el(
           'li',
-          { 'data-to': t.to, 'data-sandbox': t.sandboxId },
-          el('time', { datetime: t.at, title: t.at }, new Date(t.at).toLocaleTimeString()),
-          el('b', {}, names.get(t.sandboxId) ?? t.sandboxId),
+          { 'data-to': x.to, 'data-sandbox': x.sandboxId },
+          el('time', { datetime: x.at, title: x.at }, new Date(x.at).toLocaleTimeString()),
+          el('b', {}, names.get(x.sandboxId) ?? x.sandboxId),
           el(
             'span',
             {},
-            t.from ? el('span', { class: `s-${t.from}` }, t.from) : '(new)',
+            x.from ? el('span', { class: `s-${x.from}` }, x.from) : '(new)',
             ' → ',
-            el('span', { class: `s-${t.to}` }, t.to),
+            el('span', { class: `s-${x.to}` }, x.to),
           ),
-          el('span', { class: 'reason' }, t.reason),
+          el('span', { class: 'reason' }, x.reason),
         ),
       ),
   );
@@ -264,21 +246,46 @@ function showError(message) {
   $('error').hidden = !message;
 }
 
-async function act(s, op) {
-  state.pending.set(s.id, op === 'hibernate' ? 'hibernating' : 'resuming');
+async function rowAction(s, op) {
   showError(null);
-  render();
   try {
-    await api('POST', `/v1/sandboxes/${encodeURIComponent(s.id)}/${op}`);
+    await act(s, op, render);
   } catch (e) {
     showError(`${op} ${s.name}: ${e.message}`);
-  } finally {
-    state.pending.delete(s.id);
-    await refresh();
   }
+  await refresh();
 }
 
-// ---- chart ------------------------------------------------------------------------------
+// ---- filters ---------------------------------------------------------------------------
+const filtered = () => state.filter.tenant !== '' || state.filter.label !== '';
+
+function filterByLabel(k, v) {
+  state.filter.label = `${k}=${v}`;
+  $('f-label').value = state.filter.label;
+  if (detailOpen()) location.hash = '';
+  void refresh();
+}
+
+function renderTenantFilter() {
+  const select = $('f-tenant');
+  $('f-tenant-wrap').hidden = !session.admin;
+  if (!session.admin) return;
+  const want = ['', ...[...state.tenants].sort()];
+  const have = [...select.options].map((o) => o.value);
+  if (want.join('\n') !== have.join('\n')) {
+    select.replaceChildren(...want.map((t) => el('option', { value: t }, t || 'all tenants')));
+  }
+  select.value = state.filter.tenant;
+}
+
+function listQuery() {
+  // The largest page: the table shows every sandbox of a node this size.
+  const q = new URLSearchParams({ limit: '1000' });
+  if (state.filter.tenant) q.set('tenant', state.filter.tenant);
+  if (state.filter.label) q.append('label', state.filter.label);
+  return q.toString();
+}
+
 /** Cumulative spent against always-warm over the metered window, as two SVG lines. */
 function renderChart(series, currency) {
   const svg = $('cost-chart');
@@ -323,8 +330,7 @@ function scheduleRefresh() {
 async function refresh() {
   try {
     const [{ sandboxes }, { checkpoints }, cost] = await Promise.all([
-      // The largest page: the table shows every sandbox of a node this size.
-      api('GET', '/v1/sandboxes?limit=1000'),
+      api('GET', `/v1/sandboxes?${listQuery()}`),
       api('GET', '/v1/checkpoints'),
       // A daemon without metering answers 404: the page falls back to its estimate.
       api('GET', '/v1/cost?by=sandbox&points=48').catch((e) => {
@@ -338,7 +344,9 @@ async function refresh() {
       bySandbox: new Map((cost.sandboxes ?? []).map((r) => [r.sandboxId, r])),
     };
     state.sandboxes = sandboxes;
+    for (const s of sandboxes) state.tenants.add(s.tenant);
     state.checkpoints = new Map(checkpoints.map((c) => [c.id, c]));
+    renderTenantFilter();
     renderChart(cost?.series ?? [], cost?.currency ?? '');
     render();
     renderTimeline();
@@ -357,24 +365,60 @@ function signOut(why) {
   localStorage.removeItem('dormant.token');
   state.events?.();
   state.events = null;
-  state.token = '';
+  session.token = '';
+  session.admin = false;
+  closeDetail();
   $('app').hidden = true;
   $('signout').hidden = true;
   $('login').hidden = false;
+  $('whoami').textContent = '';
   $('conn').textContent = why ?? 'not connected';
   $('conn').classList.remove('live');
 }
 
+/** Admin or tenant: GET /v1/tokens answers admins (with every token's tenant) and 403 to others. */
+async function whoAmI() {
+  try {
+    const { tokens } = await api('GET', '/v1/tokens');
+    session.admin = true;
+    for (const t of tokens) if (!t.revokedAt) state.tenants.add(t.tenant);
+  } catch (e) {
+    if (e.status !== 403) throw e;
+    session.admin = false;
+  }
+  $('whoami').textContent = session.admin ? 'admin: every tenant' : 'one tenant';
+}
+
 async function start(token) {
-  state.token = token;
+  state.events?.();
+  session.token = token;
   state.history.clear();
   state.timeline = [];
+  state.tenants.clear();
+  state.filter = { tenant: '', label: '' };
+  $('f-label').value = '';
   $('login').hidden = true;
-  $('app').hidden = false;
   $('signout').hidden = false;
+  try {
+    await whoAmI();
+  } catch (e) {
+    if (e.status === 401) return signOut('the token was refused');
+    showError(e.message);
+  }
+  route();
   await refresh();
-  if (!state.token) return;
+  if (!session.token) return;
   state.events = followEvents(onTransition);
+}
+
+/** The view the fragment names: a sandbox's page (#sandbox=ID), else the list. */
+function route() {
+  const m = /^#sandbox=([^&]+)/.exec(location.hash);
+  if (m) return openDetail(decodeURIComponent(m[1]));
+  closeDetail();
+  document.title = 'dormant';
+  $('app').hidden = false;
+  scheduleRefresh();
 }
 
 /** A token in the fragment (never sent to a server) is saved, then removed from the address bar. */
@@ -390,13 +434,20 @@ function tokenFromHash() {
 function boot() {
   $('price').textContent = `$${ESTIMATE_PER_GIB_HOUR}`;
   tokenFromHash();
-  // Pasting a /#token=... address into an open tab changes only the fragment: no reload.
+  initDetail({
+    history: state.history,
+    onLabel: filterByLabel,
+    onChange: (message) => {
+      if (message) showError(null);
+      if (message) $('notice').textContent = message;
+      scheduleRefresh();
+    },
+  });
   window.addEventListener('hashchange', () => {
+    // Pasting a /#token=... address into an open tab changes only the fragment: no reload.
     const t = tokenFromHash();
-    if (t) {
-      state.events?.();
-      void start(t);
-    }
+    if (t) return void start(t);
+    if (session.token) route();
   });
   $('login').addEventListener('submit', (e) => {
     e.preventDefault();
@@ -407,9 +458,27 @@ function boot() {
     void start(t);
   });
   $('signout').addEventListener('click', () => signOut());
-  // Time in state and costs move on their own.
-  setInterval(() => state.token && render(), 1000);
-  setInterval(() => state.token && void refresh(), 5000);
+  $('f-tenant').addEventListener('change', () => {
+    state.filter.tenant = $('f-tenant').value;
+    void refresh();
+  });
+  $('filters').addEventListener('submit', (e) => {
+    e.preventDefault();
+    state.filter.label = $('f-label').value.trim();
+    void refresh();
+  });
+  $('f-clear').addEventListener('click', () => {
+    state.filter = { tenant: '', label: '' };
+    $('f-label').value = '';
+    void refresh();
+  });
+  // Time in state and costs move on their own; metrics and logs without any transition.
+  setInterval(() => session.token && render(), 1000);
+  setInterval(() => {
+    if (!session.token) return;
+    void refresh();
+    if (detailOpen()) void refreshDetail();
+  }, 5000);
   const saved = localStorage.getItem('dormant.token');
   if (saved) void start(saved);
   else signOut();
