@@ -35,7 +35,18 @@ import type { EgressPolicy } from '../domain/egress.js';
 import { egressCounters, nodeResolvers, resolveHosts } from './egress.js';
 import { ipv4, parseSubnet, setUpNetwork, type EgressSetUp, type Subnet } from './network.js';
 import { resolvConfPath } from './oci.js';
-import { mountOverlay } from './rootfs.js';
+import { mountOverlay, unmount } from './rootfs.js';
+import {
+  DEFAULT_USER_NAMESPACE,
+  checkUserNamespace,
+  locateIdmapHelper,
+  makeUserNamespace,
+  mountIdmapped,
+  ownLayerRoot,
+  userNamespacePinned,
+  walkableTo,
+  type UserNamespace,
+} from './userns.js';
 import { privateFolder } from './staging.js';
 import type { CallOptions, SandboxNetwork, SandboxSpec } from './runtime.js';
 
@@ -92,6 +103,13 @@ export interface RuncRuntimeOptions {
   egressRefresh?: boolean;
   /** The shortest time a name's answer is kept, whatever its TTL. Default 30 s. */
   egressRefreshMinMs?: number;
+  /**
+   * A user namespace for every new sandbox (userns.ts): `true` maps its ids 0..65535 to host
+   * ids from 100000 (DEFAULT_USER_NAMESPACE), an object to another range. Default false. A
+   * sandbox keeps what it was made with: one made without keeps running (and restoring)
+   * without, whatever this says later.
+   */
+  userNamespace?: boolean | UserNamespace;
 }
 
 /** Where the default seccomp profile lives: data the operator can read, beside the code. */
@@ -131,6 +149,11 @@ export interface SandboxRecord {
   spec: Readonly<SandboxSpec>;
   slot: number;
   network: SandboxNetwork;
+  /**
+   * The sandbox's user namespace, fixed when it is made: the files of its writable layer are
+   * owned by these host ids and its checkpoints are dumped in it. Absent: none.
+   */
+  userns?: UserNamespace;
 }
 
 export interface RuncState {
@@ -310,6 +333,11 @@ export class RuncHost {
 
   private readonly egressRefreshMinMs: number | undefined;
 
+  /** The user namespace new sandboxes get (undefined: none). */
+  protected readonly userNamespace: UserNamespace | undefined;
+
+  private idmapHelper: Promise<string | undefined> | undefined;
+
   /** Per sandbox with host names in its egress list: what they resolved to, and when next. */
   private readonly egressNames = new Map<string, { addresses: string[]; dueAt: number }>();
 
@@ -345,6 +373,12 @@ export class RuncHost {
     this.apparmorProfile =
       options.apparmorProfile !== undefined && hostHasAppArmor() ? options.apparmorProfile : undefined;
     this.egressResolvers = options.egressResolvers ?? nodeResolvers();
+    this.userNamespace =
+      options.userNamespace === true
+        ? DEFAULT_USER_NAMESPACE
+        : options.userNamespace === undefined || options.userNamespace === false
+          ? undefined
+          : checkUserNamespace(options.userNamespace);
     this.egressRefreshMinMs = options.egressRefreshMinMs;
     if (options.egressRefresh === true)
       // unref: the timer never keeps a process alive; each tick looks at what is due.
@@ -458,6 +492,22 @@ export class RuncHost {
    */
   protected netDir(): string {
     return this.netSlotDir;
+  }
+
+  /** The file the sandbox's user namespace is pinned on (userns.ts). */
+  protected userPin(id: string): string {
+    return join(this.dir(id), 'userns');
+  }
+
+  /** Where the shared rootfs is mounted idmapped for a sandbox with a user namespace. */
+  protected idmappedLower(id: string): string {
+    return join(this.dir(id), 'idmapped');
+  }
+
+  /** The sandbox's root filesystem (the overlay) is unmounted, then its idmapped lower layer. */
+  protected async unmountRootfs(id: string, signal?: AbortSignal): Promise<void> {
+    await unmount(join(this.bundle(id), 'rootfs'), signal);
+    await unmount(this.idmappedLower(id), signal);
   }
 
   /** The sandbox's writable layer: its filesystem diff, to archive. */
@@ -606,20 +656,49 @@ export class RuncHost {
     }
   }
 
+  /**
+   * A sandbox in a user namespace: its network namespace, made by runc (after create) or CRIU
+   * (after restore), pinned and wired (veth, addresses, firewall, egress) from process `pid`.
+   */
+  protected async adoptNetwork(rec: SandboxRecord, pid: number, signal?: AbortSignal): Promise<void> {
+    const egress = await this.egressSetUp(rec);
+    await setUpNetwork(rec.network, rec.spec.ports ?? [], {
+      markerPath: join(this.dir(rec.spec.id), 'network.done'),
+      adoptFrom: pid,
+      ...(signal !== undefined ? { signal } : {}),
+      ...(egress !== undefined ? { egress } : {}),
+    });
+  }
+
   /** Everything a container needs on the host: network, log collector, mounted rootfs. */
   protected async ensureHostSide(rec: SandboxRecord, signal?: AbortSignal, mount = true): Promise<void> {
     const id = rec.spec.id;
     const egress = await this.egressSetUp(rec);
-    await setUpNetwork(rec.network, rec.spec.ports ?? [], {
-      markerPath: join(this.dir(id), 'network.done'),
-      signal,
-      ...(egress !== undefined ? { egress } : {}),
-    });
+    // With a user namespace the network namespace is runc's or CRIU's, adopted afterwards.
+    if (rec.userns === undefined)
+      await setUpNetwork(rec.network, rec.spec.ports ?? [], {
+        markerPath: join(this.dir(id), 'network.done'),
+        signal,
+        ...(egress !== undefined ? { egress } : {}),
+      });
     await ensureCollector(join(this.dir(id), 'log'), signal);
     if (!mount) return;
+    let lower = rec.spec.rootfs;
+    if (rec.userns !== undefined) {
+      // The shared rootfs through an idmapped mount (owned by the sandbox's root), the layer's
+      // top owned by it too, and a path to the overlay the mapped root can walk (runc mounts
+      // it from inside the user namespace).
+      lower = this.idmappedLower(id);
+      this.idmapHelper ??= locateIdmapHelper();
+      if (!(await userNamespacePinned(this.userPin(id))))
+        await makeUserNamespace(this.userPin(id), rec.userns, signal);
+      await mountIdmapped(await this.idmapHelper, this.userPin(id), rec.spec.rootfs, lower, signal);
+      await ownLayerRoot(this.upperDir(id), rec.userns);
+      await walkableTo(join(this.bundle(id), 'rootfs'), this.stateDir);
+    }
     await mountOverlay(
       {
-        lower: rec.spec.rootfs,
+        lower,
         upper: this.upperDir(id),
         work: join(this.dir(id), 'fs', 'work'),
         target: join(this.bundle(id), 'rootfs'),
