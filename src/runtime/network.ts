@@ -301,6 +301,7 @@ async function setUp(
     await ip(['-n', net.netns, 'link', 'set', 'lo', 'up'], signal);
     if (!(await linkExists('eth0', net.netns))) {
       if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, signal);
+      if (adoptFrom !== undefined) await dropHold(net, signal);
       const peer = `${net.hostInterface}c`;
       await ip(['link', 'add', net.hostInterface, 'type', 'veth', 'peer', 'name', peer], signal);
       await ip(['link', 'set', peer, 'netns', net.netns], signal);
@@ -358,6 +359,7 @@ async function sameNamespace(name: string, pid: number): Promise<boolean> {
  * fork. The host end comes back with neither address nor state.
  */
 async function adoptLink(net: SandboxNetwork, signal?: AbortSignal): Promise<void> {
+  await dropHold(net, signal);
   await ip(['-n', net.netns, 'addr', 'flush', 'dev', 'eth0'], signal);
   await ip(['-n', net.netns, 'addr', 'add', `${net.address}/${net.prefixLength}`, 'dev', 'eth0'], signal);
   await ip(['-n', net.netns, 'link', 'set', 'eth0', 'up'], signal);
@@ -382,6 +384,24 @@ export function releaseNetwork(
     if (await netnsExists(net.netns)) await ip(['netns', 'del', net.netns], opts.signal);
     // The host end goes with its peer a moment later; gone now, so a restore can take its name.
     if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, opts.signal);
+    // Without the link, the host would route the sandbox's address out of its default route:
+    // it is held unreachable until the link is back (dropHold).
+    await ip(['route', 'replace', 'unreachable', linkPrefix(net)], opts.signal);
+  });
+}
+
+/** The sandbox's /30, as a route prefix. */
+function linkPrefix(net: SandboxNetwork): string {
+  const host = net.hostAddress.split('.').reduce((acc, o) => acc * 256 + Number(o), 0);
+  return `${ipv4(host - 1)}/${String(net.prefixLength)}`;
+}
+
+/** Removes the unreachable route releaseNetwork held the sandbox's /30 with, if there is one. */
+async function dropHold(net: SandboxNetwork, signal?: AbortSignal): Promise<void> {
+  await run('ip', ['route', 'del', 'unreachable', linkPrefix(net)], {
+    timeoutMs: IP_TIMEOUT_MS,
+    okExitCodes: [0, 2],
+    ...(signal !== undefined ? { signal } : {}),
   });
 }
 
@@ -449,4 +469,5 @@ async function tearDown(
   await removeEgress(net);
   if (await netnsExists(net.netns)) await ip(['netns', 'del', net.netns], signal);
   if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, signal);
+  await dropHold(net, signal);
 }

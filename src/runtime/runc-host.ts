@@ -22,7 +22,7 @@
  * from the bundle) and is removed when the container ends (stop, so also after a checkpoint;
  * destroy): a hibernated sandbox's environment is nowhere in clear.
  */
-import { chmod, mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createHash } from 'node:crypto';
 import { dirname, join } from 'node:path';
 import { accessSync, readFileSync } from 'node:fs';
@@ -32,7 +32,7 @@ import { run, type RunResult } from '../sys/exec.js';
 import { exists } from '../sys/fs.js';
 import { ensureCollector } from './log-collector.js';
 import type { EgressPolicy } from '../domain/egress.js';
-import { egressCounters, nodeResolvers, resolveHosts } from './egress.js';
+import { egressCounters, nodeResolvers, resolvConfText, resolveHosts } from './egress.js';
 import { ipv4, parseSubnet, setUpNetwork, type EgressSetUp, type Subnet } from './network.js';
 import { resolvConfPath } from './oci.js';
 import { mountOverlay, unmount } from './rootfs.js';
@@ -674,12 +674,17 @@ export class RuncHost {
   protected async ensureHostSide(rec: SandboxRecord, signal?: AbortSignal, mount = true): Promise<void> {
     const id = rec.spec.id;
     const egress = await this.egressSetUp(rec);
-    // With a user namespace the network namespace is runc's or CRIU's, adopted afterwards.
+    // With a user namespace the network namespace is runc's or CRIU's, adopted afterwards;
+    // the resolv.conf runc binds in must be there before.
     if (rec.userns === undefined)
       await setUpNetwork(rec.network, rec.spec.ports ?? [], {
         markerPath: join(this.dir(id), 'network.done'),
         signal,
         ...(egress !== undefined ? { egress } : {}),
+      });
+    else if (egress !== undefined)
+      await writeFile(egress.resolvConfPath, resolvConfText(egress.policy, egress.resolvers), {
+        mode: 0o644,
       });
     await ensureCollector(join(this.dir(id), 'log'), signal);
     if (!mount) return;

@@ -20,7 +20,18 @@
  * in its writable layer with the mapped ids (root's files as `hostId`).
  */
 import { spawn } from 'node:child_process';
-import { access, chmod, chown, constants, mkdir, readdir, readlink, stat, writeFile } from 'node:fs/promises';
+import {
+  access,
+  chmod,
+  chown,
+  constants,
+  mkdir,
+  readFile,
+  readdir,
+  readlink,
+  stat,
+  writeFile,
+} from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
@@ -218,6 +229,20 @@ export async function ownImages(imagesDir: string, map: UserNamespace): Promise<
       await chown(join(imagesDir, e.name), map.hostId, map.hostId);
       await chmod(join(imagesDir, e.name), 0o644);
     }
+}
+
+/**
+ * Why a lazy restore cannot work for a sandbox in a user namespace here, or undefined: CRIU
+ * opens the userfaultfd in the restored root task, inside the sandbox's user namespace, which
+ * the kernel allows only with vm.unprivileged_userfaultfd = 1 (CRIU does not use
+ * /dev/userfaultfd). The daemon then resumes eagerly. (The sandbox itself cannot use
+ * userfaultfd either way: the seccomp profile refuses it.)
+ */
+export async function lazyRestoreInUserNamespace(): Promise<string | undefined> {
+  const v = await readFile('/proc/sys/vm/unprivileged_userfaultfd', 'utf8').catch(() => '0');
+  return v.trim() === '1'
+    ? undefined
+    : 'sandboxes have user namespaces and vm.unprivileged_userfaultfd is 0 (CRIU opens userfaultfd inside the namespace)';
 }
 
 /**
