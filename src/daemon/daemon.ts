@@ -18,7 +18,7 @@ import { SqliteStateStore } from '../state/sqlite.js';
 import { TenantSecrets, openVault, type MasterKeySource, type Vault } from '../vault/index.js';
 import { criuFeature, getCriu } from '../criu/criu.js';
 import { RuncRuntime, loadSeccompProfile, type RuncRuntimeOptions } from '../runtime/runc.js';
-import { lazyRestoreInUserNamespace } from '../runtime/userns.js';
+import { DEFAULT_USER_NAMESPACE, idMapsOf, lazyRestoreInUserNamespace } from '../runtime/userns.js';
 import { prepareStaging, privateFolder, releaseStaging } from '../runtime/staging.js';
 import { SandboxController, systemClock, type ControllerOptions } from '../control/sandboxes.js';
 import { TrackingController } from '../control/activity.js';
@@ -296,6 +296,10 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   for (const k of CONTROLLER_SETTINGS) if (opts[k] !== undefined) settings[k] = opts[k];
   const controller = new TrackingController({
     ...(settings as ControllerSettings),
+    // An imported checkpoint must then carry the sandboxes' user namespace, mapped as theirs.
+    ...(opts.userNamespace === true
+      ? { checkpointProfile: { userNamespace: idMapsOf(DEFAULT_USER_NAMESPACE) } }
+      : {}),
     // One line per hibernate, resume and fork, with the request's id when an API call made it.
     onTimings: (t: OperationTimings) => {
       const ms = Math.round(t.totalMs);

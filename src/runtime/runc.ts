@@ -58,7 +58,7 @@ import { exists } from '../sys/fs.js';
 import { engineBindsOf, ensureEngineBinds } from './engine-binds.js';
 import { endLazyPagesIn, keepRestoreLog, startLazyPages, watchRestore } from './runc-restore.js';
 import { agentStarter, endOutsideTimeNamespace } from './runc-agent.js';
-import { ownImages } from './userns.js';
+import { imagesHaveUserNamespace, ownImages } from './userns.js';
 
 export { DEFAULT_SECCOMP_PROFILE, loadSeccompProfile, type RuncRuntimeOptions } from './runc-host.js';
 
@@ -463,6 +463,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
   private async restoreFromImages(id: string, options: RestoreOptions): Promise<RestoreResult> {
     const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
     const rec = await this.readRecord(id);
+    await assertSameUserNamespace(id, rec, opts.imagesDir);
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
     // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
     // checkpoint (a fork, a template) must answer to its own hostname from its first
@@ -825,6 +826,28 @@ export class RuncRuntime extends RuncHost implements Runtime {
   async rootfsMounted(id: string): Promise<boolean> {
     return isMountPoint(join(this.bundle(id), 'rootfs'));
   }
+}
+
+/**
+ * A checkpoint is restored only into a sandbox with the same user namespace setting: CRIU makes
+ * the namespaces the images record, whatever the sandbox's config says, so a checkpoint taken
+ * without one would come back with the host's root, and one taken in one would not find the
+ * network namespace a sandbox without one has.
+ */
+async function assertSameUserNamespace(id: string, rec: SandboxRecord, imagesDir: string): Promise<void> {
+  const images = await imagesHaveUserNamespace(imagesDir);
+  if (images === (rec.userns !== undefined)) return;
+  throw new DormantError(
+    ErrorCode.RUNTIME_RESTORE_FAILED,
+    images
+      ? `restore of sandbox ${id} refused: its checkpoint was taken in a user namespace, and the sandbox has none`
+      : `restore of sandbox ${id} refused: its checkpoint was taken without a user namespace (before the node gave sandboxes one, or imported from elsewhere), and the sandbox has one`,
+    {
+      hint: images
+        ? 'resume it on a daemon with sandbox.userNamespace on'
+        : 'archive the sandbox the checkpoint came from and resume it (it restarts from its files), or resume it on a daemon without sandbox.userNamespace',
+    },
+  );
 }
 
 /**

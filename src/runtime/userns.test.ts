@@ -93,4 +93,27 @@ describe('a sandbox in a user namespace (real runc + CRIU)', { skip }, () => {
     assert.deepEqual(uidMapAfter, [0, MAP.hostId, MAP.size], 'restored into the user namespace');
     await rt.destroy(id);
   });
+
+  test('a checkpoint taken without a user namespace is refused by name by a sandbox that has one', async () => {
+    const plain = new RuncRuntime({ stateDir: join(folders.tmp, 'plain'), criuPath: CRIU });
+    const mapped = new RuncRuntime({
+      stateDir: join(folders.tmp, 'mapped'),
+      criuPath: CRIU,
+      userNamespace: MAP,
+    });
+    runtimes.push(plain, mapped);
+    const from = `plain-${suffix}`;
+    await plain.create(spec(from));
+    await plain.start(from);
+    const imagesDir = join(folders.shm, 'plain-images');
+    await plain.checkpoint(from, { imagesDir, workDir: join(folders.tmp, 'plain-work') });
+    const to = `mapped-${suffix}`;
+    await mapped.prepare(spec(to));
+    await assert.rejects(
+      mapped.restore(to, { imagesDir, workDir: join(folders.tmp, 'mapped-work') }),
+      (e: Error & { hint?: string }) =>
+        /taken without a user namespace/.test(e.message) && /archive/.test(e.hint ?? ''),
+    );
+    assert.equal((await mapped.state(to)).status, 'absent', 'nothing was restored');
+  });
 });

@@ -37,6 +37,7 @@ import { fileURLToPath } from 'node:url';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { run } from '../sys/exec.js';
 import { isMountPoint } from './rootfs.js';
+import type { IdExtent } from '../criu/images/messages.js';
 
 /** Host ids a sandbox's ids map to: 0..size-1 inside are hostId..hostId+size-1 outside. */
 export interface UserNamespace {
@@ -52,6 +53,12 @@ export interface UserNamespace {
 export const DEFAULT_USER_NAMESPACE: UserNamespace = Object.freeze({ hostId: 100_000, size: 65_536 });
 
 const TIMEOUT_MS = 15_000;
+
+/** The range as CRIU records a user namespace's maps (what an imported checkpoint is held to). */
+export function idMapsOf(u: UserNamespace): { uidMap: IdExtent[]; gidMap: IdExtent[] } {
+  const extent = { first: 0, lowerFirst: u.hostId, count: u.size };
+  return { uidMap: [{ ...extent }], gidMap: [{ ...extent }] };
+}
 
 /** Checks a range from the configuration: whole numbers, root inside never root outside. */
 export function checkUserNamespace(u: UserNamespace): UserNamespace {
