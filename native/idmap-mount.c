@@ -2,7 +2,8 @@
  * dormant-idmap-mount USERNS SRC DST
  *
  * Mounts the folder SRC at DST as an idmapped, read-only bind mount, mapped through the user
- * namespace file USERNS (a sandbox's, pinned by the runtime): a file owned by uid/gid N in SRC
+ * namespace file USERNS (/proc/PID/ns/user of a process the runtime started in a namespace with
+ * the sandbox's maps; the mount keeps its own reference): a file owned by uid/gid N in SRC
  * appears owned by whatever N maps to in that namespace (root's files: by the sandbox's host
  * root, 100000 say). A sandbox's root filesystem is shared by every sandbox made from the
  * same image and owned by the host's root; the lower layer of its overlay is this mount, so

@@ -40,10 +40,8 @@ import {
   DEFAULT_USER_NAMESPACE,
   checkUserNamespace,
   locateIdmapHelper,
-  makeUserNamespace,
   mountIdmapped,
   ownLayerRoot,
-  userNamespacePinned,
   walkableTo,
   type UserNamespace,
 } from './userns.js';
@@ -494,11 +492,6 @@ export class RuncHost {
     return this.netSlotDir;
   }
 
-  /** The file the sandbox's user namespace is pinned on (userns.ts). */
-  protected userPin(id: string): string {
-    return join(this.dir(id), 'userns');
-  }
-
   /** Where the shared rootfs is mounted idmapped for a sandbox with a user namespace. */
   protected idmappedLower(id: string): string {
     return join(this.dir(id), 'idmapped');
@@ -695,9 +688,7 @@ export class RuncHost {
       // it from inside the user namespace).
       lower = this.idmappedLower(id);
       this.idmapHelper ??= locateIdmapHelper();
-      if (!(await userNamespacePinned(this.userPin(id))))
-        await makeUserNamespace(this.userPin(id), rec.userns, signal);
-      await mountIdmapped(await this.idmapHelper, this.userPin(id), rec.spec.rootfs, lower, signal);
+      await mountIdmapped(await this.idmapHelper, rec.userns, rec.spec.rootfs, lower, signal);
       await ownLayerRoot(this.upperDir(id), rec.userns);
       await walkableTo(join(this.bundle(id), 'rootfs'), this.stateDir);
     }

@@ -3,17 +3,16 @@
  * `hostId`, and ids 1..size-1 follow), so whatever escapes the sandbox's other walls lands as a
  * nobody on the host, with no capability over the host's files, keyrings or devices.
  *
- * The namespace is made by the runtime, before the container, and pinned (bind-mounted on a
- * file in the sandbox's folder) with the sandbox's network namespace made inside it:
- *
- * - The network namespace must be owned by the sandbox's user namespace. One made on the host
- *   (`ip netns add`) belongs to the host's: runc exec then cannot join it, and CRIU refuses to
- *   dump the sandbox ("namespaces doesn't belong to the target user namespace").
- * - The user namespace must outlive the container. runc joins it (`linux.namespaces[user].path`)
- *   and, at restore, asks CRIU to join it too (CRIU's `--join-ns user:PATH`, which runc passes
- *   for every namespace given by path but network and pid); CRIU then joins the pinned network
- *   namespace (external, as without a user namespace) from inside its owner. A user namespace
- *   CRIU made afresh at restore could not enter the pinned network namespace.
+ * runc makes the user namespace (OCI `uidMappings`/`gidMappings`) and the network namespace
+ * inside it, so that the sandbox's user namespace owns its network namespace: one made on the
+ * host (`ip netns add`, as for sandboxes without a user namespace) belongs to the host's, and
+ * then `runc exec` cannot join it and CRIU refuses to dump the sandbox. The runtime adopts the
+ * namespace runc made after `runc create` (pins it as `ip netns` would, and wires its veth:
+ * network.ts `adoptFrom`). A checkpoint dumps the namespace with the processes; at restore CRIU
+ * makes a new user namespace (the dumped maps) and a network namespace inside it, which the
+ * runtime adopts and wires in the same way. (CRIU cannot restore into a pinned network
+ * namespace here: its root task is cloned into a new user namespace first, which does not own
+ * the pinned one, and `--join-ns user:` is applied only after that.)
  *
  * The shared root filesystem stays owned by the host's root: the sandbox sees it through an
  * idmapped mount (native/idmap-mount.c) as the overlay's lower layer, and what it writes lands
@@ -101,16 +100,12 @@ async function nsLink(pid: number | 'self', kind: string): Promise<string | unde
 }
 
 /**
- * Makes a user namespace with `map` and pins it on `userPin` (a file, bind-mounted), replacing
- * one pinned there before: a process is started in a new one (`unshare --user`), its maps are
- * written from here, its namespace pinned, and it is ended. The pin is what the idmapped lower
- * layer maps through (mount_setattr needs a user namespace holding the mapping).
+ * Runs `fn` with the path of a user namespace that maps as `map` (`/proc/PID/ns/user`): a
+ * process is started in a new one (`unshare --user`), its maps are written from here, and it is
+ * ended after `fn`. An idmapped mount keeps its own reference to the namespace, so nothing needs
+ * to pin it.
  */
-export async function makeUserNamespace(
-  userPin: string,
-  map: UserNamespace,
-  signal?: AbortSignal,
-): Promise<void> {
+async function withUserNamespace<T>(map: UserNamespace, fn: (nsPath: string) => Promise<T>): Promise<T> {
   const child = spawn('unshare', ['--user', '--', 'sleep', '60'], { stdio: 'ignore' });
   const exited = new Promise<void>((res) => child.once('exit', () => res()));
   child.once('error', () => undefined);
@@ -125,43 +120,26 @@ export async function makeUserNamespace(
         readlink(`/proc/${String(pid)}/exe`).catch(() => ''),
       ]);
       if (u !== undefined && u !== own && exe.endsWith('/sleep')) break;
-      if (i > 2000 || child.exitCode !== null || signal?.aborted)
-        throw new Error('unshare --user did not make a namespace');
+      if (i > 2000 || child.exitCode !== null) throw new Error('unshare --user did not make a namespace');
       await new Promise((r) => setTimeout(r, 2));
     }
     const line = `0 ${String(map.hostId)} ${String(map.size)}\n`;
     await writeFile(`/proc/${String(pid)}/uid_map`, line);
     await writeFile(`/proc/${String(pid)}/gid_map`, line);
-    await writeFile(userPin, '', { flag: 'a', mode: 0o600 });
-    if (await isMountPoint(userPin)) await run('umount', [userPin], { timeoutMs: TIMEOUT_MS, signal });
-    await run('mount', ['--bind', `/proc/${String(pid)}/ns/user`, userPin], {
-      timeoutMs: TIMEOUT_MS,
-      signal,
-    });
-  } catch (e) {
-    throw new DormantError(
-      ErrorCode.RUNTIME_ROOTFS_FAILED,
-      `a user namespace for ${userPin} could not be made: ${(e as Error).message}`,
-      { cause: e, hint: 'user namespaces need unshare (util-linux) and user.max_user_namespaces > 0' },
-    );
+    return await fn(`/proc/${String(pid)}/ns/user`);
   } finally {
     child.kill('SIGKILL');
     await exited;
   }
 }
 
-/** True when `userPin` holds a user namespace (it was pinned and the node has not rebooted since). */
-export async function userNamespacePinned(userPin: string): Promise<boolean> {
-  return isMountPoint(userPin);
-}
-
 /**
- * Mounts `source` at `target` read-only, idmapped through the user namespace pinned at `userPin`
- * (root's files appear as the sandbox's root's), unless something is mounted there already.
+ * Mounts `source` at `target` read-only, idmapped as `map` (root's files appear as the
+ * sandbox's root's), unless something is mounted there already.
  */
 export async function mountIdmapped(
   helper: string | undefined,
-  userPin: string,
+  map: UserNamespace,
   source: string,
   target: string,
   signal?: AbortSignal,
@@ -175,14 +153,19 @@ export async function mountIdmapped(
     );
   await mkdir(target, { recursive: true, mode: 0o700 });
   try {
-    await run(helper, [userPin, source, target], { timeoutMs: TIMEOUT_MS, signal });
+    await withUserNamespace(map, (ns) =>
+      run(helper, [ns, source, target], {
+        timeoutMs: TIMEOUT_MS,
+        ...(signal !== undefined ? { signal } : {}),
+      }),
+    );
   } catch (e) {
     throw new DormantError(
       ErrorCode.RUNTIME_ROOTFS_FAILED,
       `could not mount the root filesystem idmapped for the sandbox's user namespace: ${(e as Error).message}`,
       {
         cause: e,
-        hint: 'idmapped mounts need Linux >= 5.12 and a filesystem that supports them (ext4, xfs, btrfs, tmpfs >= 6.3)',
+        hint: 'idmapped mounts need Linux >= 5.12, unshare (util-linux), user.max_user_namespaces > 0 and a filesystem that supports them (ext4, xfs, btrfs, tmpfs >= 6.3)',
       },
     );
   }
