@@ -2,6 +2,8 @@
 # Builds dormant's native helpers into build/native/ (git-ignored):
 #   dormant-cuda-ckpt  moves a process's CUDA state out of the GPU and back (docs/GPU.md).
 #   dormant-agent      the toolbox agent started inside each sandbox (native/agent/, docs/ARCHITECTURE.md).
+#   dormant-idmap-mount  a sandbox's shared root filesystem idmapped into its user namespace
+#                        (native/idmap-mount.c, docs/SECURITY.md); user namespaces need it.
 # They need only gcc and libc. The cuda helper opens libcuda at run time, so it builds and runs
 # on machines without an NVIDIA driver (and says so). The agent is linked statically: it runs
 # inside sandboxes whose root filesystem may have no libc at all (or another one). Without gcc
@@ -34,5 +36,10 @@ bin="$out/dormant-agent"
 agent_src=(native/agent/*.c)
 if stale "$bin" "${agent_src[@]}" native/agent/agent.h; then
   "$cc" -static -O2 -Wall -Wextra -Werror -pthread -o "$bin.tmp.$$" "${agent_src[@]}"
+  mv "$bin.tmp.$$" "$bin"
+fi
+bin="$out/dormant-idmap-mount"
+if stale "$bin" native/idmap-mount.c; then
+  "$cc" -O2 -Wall -Wextra -Werror -o "$bin.tmp.$$" native/idmap-mount.c
   mv "$bin.tmp.$$" "$bin"
 fi

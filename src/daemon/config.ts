@@ -57,6 +57,8 @@ export interface DaemonConfig {
     allowedSourceRoots: string[];
     seccompProfile: string;
     apparmorProfile?: string;
+    /** A user namespace for every new sandbox (root inside a host nobody; runtime/userns.ts). */
+    userNamespace: boolean;
     /** Disk quota of a sandbox's writable layer when its create names none. */
     diskBytes: number;
   };
@@ -165,6 +167,7 @@ const Layer = z.strictObject({
       allowedSourceRoots: z.array(z.string().min(1)).optional(),
       seccompProfile: z.string().min(1).optional(),
       apparmorProfile: z.string().min(1).optional(),
+      userNamespace: bool.optional(),
       diskQuota: size.optional(),
     })
     .optional(),
@@ -475,6 +478,7 @@ function resolveConfig(l: Layer): DaemonConfig {
       allowedSourceRoots: l.sandbox?.allowedSourceRoots ?? [],
       seccompProfile: l.sandbox?.seccompProfile ?? D.sandbox.seccompProfile,
       ...(l.sandbox?.apparmorProfile !== undefined ? { apparmorProfile: l.sandbox.apparmorProfile } : {}),
+      userNamespace: l.sandbox?.userNamespace ?? D.sandbox.userNamespace,
       diskBytes: l.sandbox?.diskQuota ?? D.sandbox.diskBytes,
     },
     checkpoint: {
@@ -652,6 +656,7 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       allowedSourceRoots: c.sandbox.allowedSourceRoots,
       seccompProfile: c.sandbox.seccompProfile,
       ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
+      userNamespace: c.sandbox.userNamespace,
       diskQuota: exactSize(c.sandbox.diskBytes),
     },
     checkpoint: { keep: c.checkpoint.keep, timeout: exactDuration(c.checkpoint.timeoutMs) },

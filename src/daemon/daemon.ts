@@ -18,6 +18,7 @@ import { SqliteStateStore } from '../state/sqlite.js';
 import { TenantSecrets, openVault, type MasterKeySource, type Vault } from '../vault/index.js';
 import { criuFeature, getCriu } from '../criu/criu.js';
 import { RuncRuntime, loadSeccompProfile, type RuncRuntimeOptions } from '../runtime/runc.js';
+import { DEFAULT_USER_NAMESPACE, idMapsOf, lazyRestoreInUserNamespace } from '../runtime/userns.js';
 import { prepareStaging, privateFolder, releaseStaging } from '../runtime/staging.js';
 import { SandboxController, systemClock, type ControllerOptions } from '../control/sandboxes.js';
 import type { PolicyDefaults } from '../control/policy.js';
@@ -53,7 +54,12 @@ type ControllerSettings = Pick<ControllerOptions, (typeof CONTROLLER_SETTINGS)[n
 /** ... to the runtime (documented on RuncRuntimeOptions). */
 type RuntimeSettings = Pick<
   RuncRuntimeOptions,
-  'checkpointTimeoutMs' | 'restoreTimeoutMs' | 'apparmorProfile' | 'egressResolvers' | 'egressRefreshMinMs'
+  | 'checkpointTimeoutMs'
+  | 'restoreTimeoutMs'
+  | 'apparmorProfile'
+  | 'egressResolvers'
+  | 'egressRefreshMinMs'
+  | 'userNamespace'
 >;
 /** ... to the API server (documented on ServerOptions). */
 type ServerSettings = Pick<ServerOptions, 'bodyLimitBytes' | 'execBodyLimitBytes' | 'maxUploadBytes'>;
@@ -166,6 +172,7 @@ export function optionsFromConfig(c: DaemonConfig, sink?: LogSink): DaemonOption
     log,
     seccompProfile: c.sandbox.seccompProfile,
     ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
+    ...(c.sandbox.userNamespace ? { userNamespace: true } : {}),
     allowedSourceRoots: c.sandbox.allowedSourceRoots,
     defaultDiskBytes: c.sandbox.diskBytes,
     defaultEgress: { node: c.egress.default, tenants: c.egress.tenants },
@@ -235,9 +242,14 @@ function parseListen(listen: string): { host: string; port: number } {
 async function lazyRestoreProblem(
   criuPath: string,
   env: Record<string, string>,
+  userNamespace: boolean,
 ): Promise<string | undefined> {
   const uffd = await userfaultfdFacts();
   if (!uffd.available) return uffd.detail;
+  if (userNamespace) {
+    const why = await lazyRestoreInUserNamespace();
+    if (why !== undefined) return why;
+  }
   if (!(await criuFeature(criuPath, 'uffd-noncoop', { env })))
     return 'criu check --feature uffd-noncoop fails';
   return undefined;
@@ -273,7 +285,9 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   await privateFolder(bundleDir);
   await mkdir(dataDir, { recursive: true, mode: 0o700 });
   // Private whatever an older version (or the operator's mkdir) made it: it holds tenant data.
-  await chmod(dataDir, 0o700);
+  // With user namespaces, searchable (not listable) by others: a sandbox's mapped root walks
+  // through it to its root filesystem (runtime/userns.ts).
+  await chmod(dataDir, opts.userNamespace === true ? 0o701 : 0o700);
   const store = new SqliteStateStore(join(dataDir, 'state.db'));
   const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
   if (!store.listTokens().some((t) => t.hash === hashToken(admin.token))) {
@@ -300,6 +314,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     restoreTimeoutMs: opts.restoreTimeoutMs,
     seccomp: loadSeccompProfile(opts.seccompProfile!),
     ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
+    ...(opts.userNamespace !== undefined ? { userNamespace: opts.userNamespace } : {}),
     ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
     ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
     egressRefresh: true,
@@ -320,6 +335,10 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   // replaces the live settings in these objects, which their users read on each use.
   const controllerOpts: ControllerOptions = {
     ...(settings as ControllerSettings),
+    // An imported checkpoint must then carry the sandboxes' user namespace, mapped as theirs.
+    ...(opts.userNamespace === true
+      ? { checkpointProfile: { userNamespace: idMapsOf(DEFAULT_USER_NAMESPACE) } }
+      : {}),
     // One line per hibernate, resume and fork, with the request's id when an API call made it.
     onTimings: (t: OperationTimings) => {
       const ms = Math.round(t.totalMs);
@@ -336,7 +355,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     templates: store.templates(),
     imageCacheDir: join(dataDir, 'images'),
     images,
-    lazyRestoreProbe: opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env)),
+    lazyRestoreProbe:
+      opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env, opts.userNamespace === true)),
     warn,
     // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
     usage: (id) => cgroupUsage(`/dormant/${id}`),

@@ -175,6 +175,14 @@ export const SETTINGS: readonly Setting[] = [
     help: 'an AppArmor profile loaded on this host, for every sandbox',
   },
   {
+    key: 'sandbox.userNamespace',
+    kind: 'boolean',
+    env: 'DORMANT_USER_NAMESPACE',
+    flag: '--user-namespace',
+    flagSets: true,
+    help: 'a user namespace for every new sandbox: root inside is host uid 100000 (docs/SECURITY.md)',
+  },
+  {
     key: 'sandbox.diskQuota',
     kind: 'size',
     env: 'DORMANT_DISK_QUOTA',

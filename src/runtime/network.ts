@@ -225,6 +225,12 @@ export function setUpNetwork(
     markerPath: string;
     signal?: AbortSignal;
     egress?: EgressSetUp;
+    /**
+     * The pid of a process whose network namespace becomes the sandbox's (pinned as
+     * `ip netns` would), instead of one made here: a sandbox in a user namespace, whose network
+     * namespace runc made inside it (created) or CRIU did (restored; its veth pair with it).
+     */
+    adoptFrom?: number;
     /** Only a network already set up (its marker there): a refresh that must not revive one torn down. */
     onlyIfSetUp?: boolean;
   },
@@ -264,9 +270,9 @@ async function locked<T>(key: string, fn: () => Promise<T>): Promise<T> {
 async function setUp(
   net: SandboxNetwork,
   ports: readonly number[],
-  opts: { markerPath: string; signal?: AbortSignal; egress?: EgressSetUp },
+  opts: { markerPath: string; signal?: AbortSignal; egress?: EgressSetUp; adoptFrom?: number },
 ): Promise<void> {
-  const { signal, egress } = opts;
+  const { signal, egress, adoptFrom } = opts;
   const rules = firewallRules(net, ports, egress?.policy);
   const hostRules = egress !== undefined ? sandboxRules(net, egress.policy, egress) : '';
   const resolvConf = egress !== undefined ? resolvConfText(egress.policy, egress.resolvers) : '';
@@ -275,7 +281,12 @@ async function setUp(
       netns: identity,
       rules: createHash('sha256').update(rules).update(hostRules).update(resolvConf).digest('hex'),
     });
-  const before = await netnsIdentity(net.netns);
+  let before = await netnsIdentity(net.netns);
+  if (before !== undefined && adoptFrom !== undefined && !(await sameNamespace(net.netns, adoptFrom))) {
+    // The pin holds an earlier namespace (a crash before it was released): replaced.
+    await ip(['netns', 'del', net.netns], signal);
+    before = undefined;
+  }
   if (before !== undefined) {
     try {
       if ((await readFile(opts.markerPath, 'utf8')) === want(before)) return;
@@ -284,10 +295,13 @@ async function setUp(
     }
   }
   try {
-    if (before === undefined) await ip(['netns', 'add', net.netns], signal);
+    if (before === undefined && adoptFrom !== undefined)
+      await ip(['netns', 'attach', net.netns, String(adoptFrom)], signal);
+    else if (before === undefined) await ip(['netns', 'add', net.netns], signal);
     await ip(['-n', net.netns, 'link', 'set', 'lo', 'up'], signal);
     if (!(await linkExists('eth0', net.netns))) {
       if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, signal);
+      if (adoptFrom !== undefined) await dropHold(net, signal);
       const peer = `${net.hostInterface}c`;
       await ip(['link', 'add', net.hostInterface, 'type', 'veth', 'peer', 'name', peer], signal);
       await ip(['link', 'set', peer, 'netns', net.netns], signal);
@@ -308,7 +322,7 @@ async function setUp(
       await ip(['-n', net.netns, 'route', 'add', 'default', 'via', net.hostAddress], signal);
       await ip(['addr', 'add', `${net.hostAddress}/${net.prefixLength}`, 'dev', net.hostInterface], signal);
       await ip(['link', 'set', net.hostInterface, 'up'], signal);
-    }
+    } else if (adoptFrom !== undefined) await adoptLink(net, signal);
     await run('ip', ['netns', 'exec', net.netns, 'iptables-restore'], {
       timeoutMs: IP_TIMEOUT_MS,
       signal,
@@ -330,12 +344,75 @@ async function setUp(
   if (identity !== undefined) await writeFile(opts.markerPath, want(identity), { mode: 0o600 });
 }
 
+/** Whether the namespace pinned as `name` is the network namespace of process `pid`. */
+async function sameNamespace(name: string, pid: number): Promise<boolean> {
+  const [pinned, theirs] = await Promise.all([
+    stat(join(NETNS_DIR, name)),
+    stat(`/proc/${String(pid)}/ns/net`),
+  ]);
+  return pinned.dev === theirs.dev && pinned.ino === theirs.ino;
+}
+
+/**
+ * The link CRIU restored (its `veth-pair eth0=<host end>`: the pair is made again with the
+ * namespace) given this sandbox's addresses: the checkpoint's are another sandbox's for a
+ * fork. The host end comes back with neither address nor state.
+ */
+async function adoptLink(net: SandboxNetwork, signal?: AbortSignal): Promise<void> {
+  await dropHold(net, signal);
+  await ip(['-n', net.netns, 'addr', 'flush', 'dev', 'eth0'], signal);
+  await ip(['-n', net.netns, 'addr', 'add', `${net.address}/${net.prefixLength}`, 'dev', 'eth0'], signal);
+  await ip(['-n', net.netns, 'link', 'set', 'eth0', 'up'], signal);
+  await ip(['-n', net.netns, 'route', 'replace', 'default', 'via', net.hostAddress], signal);
+  await writeFile(`/proc/sys/net/ipv6/conf/${net.hostInterface}/disable_ipv6`, '1');
+  await ip(['addr', 'replace', `${net.hostAddress}/${net.prefixLength}`, 'dev', net.hostInterface], signal);
+  await ip(['link', 'set', net.hostInterface, 'up'], signal);
+}
+
+/**
+ * Unpins the sandbox's network namespace (one runc or CRIU made, see adoptFrom) once its
+ * processes are gone: the namespace and its veth pair go with the pin, so that the next restore
+ * can make both again under the same names. The host-side egress chain stays (it names the
+ * host end, which comes back).
+ */
+export function releaseNetwork(
+  net: SandboxNetwork,
+  opts: { markerPath: string; signal?: AbortSignal },
+): Promise<void> {
+  return locked(net.netns, async () => {
+    await rm(opts.markerPath, { force: true });
+    if (await netnsExists(net.netns)) await ip(['netns', 'del', net.netns], opts.signal);
+    // The host end goes with its peer a moment later; gone now, so a restore can take its name.
+    if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, opts.signal);
+    // Without the link, the host would route the sandbox's address out of its default route:
+    // it is held unreachable until the link is back (dropHold).
+    await ip(['route', 'replace', 'unreachable', linkPrefix(net)], opts.signal);
+  });
+}
+
+/** The sandbox's /30, as a route prefix. */
+function linkPrefix(net: SandboxNetwork): string {
+  const host = net.hostAddress.split('.').reduce((acc, o) => acc * 256 + Number(o), 0);
+  return `${ipv4(host - 1)}/${String(net.prefixLength)}`;
+}
+
+/** Removes the unreachable route releaseNetwork held the sandbox's /30 with, if there is one. */
+async function dropHold(net: SandboxNetwork, signal?: AbortSignal): Promise<void> {
+  await run('ip', ['route', 'del', 'unreachable', linkPrefix(net)], {
+    timeoutMs: IP_TIMEOUT_MS,
+    okExitCodes: [0, 2],
+    ...(signal !== undefined ? { signal } : {}),
+  });
+}
+
 /**
  * Removes CRIU's network lock if a failed dump or restore left it behind: while it is there
  * the sandbox's traffic is dropped. CRIU locks with nftables (a `CRIU-<pid>` table; criu.conf
  * asks for it) or, for checkpoints made before, with an iptables `CRIU` chain: both go.
  */
 export async function clearCriuNetworkLock(net: SandboxNetwork): Promise<void> {
+  // A namespace CRIU made is gone with a failed restore, and its lock with it.
+  if (!(await netnsExists(net.netns))) return;
   // nft may be missing (CRIU links libnftables itself): then there is nothing to list.
   const tables = await run('ip', ['netns', 'exec', net.netns, 'nft', 'list', 'tables'], {
     timeoutMs: IP_TIMEOUT_MS,
@@ -392,4 +469,5 @@ async function tearDown(
   await removeEgress(net);
   if (await netnsExists(net.netns)) await ip(['netns', 'del', net.netns], signal);
   if (await linkExists(net.hostInterface)) await deleteLink(net.hostInterface, signal);
+  await dropHold(net, signal);
 }

@@ -4,6 +4,7 @@
  */
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { SandboxSpec } from './runtime.js';
+import type { UserNamespace } from './userns.js';
 
 /** Smallest disk quota: ext4's journal and metadata take ~5 MiB of the image (quota.ts). */
 export const MIN_DISK_BYTES = 32 * 1024 * 1024;
@@ -157,6 +158,12 @@ export interface OciConfigInput {
   apparmorProfile?: string;
   /** The host sources of the spec's engine binds, by destination (runc.ts makes them). */
   engineBindSources?: Readonly<Record<string, string>>;
+  /**
+   * The sandbox's user namespace (userns.ts): runc makes it with these maps, and the network
+   * namespace inside it (`netnsPath` is then not joined: the runtime adopts the one runc made,
+   * and CRIU dumps and restores it). Absent: no user namespace.
+   */
+  userns?: UserNamespace;
 }
 
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -281,14 +288,21 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
         : {}),
       namespaces: [
         { type: 'pid' },
-        { type: 'network', path: input.netnsPath },
+        input.userns !== undefined ? { type: 'network' } : { type: 'network', path: input.netnsPath },
         { type: 'ipc' },
         { type: 'uts' },
         { type: 'mount' },
         // Its own cgroup namespace: /proc/self/cgroup and the cgroup mounts inside show `/`,
         // not the host's cgroup path of the sandbox (all but imports that had none).
         ...(spec.cgroupNamespace === false ? [] : [{ type: 'cgroup' }]),
+        ...(input.userns !== undefined ? [{ type: 'user' }] : []),
       ],
+      ...(input.userns !== undefined
+        ? {
+            uidMappings: [{ containerID: 0, hostID: input.userns.hostId, size: input.userns.size }],
+            gidMappings: [{ containerID: 0, hostID: input.userns.hostId, size: input.userns.size }],
+          }
+        : {}),
       ...(input.seccomp !== undefined ? { seccomp: input.seccomp } : {}),
       maskedPaths: [...MASKED_PATHS],
       readonlyPaths: [...READONLY_PATHS],
@@ -306,8 +320,10 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
  * made with the iptables lock still restore. `skip-in-flight`: a connection still in a
  * listening socket's accept queue (a client that arrived while the sandbox was frozen for its
  * dump) is left out of the dump instead of failing it; that client sees its connection reset
- * and connects again, as with `tcp-close`.
+ * and connects again, as with `tcp-close`. `veth-pair` (a sandbox in a user namespace, whose
+ * network namespace CRIU dumps and makes again): the restored eth0's peer on the host gets the
+ * sandbox's host-end name.
  */
-export function criuConfigText(): string {
-  return 'tcp-close\nnetwork-lock nftables\nskip-in-flight\n';
+export function criuConfigText(hostInterface?: string): string {
+  return `tcp-close\nnetwork-lock nftables\nskip-in-flight\n${hostInterface !== undefined ? `veth-pair eth0=${hostInterface}\n` : ''}`;
 }

@@ -22,7 +22,7 @@
  * from the bundle) and is removed when the container ends (stop, so also after a checkpoint;
  * destroy): a hibernated sandbox's environment is nowhere in clear.
  */
-import { chmod, mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { chmod, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createHash } from 'node:crypto';
 import { dirname, join } from 'node:path';
 import { accessSync, readFileSync } from 'node:fs';
@@ -32,10 +32,19 @@ import { run, type RunResult } from '../sys/exec.js';
 import { exists } from '../sys/fs.js';
 import { ensureCollector } from './log-collector.js';
 import type { EgressPolicy } from '../domain/egress.js';
-import { egressCounters, nodeResolvers, resolveHosts } from './egress.js';
+import { egressCounters, nodeResolvers, resolvConfText, resolveHosts } from './egress.js';
 import { ipv4, parseSubnet, setUpNetwork, type EgressSetUp, type Subnet } from './network.js';
 import { resolvConfPath } from './oci.js';
-import { mountOverlay } from './rootfs.js';
+import { mountOverlay, unmount } from './rootfs.js';
+import {
+  DEFAULT_USER_NAMESPACE,
+  checkUserNamespace,
+  locateIdmapHelper,
+  mountIdmapped,
+  ownLayerRoot,
+  walkableTo,
+  type UserNamespace,
+} from './userns.js';
 import { privateFolder } from './staging.js';
 import type { CallOptions, SandboxNetwork, SandboxSpec } from './runtime.js';
 
@@ -92,6 +101,13 @@ export interface RuncRuntimeOptions {
   egressRefresh?: boolean;
   /** The shortest time a name's answer is kept, whatever its TTL. Default 30 s. */
   egressRefreshMinMs?: number;
+  /**
+   * A user namespace for every new sandbox (userns.ts): `true` maps its ids 0..65535 to host
+   * ids from 100000 (DEFAULT_USER_NAMESPACE), an object to another range. Default false. A
+   * sandbox keeps what it was made with: one made without keeps running (and restoring)
+   * without, whatever this says later.
+   */
+  userNamespace?: boolean | UserNamespace;
 }
 
 /** Where the default seccomp profile lives: data the operator can read, beside the code. */
@@ -131,6 +147,11 @@ export interface SandboxRecord {
   spec: Readonly<SandboxSpec>;
   slot: number;
   network: SandboxNetwork;
+  /**
+   * The sandbox's user namespace, fixed when it is made: the files of its writable layer are
+   * owned by these host ids and its checkpoints are dumped in it. Absent: none.
+   */
+  userns?: UserNamespace;
 }
 
 export interface RuncState {
@@ -310,6 +331,11 @@ export class RuncHost {
 
   private readonly egressRefreshMinMs: number | undefined;
 
+  /** The user namespace new sandboxes get (undefined: none). */
+  protected readonly userNamespace: UserNamespace | undefined;
+
+  private idmapHelper: Promise<string | undefined> | undefined;
+
   /** Per sandbox with host names in its egress list: what they resolved to, and when next. */
   private readonly egressNames = new Map<string, { addresses: string[]; dueAt: number }>();
 
@@ -345,6 +371,12 @@ export class RuncHost {
     this.apparmorProfile =
       options.apparmorProfile !== undefined && hostHasAppArmor() ? options.apparmorProfile : undefined;
     this.egressResolvers = options.egressResolvers ?? nodeResolvers();
+    this.userNamespace =
+      options.userNamespace === true
+        ? DEFAULT_USER_NAMESPACE
+        : options.userNamespace === undefined || options.userNamespace === false
+          ? undefined
+          : checkUserNamespace(options.userNamespace);
     this.egressRefreshMinMs = options.egressRefreshMinMs;
     if (options.egressRefresh === true)
       // unref: the timer never keeps a process alive; each tick looks at what is due.
@@ -458,6 +490,17 @@ export class RuncHost {
    */
   protected netDir(): string {
     return this.netSlotDir;
+  }
+
+  /** Where the shared rootfs is mounted idmapped for a sandbox with a user namespace. */
+  protected idmappedLower(id: string): string {
+    return join(this.dir(id), 'idmapped');
+  }
+
+  /** The sandbox's root filesystem (the overlay) is unmounted, then its idmapped lower layer. */
+  protected async unmountRootfs(id: string, signal?: AbortSignal): Promise<void> {
+    await unmount(join(this.bundle(id), 'rootfs'), signal);
+    await unmount(this.idmappedLower(id), signal);
   }
 
   /** The sandbox's writable layer: its filesystem diff, to archive. */
@@ -606,20 +649,52 @@ export class RuncHost {
     }
   }
 
+  /**
+   * A sandbox in a user namespace: its network namespace, made by runc (after create) or CRIU
+   * (after restore), pinned and wired (veth, addresses, firewall, egress) from process `pid`.
+   */
+  protected async adoptNetwork(rec: SandboxRecord, pid: number, signal?: AbortSignal): Promise<void> {
+    const egress = await this.egressSetUp(rec);
+    await setUpNetwork(rec.network, rec.spec.ports ?? [], {
+      markerPath: join(this.dir(rec.spec.id), 'network.done'),
+      adoptFrom: pid,
+      ...(signal !== undefined ? { signal } : {}),
+      ...(egress !== undefined ? { egress } : {}),
+    });
+  }
+
   /** Everything a container needs on the host: network, log collector, mounted rootfs. */
   protected async ensureHostSide(rec: SandboxRecord, signal?: AbortSignal, mount = true): Promise<void> {
     const id = rec.spec.id;
     const egress = await this.egressSetUp(rec);
-    await setUpNetwork(rec.network, rec.spec.ports ?? [], {
-      markerPath: join(this.dir(id), 'network.done'),
-      signal,
-      ...(egress !== undefined ? { egress } : {}),
-    });
+    // With a user namespace the network namespace is runc's or CRIU's, adopted afterwards;
+    // the resolv.conf runc binds in must be there before.
+    if (rec.userns === undefined)
+      await setUpNetwork(rec.network, rec.spec.ports ?? [], {
+        markerPath: join(this.dir(id), 'network.done'),
+        signal,
+        ...(egress !== undefined ? { egress } : {}),
+      });
+    else if (egress !== undefined)
+      await writeFile(egress.resolvConfPath, resolvConfText(egress.policy, egress.resolvers), {
+        mode: 0o644,
+      });
     await ensureCollector(join(this.dir(id), 'log'), signal);
     if (!mount) return;
+    let lower = rec.spec.rootfs;
+    if (rec.userns !== undefined) {
+      // The shared rootfs through an idmapped mount (owned by the sandbox's root), the layer's
+      // top owned by it too, and a path to the overlay the mapped root can walk (runc mounts
+      // it from inside the user namespace).
+      lower = this.idmappedLower(id);
+      this.idmapHelper ??= locateIdmapHelper();
+      await mountIdmapped(await this.idmapHelper, rec.userns, rec.spec.rootfs, lower, signal);
+      await ownLayerRoot(this.upperDir(id), rec.userns);
+      await walkableTo(join(this.bundle(id), 'rootfs'), this.stateDir);
+    }
     await mountOverlay(
       {
-        lower: rec.spec.rootfs,
+        lower,
         upper: this.upperDir(id),
         work: join(this.dir(id), 'fs', 'work'),
         target: join(this.bundle(id), 'rootfs'),

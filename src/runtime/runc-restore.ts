@@ -17,7 +17,7 @@ const KEPT_LOG_TAIL_BYTES = 1024 * 1024;
 /**
  * A restore whose CRIU log grows past this is taken as stuck: a truncated pages image makes
  * CRIU 4.2 retry a read at the end of the file forever, logging each try ("Advanced iov 0
- * bytes"), until the restore timeout. A healthy restore logs a few MiB at most.
+ * bytes" lazily, the restorer's "Preadv" / "returned 0" eagerly), until the restore timeout. A healthy restore logs a few MiB at most.
  */
 const RESTORE_LOG_LIMIT_BYTES = 64 * 1024 * 1024;
 
@@ -65,7 +65,11 @@ export function watchRestore(
         if (st.size > 64 * 1024) {
           const tailText = await readEnd(logPath, 16 * 1024).catch(() => '');
           const lines = tailText.split('\n').slice(1, -1);
-          const looping = lines.length > 100 && lines.every((l) => /Advanced iov 0 bytes/.test(l));
+          // Lazy restores loop on `Advanced iov 0 bytes`; eager ones (a sandbox in a user
+          // namespace without unprivileged userfaultfd) on the restorer's `Preadv`, `returned 0`.
+          const looping =
+            lines.length > 100 &&
+            lines.every((l) => /Advanced iov 0 bytes|pie: \d+: (Preadv .*iovs\)|`- returned 0)$/.test(l));
           spins = looping ? spins + 1 : 0;
           if (spins >= 2) end('criu is stuck in a loop reading a pages image (is it truncated?)');
         }

@@ -16,11 +16,12 @@ import {
   findSlot,
   releaseSlot,
   reserveSlot,
+  releaseNetwork,
   slotNetwork,
   tearDownNetwork,
 } from './network.js';
 import { buildOciConfig, compileSandboxSpec, criuConfigText } from './oci.js';
-import { isMountPoint, unmount, unmountAll } from './rootfs.js';
+import { isMountPoint, unmountAll } from './rootfs.js';
 import { removeCgroupEverywhere } from '../sys/cgroup.js';
 import { assertOwnFolder } from './staging.js';
 import { ensureLayer, releaseLayer, remountLayer } from './quota.js';
@@ -57,6 +58,7 @@ import { exists } from '../sys/fs.js';
 import { engineBindsOf, ensureEngineBinds } from './engine-binds.js';
 import { endLazyPagesIn, keepRestoreLog, startLazyPages, watchRestore } from './runc-restore.js';
 import { agentStarter, endOutsideTimeNamespace } from './runc-agent.js';
+import { imagesHaveUserNamespace, ownImages } from './userns.js';
 
 export { DEFAULT_SECCOMP_PROFILE, loadSeccompProfile, type RuncRuntimeOptions } from './runc-host.js';
 
@@ -141,7 +143,12 @@ export class RuncRuntime extends RuncHost implements Runtime {
         if (errnoCode(e) !== 'EEXIST') throw e;
       });
       const slot = await reserveSlot(this.netDir(), id, this.subnet);
-      rec = { spec: recordSpec(spec), slot, network: slotNetwork(id, this.subnet, slot) };
+      rec = {
+        spec: recordSpec(spec),
+        slot,
+        network: slotNetwork(id, this.subnet, slot),
+        ...(this.userNamespace !== undefined ? { userns: this.userNamespace } : {}),
+      };
       await writeFileAtomic(recordPath, JSON.stringify(rec, null, 2));
     }
     // The disk quota: the layer's image is mounted at fs/ before upper/ and work/ go in it.
@@ -155,7 +162,10 @@ export class RuncRuntime extends RuncHost implements Runtime {
     await privateFile(this.logPath(id));
     await privateFile(join(dir, 'runc.log'));
     const criuConf = join(dir, 'criu.conf');
-    await writeFileAtomic(criuConf, criuConfigText());
+    await writeFileAtomic(
+      criuConf,
+      criuConfigText(rec.userns !== undefined ? rec.network.hostInterface : undefined),
+    );
     const config = buildOciConfig({
       spec,
       engineBindSources: await ensureEngineBinds(dir, spec.engineBinds ?? []),
@@ -164,6 +174,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
       criuConfigPath: criuConf,
       ...(this.seccomp !== undefined ? { seccomp: this.seccomp } : {}),
       ...(this.apparmorProfile !== undefined ? { apparmorProfile: this.apparmorProfile } : {}),
+      ...(rec.userns !== undefined ? { userns: rec.userns } : {}),
     });
     await this.writeConfig(id, config);
     await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal, opts.mountRootfs !== false));
@@ -192,6 +203,17 @@ export class RuncRuntime extends RuncHost implements Runtime {
         `runc could not create sandbox ${id}${why ? `: ${why}` : ''}`,
         { cause: e, details: { runcLog: why } },
       );
+    }
+    const rec = await this.readRecord(id);
+    if (rec.userns !== undefined) {
+      // The network namespace runc made inside the sandbox's user namespace gets its veth.
+      const made = await this.state(id, opts);
+      if (made.pid === undefined)
+        throw new DormantError(
+          ErrorCode.RUNTIME_CREATE_FAILED,
+          `runc created sandbox ${id} without a process`,
+        );
+      await timed(opts, 'network', () => this.adoptNetwork(rec, made.pid!, opts.signal));
     }
     return this.state(id, opts);
   }
@@ -441,12 +463,16 @@ export class RuncRuntime extends RuncHost implements Runtime {
   private async restoreFromImages(id: string, options: RestoreOptions): Promise<RestoreResult> {
     const opts = { ...options, imagesDir: resolve(options.imagesDir), workDir: resolve(options.workDir) };
     const rec = await this.readRecord(id);
+    await assertSameUserNamespace(id, rec, opts.imagesDir);
     await mkdir(opts.workDir, { recursive: true, mode: 0o700 });
     // CRIU brings back the uts namespace as it was dumped; a sandbox restored from another's
     // checkpoint (a fork, a template) must answer to its own hostname from its first
     // instruction on: the name is written into the images before the restore.
     const hostname = rec.spec.hostname ?? id;
     const renamed = await timed(opts, 'hostname', () => setImagesHostname(opts.imagesDir, hostname));
+    // The restored root task reads some images itself, as the sandbox's root (userns.ts).
+    if (rec.userns !== undefined)
+      await timed(opts, 'images owner', () => ownImages(opts.imagesDir, rec.userns!));
     // The lazy-pages daemon needs only the images: it starts (~0.1-0.3 s, CRIU's own start)
     // while the container's state and host side are checked.
     const starting =
@@ -469,6 +495,12 @@ export class RuncRuntime extends RuncHost implements Runtime {
         await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
       }
       await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal));
+      // CRIU makes the network namespace and its veth pair again, under the same names.
+      if (rec.userns !== undefined)
+        await releaseNetwork(rec.network, {
+          markerPath: join(this.dir(id), 'network.done'),
+          signal: opts.signal,
+        });
       await this.ensureConfig(id);
       offset = await this.runcLogSize(id);
       await rm(pidFile, { force: true });
@@ -552,6 +584,8 @@ export class RuncRuntime extends RuncHost implements Runtime {
             signal: opts.signal,
           }),
         );
+      if (rec.userns !== undefined)
+        await timed(opts, 'network', () => this.adoptNetwork(rec, pid, opts.signal));
     } catch (e) {
       // The container may be up: a half-restored sandbox is ended and removed like a failed one.
       lazy?.abort.abort();
@@ -606,7 +640,11 @@ export class RuncRuntime extends RuncHost implements Runtime {
         await rm(join(this.runcRoot(), id), { recursive: true, force: true });
     });
     await step('rootfs mounts', async () => {
-      const still = await unmountAll(join(this.bundle(id), 'rootfs'));
+      // The overlay first, then the idmapped lower layer under it (a user namespace's).
+      const still = [
+        ...(await unmountAll(join(this.bundle(id), 'rootfs'))),
+        ...(await unmountAll(this.idmappedLower(id))),
+      ];
       if (still.length > 0) throw new Error(`still mounted: ${still.join(' ')}`);
     });
     await step('work dir mounts', async () => {
@@ -614,6 +652,10 @@ export class RuncRuntime extends RuncHost implements Runtime {
       if (still.length > 0) throw new Error(`still mounted: ${still.join(' ')}`);
     });
     await step('network lock', () => clearCriuNetworkLock(rec.network));
+    if (rec.userns !== undefined)
+      await step('network', () =>
+        releaseNetwork(rec.network, { markerPath: join(this.dir(id), 'network.done') }),
+      );
     return left;
   }
 
@@ -640,7 +682,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
   }
 
   async stop(id: string, opts: CallOptions = {}): Promise<void> {
-    await this.readRecord(id);
+    const rec = await this.readRecord(id);
     // delete --force kills every process of the container (thawing a paused one first). No
     // `runc state` first (~0.1 s): a container that is not there is what stop wants anyway.
     const r = await this.runc(
@@ -657,7 +699,8 @@ export class RuncRuntime extends RuncHost implements Runtime {
     // Only now, with its tasks ended: a lazy-pages daemon that lost its page server would
     // fill the missing pages with zeros.
     await this.endPages(id);
-    await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
+    await timed(opts, 'unmount', () => this.unmountRootfs(id, opts.signal));
+    if (rec.userns !== undefined) await this.releaseNetwork(rec, opts.signal);
     await this.dropConfig(id);
     // The writable layer stays at rest and reachable: after a reboot its disk image is
     // mounted again here, before the daemon empties or refills it.
@@ -682,11 +725,24 @@ export class RuncRuntime extends RuncHost implements Runtime {
         );
       await new Promise((r) => setTimeout(r, wait));
     }
-    await timed(opts, 'unmount', () => unmount(join(this.bundle(id), 'rootfs'), opts.signal));
+    await timed(opts, 'unmount', () => this.unmountRootfs(id, opts.signal));
+    const rec = await this.readRecord(id);
+    if (rec.userns !== undefined) await this.releaseNetwork(rec, opts.signal);
     // The empty cgroups go too (what is still charged to them, page cache and kernel memory,
     // is released with them); `runc delete` later finds them gone, which it accepts.
     await this.removeCgroups(id);
     await this.dropConfig(id);
+  }
+
+  /**
+   * A sandbox in a user namespace, its processes gone: its network namespace (runc's or CRIU's)
+   * is unpinned, so that it goes with its veth pair and the next restore makes both again.
+   */
+  private async releaseNetwork(rec: SandboxRecord, signal?: AbortSignal): Promise<void> {
+    await releaseNetwork(rec.network, {
+      markerPath: join(this.dir(rec.spec.id), 'network.done'),
+      ...(signal !== undefined ? { signal } : {}),
+    });
   }
 
   /** Removes the sandbox's (empty) cgroup in every hierarchy; one still busy is left to runc. */
@@ -770,6 +826,28 @@ export class RuncRuntime extends RuncHost implements Runtime {
   async rootfsMounted(id: string): Promise<boolean> {
     return isMountPoint(join(this.bundle(id), 'rootfs'));
   }
+}
+
+/**
+ * A checkpoint is restored only into a sandbox with the same user namespace setting: CRIU makes
+ * the namespaces the images record, whatever the sandbox's config says, so a checkpoint taken
+ * without one would come back with the host's root, and one taken in one would not find the
+ * network namespace a sandbox without one has.
+ */
+async function assertSameUserNamespace(id: string, rec: SandboxRecord, imagesDir: string): Promise<void> {
+  const images = await imagesHaveUserNamespace(imagesDir);
+  if (images === (rec.userns !== undefined)) return;
+  throw new DormantError(
+    ErrorCode.RUNTIME_RESTORE_FAILED,
+    images
+      ? `restore of sandbox ${id} refused: its checkpoint was taken in a user namespace, and the sandbox has none`
+      : `restore of sandbox ${id} refused: its checkpoint was taken without a user namespace (before the node gave sandboxes one, or imported from elsewhere), and the sandbox has one`,
+    {
+      hint: images
+        ? 'resume it on a daemon with sandbox.userNamespace on'
+        : 'archive the sandbox the checkpoint came from and resume it (it restarts from its files), or resume it on a daemon without sandbox.userNamespace',
+    },
+  );
 }
 
 /**

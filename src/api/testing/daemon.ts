@@ -4,17 +4,24 @@
  * runtime/testing/rootfs.ts), warnings kept quiet; an admin client for it; and its teardown.
  */
 import assert from 'node:assert/strict';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { startDaemon, type Daemon, type DaemonOptions } from '../../daemon/daemon.js';
 import { DormantApiError, DormantClient } from '../../sdk/client.js';
 import { buildBusyboxRootfs } from '../../runtime/testing/rootfs.js';
+
+/**
+ * DORMANT_TEST_USER_NAMESPACE=1 runs the suites' daemons with a user namespace for every
+ * sandbox (their folders then searchable by others, as the mapped root must walk through them).
+ */
+const USER_NAMESPACE = process.env.DORMANT_TEST_USER_NAMESPACE === '1';
 
 /** The options every test daemon starts with, unless the test says otherwise. */
 export const TEST_DAEMON = {
   listen: '127.0.0.1:0',
   readonlyBinds: [{ source: '/usr', destination: '/usr' }],
   warn: () => undefined,
+  ...(USER_NAMESPACE ? { userNamespace: true } : {}),
 } satisfies Partial<DaemonOptions>;
 
 export interface TestDaemon {
@@ -41,6 +48,7 @@ export async function testFolder(
   files?: Record<string, string>,
 ): Promise<{ dir: string; rootfs: string }> {
   const dir = await mkdtemp(`/tmp/dormant-${name}-`);
+  if (USER_NAMESPACE) await chmod(dir, 0o711);
   const rootfs = join(dir, 'rootfs');
   await buildBusyboxRootfs(rootfs, files);
   return { dir, rootfs };
