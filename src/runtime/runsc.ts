@@ -24,6 +24,7 @@ import { copyFile, link, mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
+import { exists } from '../sys/fs.js';
 import { ensureCollector } from './log-collector.js';
 import { AgentError, type AgentAddress } from './agent-client.js';
 import { RuncRuntime, type RuncRuntimeOptions } from './runc.js';
@@ -61,6 +62,11 @@ export class RunscRuntime extends RuncRuntime {
   constructor(options: RunscRuntimeOptions) {
     super({ ...options, runcPath: options.runscPath ?? 'runsc', criuEnv: {} });
     this.platform = options.platform ?? 'ptrace';
+  }
+
+  /** Whether sandbox `id` is one of this runtime's (prepared and not destroyed). */
+  async holds(id: string): Promise<boolean> {
+    return exists(join(this.dir(id), 'sandbox.json'));
   }
 
   /** runsc's containers never mix with runc's: a state root of their own. */
