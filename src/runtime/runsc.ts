@@ -114,6 +114,15 @@ export class RunscRuntime extends RuncRuntime {
    */
   private async inSandboxNetns(id: string, argv: string[], tail = ''): Promise<[string, string[]]> {
     const { network } = await this.readRecord(id);
+    // runsc moves eth0's address and routes into gVisor's stack, deleting them from the
+    // namespace: a restore (which copies them again) finds them only if they are put back.
+    const n = network;
+    await run('ip', ['-n', n.netns, 'addr', 'replace', `${n.address}/${n.prefixLength}`, 'dev', 'eth0'], {
+      timeoutMs: DEFAULTS.stateMs,
+    });
+    await run('ip', ['-n', n.netns, 'route', 'replace', 'default', 'via', n.hostAddress], {
+      timeoutMs: DEFAULTS.stateMs,
+    });
     // The mount is made from inside the sandbox's namespace (each network namespace has its
     // own /proc/sys/net entries); runsc itself stays in ours, where its control socket is.
     const script =
