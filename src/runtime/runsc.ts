@@ -387,3 +387,16 @@ export async function runscVersion(runscPath = 'runsc'): Promise<string | undefi
   const r = await run(runscPath, ['--version'], { timeoutMs: 10_000 }).catch(() => undefined);
   return r === undefined ? undefined : /runsc version (\S+)/.exec(r.stdout)?.[1];
 }
+
+/**
+ * What `dormant doctor` says of gVisor here: runsc's version (undefined: not installed) and the
+ * platforms it can use. ptrace works on any kernel (the runtime's default, the one its tests
+ * run); kvm needs /dev/kvm (much faster system calls), which `runtime.runscPlatform` selects.
+ */
+export async function runscFacts(
+  runscPath = 'runsc',
+): Promise<{ version: string | undefined; platforms: RunscPlatform[] }> {
+  const version = await runscVersion(runscPath);
+  const kvm = await exists('/dev/kvm');
+  return { version, platforms: version === undefined ? [] : kvm ? ['ptrace', 'kvm'] : ['ptrace'] };
+}
