@@ -11,7 +11,9 @@
 #     podman checkpoints at run time and restore dormant's exports with it; its checkpoints go
 #     through runc, which finds the private CRIU below through the wrapper on PATH), skopeo
 #     (the daemon pulls registry images with it) and docker-registry (the registry tests start
-#     their own on loopback; Debian's service is stopped and disabled, as haproxy's).
+#     their own on loopback; Debian's service is stopped and disabled, as haproxy's), and runsc
+#     (gVisor, the second runtime: bookworm's 2022 build runs, checkpoints and restores here on
+#     the ptrace platform; sid's 2024 build's sentry dies at its first task on this kernel).
 #   - CRIU >= 4.2 and checkpointctl into a private prefix, /opt/dormant/criu, NOT through the
 #     host's apt. bookworm's CRIU 3.17 cannot start on current kernels and trixie's 4.1.1 cannot
 #     dump a process with a TCP socket (since kernel 6.16); sid's 4.2.1 works but needs a newer
@@ -31,7 +33,7 @@ APTDIR=${DORMANT_APT_DIR:-/opt/dormant/apt}
 BINDIR=${DORMANT_BIN_DIR:-/usr/local/bin}
 SUITE=${DORMANT_CRIU_SUITE:-sid}
 MIN_CRIU=4.2
-HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy podman skopeo docker-registry)
+HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy podman skopeo docker-registry runsc)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -141,8 +143,9 @@ write_if_changed "$BINDIR/checkpointctl" "#!/bin/sh
 P=${PREFIX}
 exec \"\$P/${LOADER}\" --argv0 checkpointctl --library-path \"\$P/usr/lib/${TRIPLET}\" \"\$P/usr/bin/checkpointctl\" \"\$@\""
 
-# 4. Native helpers into /opt/dormant/bin: dormant-agent (the in-sandbox toolbox agent) and
-#    dormant-cuda-ckpt (GPU sandboxes, docs/GPU.md).
+# 4. Native helpers into /opt/dormant/bin: dormant-agent (the in-sandbox toolbox agent),
+#    dormant-idmap-mount (sandboxes with a user namespace) and dormant-cuda-ckpt (GPU
+#    sandboxes, docs/GPU.md).
 if command -v gcc >/dev/null 2>&1; then
   bash "$(cd "$(dirname "$0")" && pwd)/build-native.sh" /opt/dormant/bin
 else

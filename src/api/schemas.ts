@@ -117,6 +117,12 @@ export const CreateSandboxBody = z.strictObject({
     .describe(
       "where it may connect beyond the node: `internet` (all but private ranges, the node and other sandboxes), `none`, or IPv4 CIDRs and host names like `198.18.0.0/15,api.example.com`; default: the tenant's (docs/NETWORK.md)",
     ),
+  runtime: z
+    .enum(['runc', 'runsc'])
+    .optional()
+    .describe(
+      "its container runtime: `runc`, or `runsc` (gVisor's user-space kernel, docs/RUNTIME.md); default: the tenant's",
+    ),
 });
 export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
 
@@ -378,6 +384,7 @@ export const SandboxSchema = z.object({
     .string()
     .nullable()
     .describe('its egress policy: `internet`, `none`, or its list; null: none at all (made before egress)'),
+  runtime: z.enum(['runc', 'runsc']).describe('its container runtime: `runc`, or `runsc` (gVisor)'),
 });
 export type SandboxView = z.output<typeof SandboxSchema>;
 

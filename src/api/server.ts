@@ -125,6 +125,7 @@ export function sandboxView(s: Sandbox): SandboxView {
     gpuPolicy: s.gpuPolicy ?? DEFAULT_GPU_POLICY,
     labels: s.spec.labels ?? {},
     egress: s.spec.egress !== undefined ? egressText(s.spec.egress) : null,
+    runtime: s.spec.runtime ?? 'runc',
   };
 }
 
@@ -288,6 +289,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.labels !== undefined ? { labels: b.labels } : {}),
       ...(b.template !== undefined ? { template: b.template } : {}),
       ...(b.egress !== undefined ? { egress: b.egress } : {}),
+      ...(b.runtime !== undefined ? { runtime: b.runtime } : {}),
       policy: {
         ...(b.idle !== undefined ? { hibernateAfterMs: b.idle } : {}),
         ...(b.pauseAfter !== undefined ? { pauseAfterMs: b.pauseAfter } : {}),

@@ -170,6 +170,7 @@ export class LifecycleContext {
         : {}),
       ...(s.spec.cgroupNamespace === false ? { cgroupNamespace: false } : {}),
       ...(s.spec.egress !== undefined ? { egress: s.spec.egress } : {}),
+      ...(s.spec.runtime !== undefined ? { runtime: s.spec.runtime } : {}),
     };
   }
 

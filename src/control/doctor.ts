@@ -15,6 +15,7 @@ import {
   criuVersion,
   locateCriu,
 } from '../criu/criu.js';
+import { runscFacts } from '../runtime/runsc.js';
 import { run, which } from '../sys/exec.js';
 import { cudaHelperCandidates, cudaInfo, locateCudaHelper } from '../sys/gpu.js';
 import {
@@ -330,56 +331,75 @@ export async function gpuRows(
   ];
 }
 
+/** gVisor, the optional second runtime: its version and the platforms it can use here. */
+function runscRow(f: Awaited<ReturnType<typeof runscFacts>>): DoctorRow {
+  return {
+    id: 'runsc',
+    name: 'runsc (gVisor)',
+    status: f.version === undefined ? 'missing' : 'supported',
+    value: f.version === undefined ? 'not installed' : `${f.version}, platforms: ${f.platforms.join(', ')}`,
+    detail:
+      'optional: sandboxes created with --runtime runsc run on its user-space kernel (docs/RUNTIME.md); ' +
+      (f.platforms.includes('kvm')
+        ? '/dev/kvm is here: runtime.runscPlatform "kvm" is fastest'
+        : 'no /dev/kvm: ptrace'),
+    ...(f.version === undefined ? { fix: `${SETUP} (installs runsc)` } : {}),
+    required: false,
+  };
+}
+
 export async function runDoctor(opts: DoctorOptions): Promise<DoctorReport> {
   const env = opts.env ?? process.env;
-  const [cpu, cgroups, freezer, criu, disk, gpu, runcRow, iptRow, podmanRow, cpctlRow] = await Promise.all([
-    cpuFacts(),
-    cgroupFacts(),
-    probeFreezer(),
-    criuRows(env),
-    diskFacts(opts.dataDir),
-    nvidiaFacts().then((f) => gpuRows(f, env)),
-    toolRow(env, {
-      id: 'runc',
-      name: 'runc',
-      program: 'runc',
-      args: ['--version'],
-      re: /runc version (\S+)/,
-      required: true,
-      fix: `${SETUP} (installs Debian's runc)`,
-      why: 'sandboxes run as OCI containers on runc',
-    }),
-    toolRow(env, {
-      id: 'iptables',
-      name: 'iptables-restore',
-      program: 'iptables-restore',
-      args: ['--version'],
-      re: /v(\d+(?:\.\d+)+)/,
-      required: true,
-      fix: `${SETUP} (installs Debian's iptables)`,
-      why: "CRIU locks a sandbox's network namespace with iptables-restore while it dumps",
-    }),
-    toolRow(env, {
-      id: 'podman',
-      name: 'podman',
-      program: 'podman',
-      args: ['--version'],
-      re: /version (\S+)/,
-      required: false,
-      fix: 'optional, used to compare with and import from podman: apt-get install podman/trixie (pulls trixie libc6 and systemd)',
-      why: 'optional: checkpoint import/export works without it',
-    }),
-    toolRow(env, {
-      id: 'checkpointctl',
-      name: 'checkpointctl',
-      program: 'checkpointctl',
-      args: ['--version'],
-      re: /version (\S+)/,
-      required: false,
-      fix: `${SETUP} (installs checkpointctl next to criu)`,
-      why: 'optional: the reference reader dormant compares its checkpoint inspection with',
-    }),
-  ]);
+  const [cpu, cgroups, freezer, criu, disk, gpu, runsc, runcRow, iptRow, podmanRow, cpctlRow] =
+    await Promise.all([
+      cpuFacts(),
+      cgroupFacts(),
+      probeFreezer(),
+      criuRows(env),
+      diskFacts(opts.dataDir),
+      nvidiaFacts().then((f) => gpuRows(f, env)),
+      runscFacts(),
+      toolRow(env, {
+        id: 'runc',
+        name: 'runc',
+        program: 'runc',
+        args: ['--version'],
+        re: /runc version (\S+)/,
+        required: true,
+        fix: `${SETUP} (installs Debian's runc)`,
+        why: 'sandboxes run as OCI containers on runc',
+      }),
+      toolRow(env, {
+        id: 'iptables',
+        name: 'iptables-restore',
+        program: 'iptables-restore',
+        args: ['--version'],
+        re: /v(\d+(?:\.\d+)+)/,
+        required: true,
+        fix: `${SETUP} (installs Debian's iptables)`,
+        why: "CRIU locks a sandbox's network namespace with iptables-restore while it dumps",
+      }),
+      toolRow(env, {
+        id: 'podman',
+        name: 'podman',
+        program: 'podman',
+        args: ['--version'],
+        re: /version (\S+)/,
+        required: false,
+        fix: 'optional, used to compare with and import from podman: apt-get install podman/trixie (pulls trixie libc6 and systemd)',
+        why: 'optional: checkpoint import/export works without it',
+      }),
+      toolRow(env, {
+        id: 'checkpointctl',
+        name: 'checkpointctl',
+        program: 'checkpointctl',
+        args: ['--version'],
+        re: /version (\S+)/,
+        required: false,
+        fix: `${SETUP} (installs checkpointctl next to criu)`,
+        why: 'optional: the reference reader dormant compares its checkpoint inspection with',
+      }),
+    ]);
 
   const archOk = cpu.arch === 'x64' || cpu.arch === 'arm64';
   const rows: DoctorRow[] = [
@@ -416,6 +436,7 @@ export async function runDoctor(opts: DoctorOptions): Promise<DoctorReport> {
     },
     ...criu.rows,
     runcRow,
+    runscRow(runsc),
     iptRow,
     podmanRow,
     cpctlRow,

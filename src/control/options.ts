@@ -5,6 +5,7 @@ import type { Runtime, SandboxSpec as RuntimeSpec } from '../runtime/runtime.js'
 import type { ArchiveLimits } from '../checkpoint/archive.js';
 import type { PlatformFacts } from '../domain/compat.js';
 import type { EgressPolicy } from '../domain/egress.js';
+import type { RuntimeKind } from '../domain/sandbox.js';
 import type { GpuNode } from './gpu.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { SandboxProfile } from '../checkpoint/profile-check.js';
@@ -78,6 +79,8 @@ export interface ControllerOptions {
    * node's. Default `internet`. Applied at create; a sandbox keeps the policy it was made with.
    */
   defaultEgress?: { node: EgressPolicy; tenants: Record<string, EgressPolicy> };
+  /** The runtime of a sandbox whose create names none: the tenant's, else the node's. Default runc. */
+  defaultRuntime?: { node: RuntimeKind; tenants: Record<string, RuntimeKind> };
   /** Fault injection for crash tests: throw at the named step. */
   failAt?: (step: string) => void;
   /** Caps on what an imported archive may unpack to (defaults: archive.ts). */

@@ -32,6 +32,7 @@ import { removeSandbox } from './ops/remove.js';
 import { resume } from './ops/resume.js';
 import { updateSandbox, type SandboxUpdate } from './ops/update.js';
 import { execCommand, withAgent, type ExecOptions, type ExecOutcome } from './ops/toolbox.js';
+import { agentNotSupported, execThroughRuntime } from './ops/exec-runtime.js';
 import {
   createTemplate,
   listTemplates,
@@ -151,7 +152,18 @@ export class SandboxController {
     opts: ExecOptions = {},
   ): Promise<ExecOutcome> {
     if (args.length === 0) throw invalid('exec needs a command');
-    return this.toolbox(id, tenant, (agent, s) => execCommand(agent, s.id, args, opts));
+    try {
+      return await this.toolbox(id, tenant, (agent, s) => execCommand(agent, s.id, args, opts));
+    } catch (e) {
+      // A runtime without an agent (gVisor): the sandbox is awake now; its runtime runs it.
+      if (!agentNotSupported(e)) throw e;
+      const s = this.ctx.get(id, tenant);
+      try {
+        return await execThroughRuntime(this.ctx, s.id, args, opts);
+      } finally {
+        this.ctx.markActive(s.id);
+      }
+    }
   }
 
   /**

@@ -14,6 +14,8 @@ import type { SandboxPolicy } from '../domain/sandbox.js';
 import type { PriceSheet } from '../domain/cost.js';
 import { parseDurationMs, parseSizeBytes } from '../domain/units.js';
 import { egressText, parseEgressPolicy, type EgressPolicy } from '../domain/egress.js';
+import { RUNTIME_KINDS, type RuntimeKind } from '../domain/sandbox.js';
+import type { RunscPlatform } from '../runtime/runsc.js';
 import { SETTINGS, type Setting } from './settings.js';
 import { DEFAULTS, DEFAULT_CONFIG_FILE, defaultMasterKeyFile, defaultProxyListen } from './defaults.js';
 
@@ -73,6 +75,8 @@ export interface DaemonConfig {
   e2b: { listen?: string; templates: Record<string, E2bTemplateConfig> };
   /** Sandboxes' way out (docs/NETWORK.md): the default policy, per-tenant ones, the resolvers. */
   egress: { default: EgressPolicy; tenants: Record<string, EgressPolicy>; dns: string[] };
+  /** The container runtime of a sandbox whose create names none, per tenant; gVisor's platform. */
+  runtime: { default: RuntimeKind; tenants: Record<string, RuntimeKind>; runscPlatform: RunscPlatform };
 }
 
 /** An E2B template id as what a sandbox is made from (api/e2b/templates.ts). */
@@ -227,6 +231,13 @@ const Layer = z.strictObject({
             ),
         )
         .optional(),
+    })
+    .optional(),
+  runtime: z
+    .strictObject({
+      default: z.enum(RUNTIME_KINDS).optional(),
+      tenants: z.record(z.string().min(1), z.enum(RUNTIME_KINDS)).optional(),
+      runscPlatform: z.enum(['ptrace', 'kvm', 'systrap']).optional(),
     })
     .optional(),
   egress: z
@@ -513,6 +524,11 @@ function resolveConfig(l: Layer): DaemonConfig {
         Object.entries(l.e2b?.templates ?? {}).map(([k, t]) => [k, e2bTemplateOf(t)]),
       ),
     },
+    runtime: {
+      default: l.runtime?.default ?? 'runc',
+      tenants: l.runtime?.tenants ?? {},
+      runscPlatform: l.runtime?.runscPlatform ?? 'ptrace',
+    },
     egress: {
       default: l.egress?.default ?? { mode: 'internet' },
       tenants: l.egress?.tenants ?? {},
@@ -666,6 +682,7 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       pagesFromVaultAbove: exactSize(c.restore.pagesFromVaultAboveBytes),
       timeout: exactDuration(c.restore.timeoutMs),
     },
+    runtime: c.runtime,
     egress: {
       default: egressText(c.egress.default),
       tenants: Object.fromEntries(Object.entries(c.egress.tenants).map(([t, p]) => [t, egressText(p)])),

@@ -19,6 +19,9 @@ import { TenantSecrets, openVault, type MasterKeySource, type Vault } from '../v
 import { criuFeature, getCriu } from '../criu/criu.js';
 import { RuncRuntime, loadSeccompProfile, type RuncRuntimeOptions } from '../runtime/runc.js';
 import { DEFAULT_USER_NAMESPACE, idMapsOf, lazyRestoreInUserNamespace } from '../runtime/userns.js';
+import { RunscRuntime, type RunscPlatform } from '../runtime/runsc.js';
+import { which } from '../sys/exec.js';
+import { RuntimeDispatch } from '../runtime/runsc-dispatch.js';
 import { prepareStaging, privateFolder, releaseStaging } from '../runtime/staging.js';
 import { SandboxController, systemClock, type ControllerOptions } from '../control/sandboxes.js';
 import type { PolicyDefaults } from '../control/policy.js';
@@ -38,6 +41,7 @@ const CONTROLLER_SETTINGS = [
   'readonlyBinds',
   'defaultDiskBytes',
   'defaultEgress',
+  'defaultRuntime',
   'allowedSourceRoots',
   'keepCheckpoints',
   'importLimits',
@@ -76,6 +80,10 @@ export interface DaemonOptions extends ControllerSettings, RuntimeSettings, Serv
   masterKey?: MasterKeySource;
   /** A seccomp profile file (OCI `linux.seccomp` JSON) for every sandbox. */
   seccompProfile?: string;
+  /** gVisor's platform for runsc sandboxes (runsc.ts). Default ptrace. */
+  runscPlatform?: RunscPlatform;
+  /** The runsc binary; false: no gVisor on this node. Default `runsc` on PATH, when there. */
+  runscPath?: string | false;
   /** A line for each API request in the log. */
   logger?: boolean;
   /** The daemon's log. Default: warnings and errors only, as JSON on stderr. */
@@ -106,6 +114,8 @@ export interface Daemon {
   store: SqliteStateStore;
   vault: Vault;
   runtime: RuncRuntime;
+  /** The gVisor runtime, when runsc is installed (its sandboxes: `runtime: 'runsc'`). */
+  runsc: RunscRuntime | undefined;
   app: FastifyInstance;
   /** The wake proxy and the policy loop, when running. */
   wake: WakeServices;
@@ -176,6 +186,8 @@ export function optionsFromConfig(c: DaemonConfig, sink?: LogSink): DaemonOption
     allowedSourceRoots: c.sandbox.allowedSourceRoots,
     defaultDiskBytes: c.sandbox.diskBytes,
     defaultEgress: { node: c.egress.default, tenants: c.egress.tenants },
+    defaultRuntime: { node: c.runtime.default, tenants: c.runtime.tenants },
+    runscPlatform: c.runtime.runscPlatform,
     ...(c.egress.dns.length > 0 ? { egressResolvers: c.egress.dns } : {}),
     keepCheckpoints: c.checkpoint.keep,
     checkpointTimeoutMs: c.checkpoint.timeoutMs,
@@ -320,6 +332,26 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     egressRefresh: true,
   });
   await runtime.dropStaleConfigs();
+  // gVisor beside runc when runsc is installed: its own state folder and config folder (each
+  // adapter's dropStaleConfigs keeps only its own sandboxes'), the same network and cgroups.
+  const runscPath = opts.runscPath === false ? undefined : await which(opts.runscPath ?? 'runsc');
+  const runsc =
+    runscPath === undefined
+      ? undefined
+      : new RunscRuntime({
+          warn,
+          runscPath,
+          platform: opts.runscPlatform ?? 'ptrace',
+          stateDir: join(dataDir, 'runtime-runsc'),
+          bundleDir: `${bundleDir}-runsc`,
+          checkpointTimeoutMs: opts.checkpointTimeoutMs,
+          restoreTimeoutMs: opts.restoreTimeoutMs,
+          seccomp: false,
+          ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
+          ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
+          egressRefresh: true,
+        });
+  await runsc?.dropStaleConfigs();
   const { gcIntervalMs, ...pulls } = opts.images ?? {};
   const images = new ImageService({
     ...pulls,
@@ -348,7 +380,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       opts.onTimings?.(t);
     },
     store,
-    runtime,
+    runtime: new RuntimeDispatch(runtime, runsc),
     vault,
     stagingDir,
     secrets,
@@ -440,6 +472,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     store,
     vault,
     runtime,
+    runsc,
     app,
     wake,
     meter,
@@ -473,9 +506,10 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       secrets.close();
       await releaseStaging(stagingDir);
       // Empty unless containers still run (their configs stay for runc exec after a restart).
-      await rmdir(bundleDir).catch((e: unknown) => {
-        if (errnoCode(e) !== 'ENOTEMPTY' && errnoCode(e) !== 'ENOENT') throw e;
-      });
+      for (const d of [bundleDir, `${bundleDir}-runsc`])
+        await rmdir(d).catch((e: unknown) => {
+          if (errnoCode(e) !== 'ENOTEMPTY' && errnoCode(e) !== 'ENOENT') throw e;
+        });
     },
   };
 }

@@ -185,6 +185,10 @@ export const DEFAULT_POLICY: Readonly<SandboxPolicy> = Object.freeze({
   archiveAfterMs: 7 * 86_400_000,
 });
 
+/** The container runtimes a sandbox can run on: runc (namespaces, CRIU) or gVisor's runsc. */
+export const RUNTIME_KINDS = ['runc', 'runsc'] as const;
+export type RuntimeKind = (typeof RUNTIME_KINDS)[number];
+
 export interface SandboxSpec {
   /** A root filesystem folder, or an OCI image layout folder (with an optional tag). */
   source:
@@ -225,6 +229,8 @@ export interface SandboxSpec {
   cgroupNamespace?: false;
   /** Where it may connect beyond the node (domain/egress.ts); absent: nowhere (made before egress). */
   egress?: EgressPolicy;
+  /** Its container runtime, set only for gVisor; absent: runc. */
+  runtime?: 'runsc';
 }
 
 export interface Sandbox {

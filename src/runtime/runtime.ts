@@ -7,8 +7,11 @@
  * policies: the daemon hands it folders to write CRIU images into and to restore from.
  */
 import type { EgressPolicy } from '../domain/egress.js';
+import type { RuntimeKind } from '../domain/sandbox.js';
 import type { StepSink } from '../domain/timings.js';
 import type { AgentAddress } from './agent-client.js';
+
+export type { RuntimeKind };
 
 /** A host folder made visible, read-only, inside the sandbox. */
 export interface ReadonlyBind {
@@ -78,6 +81,8 @@ export interface SandboxSpec {
    * node's resolvers. Absent: no way out at all (sandboxes made before egress existed).
    */
   egress?: EgressPolicy;
+  /** Which adapter runs it, where one Runtime holds both (runsc-dispatch.ts). Default runc. */
+  runtime?: RuntimeKind;
 }
 
 /** An engine's bind mount: a file, or a folder (`dir`), at `destination` inside. */

@@ -71,6 +71,8 @@ export interface SandboxInfo {
   labels: Record<string, string>;
   /** its egress policy: `internet`, `none`, or its list; null: none at all (made before egress) */
   egress: string | null;
+  /** its container runtime: `runc`, or `runsc` (gVisor) */
+  runtime: 'runc' | 'runsc';
 }
 
 /** A checkpoint (GET /v1/checkpoints). */
@@ -290,6 +292,8 @@ export interface CreateSandboxOptions {
   template?: string;
   /** where it may connect beyond the node: `internet` (all but private ranges, the node and other sandboxes), `none`, or IPv4 CIDRs and host names like `198.18.0.0/15,api.example.com`; default: the tenant's (docs/NETWORK.md) */
   egress?: string | string[];
+  /** its container runtime: `runc`, or `runsc` (gVisor's user-space kernel, docs/RUNTIME.md); default: the tenant's */
+  runtime?: 'runc' | 'runsc';
 }
 
 /** What PATCH /v1/sandboxes/{id} changes. */

@@ -101,6 +101,7 @@ function sandboxDetail(s: SandboxInfo): string {
     ['gpu policy', s.gpuPolicy],
     ['labels', labelText(s.labels) || '-'],
     ['egress', s.egress ?? 'none (made before egress)'],
+    ['runtime', s.runtime],
     [
       'policy',
       Object.entries(s.policy)
@@ -186,6 +187,10 @@ export function registerSandboxes(program: Command): void {
       '--egress <policy>',
       "where it may connect beyond the node: internet, none, or CIDRs and host names like 198.18.0.0/15,pypi.org (default: the tenant's, else internet)",
     )
+    .option(
+      '--runtime <runtime>',
+      "runc, or runsc (gVisor's user-space kernel; default: the tenant's, else runc)",
+    )
     .option('--json', 'print the sandbox as JSON')
     .argument('[command...]', "the command to run, after -- (default with --image: the image's entrypoint)")
     .addHelpText(
@@ -238,6 +243,7 @@ export function registerSandboxes(program: Command): void {
           ...(o.gpuPolicy !== undefined ? { gpuPolicy: o.gpuPolicy as GpuPolicy } : {}),
           ...(Object.keys(labels).length > 0 ? { labels } : {}),
           ...(o.egress !== undefined ? { egress: o.egress } : {}),
+          ...(o.runtime !== undefined ? { runtime: o.runtime as 'runc' | 'runsc' } : {}),
         }),
       );
       if (o.json) printJson(s);

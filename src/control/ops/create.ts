@@ -12,6 +12,7 @@ import {
   type Sandbox,
   type SandboxPolicy,
   type SandboxSpec,
+  type RuntimeKind,
 } from '../../domain/sandbox.js';
 import { parseImageRef, unpackImage, type ImageConfig } from '../../runtime/image.js';
 import { isRegistryRef } from '../../runtime/registry.js';
@@ -47,6 +48,17 @@ export interface CreateSandboxInput {
   template?: string;
   /** `internet`, `none`, or CIDRs and host names (domain/egress.ts). Default: the tenant's. */
   egress?: string | string[];
+  /** `runc` or `runsc` (gVisor). Default: the tenant's, else the node's (runc). */
+  runtime?: RuntimeKind;
+}
+
+/** The runtime a create gets: its own, else its tenant's default, else the node's (runc). */
+export function runtimeOf(
+  ctx: LifecycleContext,
+  input: Pick<CreateSandboxInput, 'tenant' | 'runtime'>,
+): RuntimeKind {
+  const d = ctx.opts.defaultRuntime;
+  return input.runtime ?? d?.tenants[input.tenant] ?? d?.node ?? 'runc';
 }
 
 /** The egress a create gets: its own, else its tenant's default, else the node's (internet). */
@@ -211,6 +223,7 @@ async function recordSandbox(
       ...(input.onResume ? { onResume: input.onResume } : {}),
       ...(Object.keys(labels).length > 0 ? { labels } : {}),
       egress,
+      ...(runtimeOf(ctx, input) === 'runsc' ? { runtime: 'runsc' as const } : {}),
     },
     createdAt: now,
     stateSince: now,
