@@ -66,9 +66,15 @@ describe('S3 vault on radosgw', { skip: missing }, () => {
   });
 
   storeContract('S3Store', () => checked());
-  storeContract('S3Store with a pack cache', async () =>
-    s3({ cache: { dir: join(root, `cache-${n + 1}`), maxBytes: 64 * MiB } }),
-  );
+  // A bucket of its own: RGW's dbstore once returned the bytes of the first suite's
+  // (deleted) object of the same name and size for this suite's, within one bucket.
+  storeContract('S3Store with a pack cache', async () => {
+    await rgw.makeBucket('dormant-cached');
+    return checked({
+      bucket: 'dormant-cached',
+      cache: { dir: join(root, `cache-${n + 1}`), maxBytes: 64 * MiB },
+    });
+  });
 
   test('vault URLs: bucket and prefix, or a clear error', () => {
     assert.deepEqual(parseS3Url('s3://my-bucket'), { bucket: 'my-bucket', prefix: '' });
