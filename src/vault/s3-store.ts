@@ -438,8 +438,11 @@ export class S3Store implements VaultStore {
           }),
         );
         const bad = (res.Errors ?? []).filter((x) => x.Code !== 'NoSuchKey');
-        if (bad.length > 0)
-          throw Object.assign(new Error(bad[0]!.Message ?? 'delete failed'), { name: bad[0]!.Code });
+        if (bad.length > 0) {
+          const e = new Error(bad[0]!.Message ?? 'delete failed');
+          e.name = bad[0]!.Code ?? 'Error';
+          throw e;
+        }
       } catch (e) {
         throw this.fail('DELETE (batch)', prefix, e);
       }

@@ -13,7 +13,7 @@ import type { VaultStore } from '../store.js';
  * `make` returns a fresh, empty store.
  */
 export function storeContract(name: string, make: () => Promise<VaultStore>): void {
-  describe(`VaultStore contract: ${name}`, () => {
+  void describe(`VaultStore contract: ${name}`, () => {
     let store: VaultStore;
     before(async () => {
       store = await make();
@@ -21,7 +21,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
 
     const code = (c: string) => (e: unknown) => e instanceof DormantError && e.code === c;
 
-    test('a streamed object is invisible until commit, then whole', async () => {
+    void test('a streamed object is invisible until commit, then whole', async () => {
       const w = await store.create('data/t/packs/a.pack');
       await w.write([Buffer.from('hello '), Buffer.from('world')]);
       assert.equal(w.sizeBytes, 11);
@@ -35,7 +35,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
       await r.close();
     });
 
-    test('an aborted object leaves nothing behind', async () => {
+    void test('an aborted object leaves nothing behind', async () => {
       const w = await store.create('data/t/packs/b.pack');
       await w.write([Buffer.from('partial')]);
       await w.abort();
@@ -45,7 +45,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
       );
     });
 
-    test('writeNew creates once and never replaces', async () => {
+    void test('writeNew creates once and never replaces', async () => {
       assert.equal(await store.writeNew('keys/x.key', Buffer.from('first')), true);
       assert.equal(await store.writeNew('keys/x.key', Buffer.from('second')), false);
       assert.equal((await store.read('keys/x.key')).toString(), 'first');
@@ -55,7 +55,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
       assert.equal(racers.filter(Boolean).length, 1);
     });
 
-    test('write replaces atomically; remove and shred are idempotent; removeAll empties a prefix', async () => {
+    void test('write replaces atomically; remove and shred are idempotent; removeAll empties a prefix', async () => {
       await store.write('data/t/index/i.idx', Buffer.from('v1'));
       await store.write('data/t/index/i.idx', Buffer.from('v2'));
       assert.equal((await store.read('data/t/index/i.idx')).toString(), 'v2');
@@ -70,7 +70,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
       assert.equal((await store.read('data/t/packs/again.pack')).toString(), 'ok');
     });
 
-    test('a missing object is VAULT_NOT_FOUND to read, to open, and absent from lists', async () => {
+    void test('a missing object is VAULT_NOT_FOUND to read, to open, and absent from lists', async () => {
       for (const op of [
         () => store.read('data/none/packs/x.pack'),
         () => store.openReader('data/none/packs/x.pack'),
@@ -84,7 +84,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
       assert.deepEqual(await store.list('data/none'), []);
     });
 
-    test('a streamed object of many writes and parts reads back byte for byte, in any range', async () => {
+    void test('a streamed object of many writes and parts reads back byte for byte, in any range', async () => {
       const data = randomBytes(12 * 1024 * 1024 + 12345);
       const w = await store.create('data/big/packs/big.pack');
       // Uneven writes, some crossing a 5 MiB part boundary, several buffers per call.
@@ -120,7 +120,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
       await store.remove('data/big/packs/big.pack');
     });
 
-    test('an aborted multi-part object leaves nothing behind', async () => {
+    void test('an aborted multi-part object leaves nothing behind', async () => {
       const w = await store.create('data/big/packs/gone.pack');
       await w.write([randomBytes(11 * 1024 * 1024)]);
       await w.abort();
@@ -128,7 +128,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
       assert.deepEqual(await store.list('data/big'), []);
     });
 
-    test('list is recursive, sorted, sized, and stays inside its folder', async () => {
+    void test('list is recursive, sorted, sized, and stays inside its folder', async () => {
       const names = ['data/l/a/1', 'data/l/a/2', 'data/l/b/c/3', 'data/l/z', 'data/l2/x', 'data/lz'];
       for (const [i, n] of names.entries()) await store.write(n, Buffer.alloc(i + 1, 1));
       for (const p of ['data/l', 'data/l/']) {
@@ -152,7 +152,7 @@ export function storeContract(name: string, make: () => Promise<VaultStore>): vo
       await store.remove('data/lz');
     });
 
-    test('names that could escape the store are refused', async () => {
+    void test('names that could escape the store are refused', async () => {
       for (const bad of ['../x', 'a/../../x', '/etc/passwd', 'a//b', '']) {
         await assert.rejects(store.read(bad), code('INVALID_ARGUMENT'), bad);
       }
