@@ -640,7 +640,7 @@ class MultipartWriter implements StoreWriter {
       } else {
         if (this.pendingBytes > 0) await this.flush(this.take(this.pendingBytes));
         while (this.inFlight.size > 0) await Promise.all(this.inFlight);
-        if (this.error !== undefined) throw this.error;
+        if (this.error !== undefined) throw this.store.failure('upload', this.name, this.error);
         const UploadId = await this.uploadId;
         this.parts.sort((a, b) => a.PartNumber! - b.PartNumber!);
         await this.store.client.send(
