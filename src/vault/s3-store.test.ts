@@ -67,8 +67,8 @@ describe('S3 vault on radosgw', { skip: missing }, () => {
   });
 
   storeContract('S3Store', () => checked());
-  // A bucket of its own: RGW's dbstore once returned the bytes of the first suite's
-  // (deleted) object of the same name and size for this suite's, within one bucket.
+  // A bucket of its own: sharing one with the suite above, this suite's 12 MiB object read
+  // back wrong on RGW's dbstore every run (alone, the same suite passed; not understood).
   storeContract('S3Store with a pack cache', async () => {
     await rgw.makeBucket('dormant-cached');
     return checked({
