@@ -23,6 +23,8 @@
 #     their whole library closure from sid, `dpkg -x` unpacks them into the prefix, and small
 #     wrappers in /usr/local/bin run them through the prefix's own dynamic loader. The host's
 #     apt sources, preferences and installed packages are left exactly as they were.
+#   - Ceph's radosgw (trixie's, with the SQLite dbstore backend) into /opt/dormant/radosgw the
+#     same way, by scripts/setup-radosgw.sh: the real S3 server the S3 vault is tested against.
 #   - The wrapper exports CRIU_FAULT=130 when `criu check` says hardware breakpoints do not work
 #     (some VMs): CRIU then uses PTRACE_SYSCALL instead, and podman (which does not pass the
 #     caller's environment to criu) gets the fallback too. dormant sets it on its own calls as well.
@@ -142,6 +144,10 @@ write_if_changed "$BINDIR/checkpointctl" "#!/bin/sh
 # Written by dormant's scripts/setup.sh: checkpointctl from ${PREFIX}, run through its own loader.
 P=${PREFIX}
 exec \"\$P/${LOADER}\" --argv0 checkpointctl --library-path \"\$P/usr/lib/${TRIPLET}\" \"\$P/usr/bin/checkpointctl\" \"\$@\""
+
+# 3b. Ceph's radosgw into its own private prefix, the same way: the S3 vault's tests run
+#     against it (scripts/setup-radosgw.sh says why trixie's and not the host's).
+bash "$(cd "$(dirname "$0")" && pwd)/setup-radosgw.sh"
 
 # 4. Native helpers into /opt/dormant/bin: dormant-agent (the in-sandbox toolbox agent),
 #    dormant-idmap-mount (sandboxes with a user namespace) and dormant-cuda-ckpt (GPU

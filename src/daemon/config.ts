@@ -77,6 +77,21 @@ export interface DaemonConfig {
   egress: { default: EgressPolicy; tenants: Record<string, EgressPolicy>; dns: string[] };
   /** The container runtime of a sandbox whose create names none, per tenant; gVisor's platform. */
   runtime: { default: RuntimeKind; tenants: Record<string, RuntimeKind>; runscPlatform: RunscPlatform };
+  /** Where checkpoints live: `<dataDir>/vault` unless an S3 URL is set (docs/VAULT.md). */
+  vault: S3VaultConfig | undefined;
+}
+
+/** An S3-compatible bucket as the vault's store. */
+export interface S3VaultConfig {
+  /** `s3://BUCKET[/PREFIX]` */
+  url: string;
+  endpoint?: string;
+  region?: string;
+  accessKeyId?: string;
+  /** The secret, or a command (run with /bin/sh -c) that prints it. */
+  secretAccessKey?: { value: string } | { command: string };
+  cacheBytes: number;
+  partSizeBytes: number;
 }
 
 /** An E2B template id as what a sandbox is made from (api/e2b/templates.ts). */
@@ -245,6 +260,32 @@ const Layer = z.strictObject({
       default: egressPolicy.optional(),
       tenants: z.record(z.string().min(1), egressPolicy).optional(),
       dns: z.array(z.ipv4()).max(3).optional(),
+    })
+    .optional(),
+  vault: z
+    .strictObject({
+      url: z
+        .string()
+        .regex(
+          /^s3:\/\/[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](\/[A-Za-z0-9._/-]*)?$/,
+          'expected s3://BUCKET or s3://BUCKET/PREFIX',
+        )
+        .optional(),
+      endpoint: z
+        .string()
+        .regex(/^https?:\/\/[^\s/]+\/?$/, 'expected http(s)://HOST[:PORT]')
+        .optional(),
+      region: z.string().min(1).optional(),
+      accessKeyId: z.string().min(1).optional(),
+      secretAccessKey: z.string().min(1).optional(),
+      secretAccessKeyCommand: z.string().min(1).optional(),
+      cacheSize: size.optional(),
+      partSize: size
+        .refine(
+          (n) => n >= 5 * 1024 * 1024 && n <= 5 * 1024 ** 3,
+          'expected a size from 5M to 5G (S3 part limits)',
+        )
+        .optional(),
     })
     .optional(),
   meter: z
@@ -450,6 +491,39 @@ function e2bTemplateOf(t: NonNullable<NonNullable<Layer['e2b']>['templates']>[st
   };
 }
 
+/** The vault's store settings, checked as a whole (one setting alone may be fine, not with another). */
+function vaultOf(v: Layer['vault']): S3VaultConfig | undefined {
+  if (v === undefined) return undefined;
+  const problems: string[] = [];
+  if (v.url === undefined) {
+    const set = Object.keys(v).filter((k) => (v as Record<string, unknown>)[k] !== undefined);
+    if (set.length > 0)
+      problems.push(`vault: ${set.join(', ')} set but no vault.url (--vault, DORMANT_VAULT)`);
+  }
+  if (v.secretAccessKey !== undefined && v.secretAccessKeyCommand !== undefined)
+    problems.push('vault: give secretAccessKey or secretAccessKeyCommand, not both');
+  const secret = v.secretAccessKey ?? v.secretAccessKeyCommand;
+  if ((v.accessKeyId === undefined) !== (secret === undefined))
+    problems.push(
+      'vault: accessKeyId and a secret (secretAccessKey, DORMANT_VAULT_SECRET_ACCESS_KEY or secretAccessKeyCommand) go together',
+    );
+  if (problems.length > 0) throw configError(problems);
+  if (v.url === undefined) return undefined;
+  return {
+    url: v.url,
+    ...(v.endpoint !== undefined ? { endpoint: v.endpoint } : {}),
+    ...(v.region !== undefined ? { region: v.region } : {}),
+    ...(v.accessKeyId !== undefined ? { accessKeyId: v.accessKeyId } : {}),
+    ...(v.secretAccessKeyCommand !== undefined
+      ? { secretAccessKey: { command: v.secretAccessKeyCommand } }
+      : v.secretAccessKey !== undefined
+        ? { secretAccessKey: { value: v.secretAccessKey } }
+        : {}),
+    cacheBytes: v.cacheSize ?? DEFAULTS.vault.cacheBytes,
+    partSizeBytes: v.partSize ?? DEFAULTS.vault.partSizeBytes,
+  };
+}
+
 /** The merged layers over the defaults. */
 function resolveConfig(l: Layer): DaemonConfig {
   const D = DEFAULTS;
@@ -534,6 +608,7 @@ function resolveConfig(l: Layer): DaemonConfig {
       tenants: l.egress?.tenants ?? {},
       dns: l.egress?.dns ?? [],
     },
+    vault: vaultOf(l.vault),
     meter: {
       intervalMs: l.meter?.interval ?? D.meter.intervalMs,
       prices: {
@@ -688,6 +763,23 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       tenants: Object.fromEntries(Object.entries(c.egress.tenants).map(([t, p]) => [t, egressText(p)])),
       dns: c.egress.dns,
     },
+    ...(c.vault
+      ? {
+          vault: {
+            url: c.vault.url,
+            ...(c.vault.endpoint !== undefined ? { endpoint: c.vault.endpoint } : {}),
+            ...(c.vault.region !== undefined ? { region: c.vault.region } : {}),
+            ...(c.vault.accessKeyId !== undefined ? { accessKeyId: c.vault.accessKeyId } : {}),
+            ...(c.vault.secretAccessKey === undefined
+              ? {}
+              : 'command' in c.vault.secretAccessKey
+                ? { secretAccessKeyCommand: '<redacted>' }
+                : { secretAccessKey: '<redacted>' }),
+            cacheSize: exactSize(c.vault.cacheBytes),
+            partSize: exactSize(c.vault.partSizeBytes),
+          },
+        }
+      : {}),
     importLimits: {
       maxBytes: exactSize(c.importLimits.maxBytes),
       maxMemberBytes: exactSize(c.importLimits.maxMemberBytes),

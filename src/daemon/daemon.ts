@@ -34,7 +34,8 @@ import { registerCostRoutes } from '../api/routes-cost.js';
 import { registerImageRoutes } from '../api/routes-images.js';
 import { ImageService, type ImageServiceOptions } from '../control/images.js';
 import { registerE2bInfo, startE2bFront, type E2bFront } from '../api/e2b/front.js';
-import { defaultConfig, type DaemonConfig, type E2bTemplateConfig } from './config.js';
+import { defaultConfig, type DaemonConfig, type E2bTemplateConfig, type S3VaultConfig } from './config.js';
+import { s3VaultStore } from './vault-store.js';
 
 /** What the daemon hands to the controller as the operator set it (documented on ControllerOptions). */
 const CONTROLLER_SETTINGS = [
@@ -78,6 +79,8 @@ export interface DaemonOptions extends ControllerSettings, RuntimeSettings, Serv
   listen?: string;
   /** The vault's master key. Default `<dataDir>/master.key`. */
   masterKey?: MasterKeySource;
+  /** Checkpoints in an S3-compatible bucket instead of `<dataDir>/vault` (docs/VAULT.md). */
+  vault?: S3VaultConfig;
   /** A seccomp profile file (OCI `linux.seccomp` JSON) for every sandbox. */
   seccompProfile?: string;
   /** gVisor's platform for runsc sandboxes (runsc.ts). Default ptrace. */
@@ -178,6 +181,7 @@ export function optionsFromConfig(c: DaemonConfig, sink?: LogSink): DaemonOption
     dataDir: c.dataDir,
     listen: c.listen,
     masterKey: masterKeySource(c),
+    ...(c.vault ? { vault: c.vault } : {}),
     logger: c.log,
     log,
     seccompProfile: c.sandbox.seccompProfile,
@@ -311,7 +315,9 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     });
   }
   const masterKey = opts.masterKey!;
-  const vault = await openVault({ dir: join(dataDir, 'vault'), masterKey, onWarning: warn });
+  const vaultDir = join(dataDir, 'vault');
+  const s3 = opts.vault ? await s3VaultStore(opts.vault, vaultDir, warn) : undefined;
+  const vault = await openVault({ dir: vaultDir, masterKey, onWarning: warn, ...(s3 ? { store: s3 } : {}) });
   // --env values are sealed in the database with the tenant's key from the vault.
   const secrets = await TenantSecrets.open({ store: vault.store, masterKey });
   const criu = await getCriu();
@@ -502,6 +508,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       await controller.settle();
       await images.close();
       await vault.close();
+      s3?.destroy();
       store.close();
       secrets.close();
       await releaseStaging(stagingDir);

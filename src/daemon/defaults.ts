@@ -58,6 +58,8 @@ export const DEFAULTS = {
     /** How long CRIU's dump may run before it is ended as hung. */
     timeoutMs: 120_000,
   },
+  /** An S3 vault's local pack cache and upload part size (docs/VAULT.md). */
+  vault: { cacheBytes: 2 * 1024 ** 3, partSizeBytes: 8 * 1024 ** 2 },
   restore: {
     lazy: true,
     pagesFromVault: true,

@@ -312,4 +312,53 @@ export const SETTINGS: readonly Setting[] = [
     env: 'DORMANT_IMAGE_GC_INTERVAL',
     help: 'how often unpacked images and blobs no sandbox uses are removed (0: never)',
   },
+  {
+    key: 'vault.url',
+    kind: 'string',
+    env: 'DORMANT_VAULT',
+    flag: '--vault <url>',
+    help: 'keep checkpoints in an S3-compatible bucket, s3://BUCKET[/PREFIX], instead of <data-dir>/vault (docs/VAULT.md)',
+  },
+  {
+    key: 'vault.endpoint',
+    kind: 'string',
+    env: 'DORMANT_VAULT_ENDPOINT',
+    help: "the S3 server's URL (http://127.0.0.1:7480 for RGW or MinIO); default: AWS's for the region",
+  },
+  {
+    key: 'vault.region',
+    kind: 'string',
+    env: 'DORMANT_VAULT_REGION',
+    help: "the bucket's region (default us-east-1)",
+  },
+  {
+    key: 'vault.accessKeyId',
+    kind: 'string',
+    env: 'DORMANT_VAULT_ACCESS_KEY_ID',
+    help: "the S3 access key id (default: the AWS SDK's credential chain: AWS_ACCESS_KEY_ID, profiles, instance roles)",
+  },
+  {
+    key: 'vault.secretAccessKey',
+    kind: 'string',
+    env: 'DORMANT_VAULT_SECRET_ACCESS_KEY',
+    help: 'the S3 secret key (prefer the variable or secretAccessKeyCommand to the file)',
+  },
+  {
+    key: 'vault.secretAccessKeyCommand',
+    kind: 'string',
+    env: 'DORMANT_VAULT_SECRET_ACCESS_KEY_COMMAND',
+    help: 'a command (run with /bin/sh -c) that prints the S3 secret key',
+  },
+  {
+    key: 'vault.cacheSize',
+    kind: 'size',
+    env: 'DORMANT_VAULT_CACHE_SIZE',
+    help: "local cache of an S3 vault's packs in <data-dir>/vault/cache (0: none)",
+  },
+  {
+    key: 'vault.partSize',
+    kind: 'size',
+    env: 'DORMANT_VAULT_PART_SIZE',
+    help: "an S3 vault's multipart upload part size (at least 5M)",
+  },
 ];

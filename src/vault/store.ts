@@ -1,7 +1,7 @@
 /**
  * The storage port under the vault: named, immutable objects, written atomically. The vault
  * never updates an object in place; it writes new ones and deletes old ones, so the same port
- * fits a local directory (the default, below) and an S3-compatible bucket (a later adapter:
+ * fits a local directory (the default, below) and an S3-compatible bucket (s3-store.ts:
  * `create` maps to a multipart upload, `commit` to completing it, `openReader` to ranged GETs).
  *
  * Names are `/`-separated relative paths made of [A-Za-z0-9._-] segments.
@@ -70,7 +70,8 @@ export interface VaultStore {
 
 export const TMP_MARK = '.tmp-';
 
-function checkName(name: string): void {
+/** Refuses names that are not `/`-separated [A-Za-z0-9._-] segments (no `..`, no `.`, no empty ones). */
+export function checkName(name: string): void {
   if (
     !/^[A-Za-z0-9._-]+(\/[A-Za-z0-9._-]+)*$/.test(name) ||
     name.split('/').some((s) => s === '..' || s === '.')

@@ -8,6 +8,7 @@ import pc from 'picocolors';
 import { join } from 'node:path';
 import { formatBytes, formatDurationMs } from '../../domain/units.js';
 import type { MasterKeySource, Vault } from '../../vault/index.js';
+import type { S3VaultConfig } from '../../daemon/config.js';
 import { EXIT_ERROR, EXIT_OK, printJson } from '../output.js';
 
 interface CommonOpts {
@@ -17,7 +18,9 @@ interface CommonOpts {
 }
 
 /** The daemon's data directory and master key: its configuration (file, DORMANT_* variables), --data-dir over it. */
-async function vaultOf(opts: CommonOpts): Promise<{ dataDir: string; masterKey: MasterKeySource }> {
+async function vaultOf(
+  opts: CommonOpts,
+): Promise<{ dataDir: string; masterKey: MasterKeySource; s3: S3VaultConfig | undefined }> {
   // Loaded when a vault command runs: the rest of the CLI starts without the daemon's modules.
   const { loadConfig } = await import('../../daemon/config.js');
   const { masterKeySource } = await import('../../daemon/daemon.js');
@@ -25,17 +28,28 @@ async function vaultOf(opts: CommonOpts): Promise<{ dataDir: string; masterKey: 
     ...(opts.config !== undefined ? { file: opts.config } : {}),
     flags: opts.dataDir !== undefined ? { dataDir: opts.dataDir } : {},
   });
-  return { dataDir: config.dataDir, masterKey: masterKeySource(config) };
+  return { dataDir: config.dataDir, masterKey: masterKeySource(config), s3: config.vault };
 }
 
 async function withVault<T>(opts: CommonOpts, create: boolean, fn: (v: Vault) => Promise<T>): Promise<T> {
-  const { dataDir, masterKey } = await vaultOf(opts);
+  const { dataDir, masterKey, s3 } = await vaultOf(opts);
   const { openVault } = await import('../../vault/index.js');
-  const vault = await openVault({ dir: join(dataDir, 'vault'), masterKey, create });
+  const dir = join(dataDir, 'vault');
+  // An S3 vault (the daemon's vault.url) is opened the way the daemon opens it.
+  const store = s3
+    ? await (
+        await import('../../daemon/vault-store.js')
+      ).s3VaultStore(s3, dir, (m) => process.stderr.write(`warning: ${m}\n`))
+    : undefined;
   try {
-    return await fn(vault);
+    const vault = await openVault({ dir, masterKey, create, ...(store ? { store } : {}) });
+    try {
+      return await fn(vault);
+    } finally {
+      await vault.close();
+    }
   } finally {
-    await vault.close();
+    store?.destroy();
   }
 }
 

@@ -1,0 +1,209 @@
+/**
+ * A local cache of an S3 vault's packs, bounded in bytes: a pack written or read on this node
+ * is kept as a file, and the least recently used go when the cache is over its bound. Packs
+ * are immutable (gc writes new ones under new names), so a cached copy is never stale; it is
+ * sealed ciphertext, as in the bucket. Only `.pack` objects are cached: indexes and manifests
+ * are small and read once per process.
+ *
+ * A file is complete when it has its name (written to a temporary, then renamed), so a crash
+ * leaves at most temporaries, removed when the cache is next opened.
+ */
+import { mkdir, open, readdir, rename, rm, stat, type FileHandle } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { join } from 'node:path';
+import { DormantError, ErrorCode } from '../domain/errors.js';
+import type { StoreReader } from './store.js';
+
+export interface CacheWriter {
+  write(p: Uint8Array): Promise<void>;
+  commit(): Promise<void>;
+  abort(): Promise<void>;
+}
+
+const TMP = '.tmp-';
+
+export class PackCache {
+  /** name -> size, in order of last use (a Map keeps insertion order: re-insert on use). */
+  private readonly files = new Map<string, number>();
+  private total = 0;
+  private ready: Promise<void> | undefined;
+  private readonly filling = new Map<string, Promise<StoreReader | undefined>>();
+
+  constructor(
+    private readonly dir: string,
+    private readonly maxBytes: number,
+  ) {}
+
+  private file(name: string): string {
+    // Object names are [A-Za-z0-9._-] segments: '+' cannot occur in them, so this is one to one.
+    return join(this.dir, name.replaceAll('/', '+'));
+  }
+
+  private init(): Promise<void> {
+    this.ready ??= (async () => {
+      await mkdir(this.dir, { recursive: true, mode: 0o700 });
+      const found: { name: string; size: number; atime: number }[] = [];
+      for (const f of await readdir(this.dir)) {
+        const p = join(this.dir, f);
+        if (f.includes(TMP)) {
+          await rm(p, { force: true });
+          continue;
+        }
+        const st = await stat(p).catch(() => undefined);
+        if (st?.isFile()) found.push({ name: f.replaceAll('+', '/'), size: st.size, atime: st.atimeMs });
+      }
+      found.sort((a, b) => a.atime - b.atime);
+      for (const f of found) this.note(f.name, f.size);
+      await this.evict();
+    })();
+    return this.ready;
+  }
+
+  private note(name: string, size: number): void {
+    const had = this.files.get(name);
+    if (had !== undefined) {
+      this.files.delete(name);
+      this.total -= had;
+    }
+    this.files.set(name, size);
+    this.total += size;
+  }
+
+  private async evict(): Promise<void> {
+    for (const [name, size] of this.files) {
+      if (this.total <= this.maxBytes) break;
+      this.files.delete(name);
+      this.total -= size;
+      // A reader that has it open keeps reading: the inode lives until it closes.
+      await rm(this.file(name), { force: true });
+    }
+  }
+
+  /** Whether an object of this size is worth caching: a pack, at most a quarter of the bound. */
+  wants(name: string, size: number): boolean {
+    return name.endsWith('.pack') && size <= this.maxBytes / 4;
+  }
+
+  /** A reader on the cached copy, or undefined when there is none. */
+  async open(name: string): Promise<StoreReader | undefined> {
+    if (!name.endsWith('.pack')) return undefined;
+    await this.init();
+    const size = this.files.get(name);
+    if (size === undefined) return undefined;
+    let h: FileHandle;
+    try {
+      h = await open(this.file(name), 'r');
+    } catch {
+      this.files.delete(name);
+      this.total -= size;
+      return undefined;
+    }
+    this.note(name, size);
+    return fileReader(name, h, size);
+  }
+
+  /** Fetches `name` whole with `get` into the cache, once even when asked twice at once. */
+  fill(name: string, size: number, get: (into: Buffer) => Promise<number>): Promise<StoreReader | undefined> {
+    let p = this.filling.get(name);
+    if (p === undefined) {
+      p = (async () => {
+        await this.init();
+        const b = Buffer.allocUnsafe(size);
+        const got = await get(b);
+        if (got !== size) return undefined;
+        await this.keep(name, b);
+        return undefined;
+      })().finally(() => this.filling.delete(name));
+      this.filling.set(name, p);
+    }
+    return p.then(() => this.open(name));
+  }
+
+  /** Keeps a copy of an object just written whole. */
+  async keep(name: string, data: Uint8Array): Promise<void> {
+    const w = await this.writer(name);
+    try {
+      await w.write(data);
+      await w.commit();
+    } catch (e) {
+      await w.abort();
+      throw e;
+    }
+  }
+
+  /** Writes a copy while the object is being uploaded; `commit` once the upload has committed. */
+  async writer(name: string): Promise<CacheWriter> {
+    await this.init();
+    const final = this.file(name);
+    const tmp = `${final}${TMP}${randomBytes(6).toString('hex')}`;
+    const h = await open(tmp, 'wx', 0o600);
+    let size = 0;
+    let closed = false;
+    const close = async (): Promise<void> => {
+      if (closed) return;
+      closed = true;
+      await h.close();
+    };
+    return {
+      write: async (p) => {
+        await h.write(p);
+        size += p.length;
+      },
+      commit: async () => {
+        await close();
+        if (!this.wants(name, size)) {
+          await rm(tmp, { force: true });
+          return;
+        }
+        await rename(tmp, final);
+        this.note(name, size);
+        await this.evict();
+      },
+      abort: async () => {
+        await close().catch(() => undefined);
+        await rm(tmp, { force: true });
+      },
+    };
+  }
+
+  /** Forgets a removed object. */
+  async drop(name: string): Promise<void> {
+    if (!name.endsWith('.pack')) return;
+    await this.init();
+    const size = this.files.get(name);
+    if (size !== undefined) {
+      this.files.delete(name);
+      this.total -= size;
+    }
+    await rm(this.file(name), { force: true });
+  }
+
+  /** Bytes held now (tests). */
+  get bytes(): number {
+    return this.total;
+  }
+}
+
+function fileReader(name: string, h: FileHandle, sizeBytes: number): StoreReader {
+  return {
+    sizeBytes,
+    async read(offset: number, length: number, target?: Buffer): Promise<Buffer> {
+      const b = target ? target.subarray(0, length) : Buffer.allocUnsafe(length);
+      let got = 0;
+      while (got < length) {
+        const { bytesRead } = await h.read(b, got, length - got, offset + got);
+        if (bytesRead === 0) break;
+        got += bytesRead;
+      }
+      if (got !== length) {
+        throw new DormantError(
+          ErrorCode.VAULT_CORRUPT,
+          `vault object ${name} is truncated: wanted ${length} bytes at ${offset}, got ${got}`,
+          { details: { object: name } },
+        );
+      }
+      return b;
+    },
+    close: () => h.close(),
+  };
+}
