@@ -11,8 +11,7 @@
 import { mkdir, open, readdir, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
-import { DormantError, ErrorCode } from '../domain/errors.js';
-import type { StoreReader } from './store.js';
+import { fileReader, type StoreReader } from './store.js';
 
 export interface CacheWriter {
   write(p: Uint8Array): Promise<void>;
@@ -182,28 +181,4 @@ export class PackCache {
   get bytes(): number {
     return this.total;
   }
-}
-
-function fileReader(name: string, h: FileHandle, sizeBytes: number): StoreReader {
-  return {
-    sizeBytes,
-    async read(offset: number, length: number, target?: Buffer): Promise<Buffer> {
-      const b = target ? target.subarray(0, length) : Buffer.allocUnsafe(length);
-      let got = 0;
-      while (got < length) {
-        const { bytesRead } = await h.read(b, got, length - got, offset + got);
-        if (bytesRead === 0) break;
-        got += bytesRead;
-      }
-      if (got !== length) {
-        throw new DormantError(
-          ErrorCode.VAULT_CORRUPT,
-          `vault object ${name} is truncated: wanted ${length} bytes at ${offset}, got ${got}`,
-          { details: { object: name } },
-        );
-      }
-      return b;
-    },
-    close: () => h.close(),
-  };
 }

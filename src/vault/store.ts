@@ -70,6 +70,31 @@ export interface VaultStore {
 
 export const TMP_MARK = '.tmp-';
 
+/** A StoreReader over an open file of `sizeBytes` (object `name`, for messages); closing it closes `h`. */
+export function fileReader(name: string, h: FileHandle, sizeBytes: number): StoreReader {
+  return {
+    sizeBytes,
+    async read(offset: number, length: number, target?: Buffer): Promise<Buffer> {
+      const b = target ? target.subarray(0, length) : Buffer.allocUnsafe(length);
+      let got = 0;
+      while (got < length) {
+        const { bytesRead } = await h.read(b, got, length - got, offset + got);
+        if (bytesRead === 0) break;
+        got += bytesRead;
+      }
+      if (got !== length) {
+        throw new DormantError(
+          ErrorCode.VAULT_CORRUPT,
+          `vault object ${name} is truncated: wanted ${length} bytes at ${offset}, got ${got}`,
+          { details: { object: name } },
+        );
+      }
+      return b;
+    },
+    close: () => h.close(),
+  };
+}
+
 /** Refuses names that are not `/`-separated [A-Za-z0-9._-] segments (no `..`, no `.`, no empty ones). */
 export function checkName(name: string): void {
   if (
@@ -142,30 +167,7 @@ export class LocalDirStore implements VaultStore {
       }
       throw ioError(`opening ${name}`, e);
     }
-    const sizeBytes = (await h.stat()).size;
-    return {
-      sizeBytes,
-      async read(offset: number, length: number, target?: Buffer): Promise<Buffer> {
-        const b = target ? target.subarray(0, length) : Buffer.allocUnsafe(length);
-        let got = 0;
-        while (got < length) {
-          const { bytesRead } = await h.read(b, got, length - got, offset + got);
-          if (bytesRead === 0) break;
-          got += bytesRead;
-        }
-        if (got !== length) {
-          throw new DormantError(
-            ErrorCode.VAULT_CORRUPT,
-            `vault object ${name} is truncated: wanted ${length} bytes at ${offset}, got ${got}`,
-            { details: { object: name } },
-          );
-        }
-        return b;
-      },
-      async close(): Promise<void> {
-        await h.close();
-      },
-    };
+    return fileReader(name, h, (await h.stat()).size);
   }
 
   async write(name: string, data: Uint8Array): Promise<void> {
