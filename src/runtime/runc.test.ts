@@ -22,6 +22,7 @@ import {
   removeRuntimeFolders,
   runtimeFolders,
   type RuntimeFolders,
+  waitFor,
 } from './testing/host.js';
 
 const skip = await cannotRun('criu', 'python3');
@@ -49,16 +50,6 @@ http.server.HTTPServer(('0.0.0.0', 8080), H).serve_forever()
 `;
 
 const TICKER = 'i=0; while true; do i=$((i+1)); echo $i > /counter; echo tick $i; sleep 0.1; done';
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 5000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => undefined);
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 async function get(url: string, timeoutMs = 2000): Promise<string> {
   const res = await fetch(url, { signal: AbortSignal.timeout(timeoutMs) });

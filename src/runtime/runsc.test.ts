@@ -17,6 +17,7 @@ import {
   removeRuntimeFolders,
   runtimeFolders,
   type RuntimeFolders,
+  waitFor,
 } from './testing/host.js';
 
 const skip =
@@ -24,16 +25,6 @@ const skip =
   ((await which('runsc')) === undefined ? 'runsc not installed (scripts/setup.sh)' : false);
 
 const TICKER = 'i=0; while true; do i=$((i+1)); echo $i > /counter; echo tick $i; sleep 0.1; done';
-
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined>, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => undefined);
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 /** runsc's host processes (sentry, gofer) whose command line names `needle`. */
 async function runscProcesses(needle: string): Promise<string[]> {

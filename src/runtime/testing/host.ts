@@ -106,3 +106,18 @@ export async function removeRuntimeFolders(f: RuntimeFolders, runtimes: RuncRunt
   await rm(f.tmp, { recursive: true, force: true });
   await rm(f.shm, { recursive: true, force: true });
 }
+
+/** Calls `fn` every 50 ms until it gives a value (a throw counts as none); fails after `timeoutMs`. */
+export async function waitFor<T>(
+  what: string,
+  fn: () => Promise<T | undefined>,
+  timeoutMs = 10_000,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn().catch(() => undefined);
+    if (v !== undefined) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
