@@ -78,10 +78,10 @@ test(
         method: 'PUT',
         body: parts(),
         duplex: 'half',
-      } as RequestInit);
+      });
       const reader = res.body!.getReader();
       const first = await reader.read();
-      assert.equal(Buffer.from(first.value!).toString(), 'got one,two\n');
+      assert.equal(Buffer.from(first.value).toString(), 'got one,two\n');
       release();
       let rest = '';
       for (let r = await reader.read(); !r.done; r = await reader.read())
