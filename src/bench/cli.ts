@@ -86,11 +86,17 @@ export const cliSuite: BenchSuite = {
         command: ['/bin/sh', '-c', 'while true; do sleep 1; done'],
         memory: '64M',
       });
+      // Each operation after the same pause: a hibernate right after a (lazy) resume waits for
+      // the pages still coming in, which would charge whichever side ran second.
+      const settled = async <T>(fn: () => Promise<T>): Promise<T> => {
+        await new Promise((r) => setTimeout(r, 1000));
+        return fn();
+      };
       for (let i = 0; i < opRounds; i++) {
-        ops.hibernate.api.push(await api('hibernate', sb.id));
-        ops.resume.api.push(await api('resume', sb.id));
-        ops.hibernate.cli.push(await timedRun([BIN, 'hibernate', sb.id], env));
-        ops.resume.cli.push(await timedRun([BIN, 'resume', sb.id], env));
+        ops.hibernate.api.push(await settled(() => api('hibernate', sb.id)));
+        ops.resume.api.push(await settled(() => api('resume', sb.id)));
+        ops.hibernate.cli.push(await settled(() => timedRun([BIN, 'hibernate', sb.id], env)));
+        ops.resume.cli.push(await settled(() => timedRun([BIN, 'resume', sb.id], env)));
       }
       await call('DELETE', `/v1/sandboxes/${sb.id}`);
     } finally {
