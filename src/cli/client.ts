@@ -1,8 +1,9 @@
-/** The CLI's connection to the daemon: URL and token from the environment (./env.ts). */
+/** The CLI's connection to the daemon: URL and token from the environment (./env.ts), over node:http (./http-fetch.ts). */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { DormantClient } from '../sdk/client.js';
 import { cliEnv, daemonUrl, defaultDataDir, tokenFromEnvVar } from './env.js';
+import { httpFetch } from './http-fetch.js';
 
 /** DORMANT_TOKEN, else the admin token file under the data directory when it is readable. */
 export function tokenFromEnv(env: NodeJS.ProcessEnv = cliEnv()): string | undefined {
@@ -17,5 +18,5 @@ export function tokenFromEnv(env: NodeJS.ProcessEnv = cliEnv()): string | undefi
 
 export function clientFromEnv(env: NodeJS.ProcessEnv = cliEnv()): DormantClient {
   const token = tokenFromEnv(env);
-  return new DormantClient({ url: daemonUrl(env), ...(token ? { token } : {}) });
+  return new DormantClient({ url: daemonUrl(env), fetch: httpFetch, ...(token ? { token } : {}) });
 }

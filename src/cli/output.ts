@@ -12,6 +12,16 @@ export function printJson(value: unknown): void {
 }
 
 /**
+ * A DormantError of another copy of the class: the bundled CLI (scripts/build-cli.mjs) inlines
+ * its own, while what it imports lazily from dist/ (the daemon, the vault) throws dist's.
+ */
+function isForeignDormantError(e: unknown): e is DormantError {
+  return (
+    e instanceof Error && e.name === 'DormantError' && typeof (e as { code?: unknown }).code === 'string'
+  );
+}
+
+/**
  * Prints an error as every command does: code and message (and hint) on stderr, or
  * `{"error":{...}}` on stdout with --json. Returns the exit code to use.
  */
@@ -19,12 +29,14 @@ export function reportError(e: unknown, json: boolean): number {
   const err =
     e instanceof DormantError
       ? e
-      : e instanceof DormantApiError
+      : isForeignDormantError(e)
         ? DormantError.relayed(e.code, e.message, e.status, e.hint)
-        : new DormantError('INTERNAL', asError(e).message, {
-            cause: e,
-            hint: 'this is a bug in dormant; please report it',
-          });
+        : e instanceof DormantApiError
+          ? DormantError.relayed(e.code, e.message, e.status, e.hint)
+          : new DormantError('INTERNAL', asError(e).message, {
+              cause: e,
+              hint: 'this is a bug in dormant; please report it',
+            });
   if (json) {
     printJson({ error: err.toJSON() });
   } else {

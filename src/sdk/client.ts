@@ -67,6 +67,8 @@ export interface ClientOptions {
   token?: string;
   /** Per-request timeout in milliseconds. Default 300 000 (hibernate and resume take seconds). */
   timeoutMs?: number;
+  /** The fetch to send requests with. Default: the global one (the dormant CLI brings a lighter one). */
+  fetch?: typeof globalThis.fetch;
 }
 
 export interface CallOptions {
@@ -77,11 +79,14 @@ export class DormantClient {
   readonly url: string;
   private readonly token: string | undefined;
   private readonly timeoutMs: number;
+  private readonly fetch: typeof globalThis.fetch;
 
   constructor(opts: ClientOptions = {}) {
     this.url = (opts.url ?? DEFAULT_URL).replace(/\/$/, '');
     this.token = opts.token;
     this.timeoutMs = opts.timeoutMs ?? 300_000;
+    // The global is looked up at each call, as before this option.
+    this.fetch = opts.fetch ?? ((input, init) => globalThis.fetch(input, init));
   }
 
   /**
@@ -100,7 +105,7 @@ export class DormantClient {
     let res: Response;
     const raw = opts.rawBody;
     try {
-      res = await fetch(`${this.url}${path}`, {
+      res = await this.fetch(`${this.url}${path}`, {
         method,
         headers: {
           ...(this.token ? { authorization: `Bearer ${this.token}` } : {}),
@@ -185,7 +190,7 @@ export class DormantClient {
     const raw = opts.rawBody;
     let res: Response;
     try {
-      res = await fetch(`${this.url}${path}`, {
+      res = await this.fetch(`${this.url}${path}`, {
         method,
         headers: {
           ...(this.token ? { authorization: `Bearer ${this.token}` } : {}),
@@ -283,7 +288,7 @@ export class DormantClient {
   }
   /** Streams the sandbox's output as it grows; ends when the signal aborts or the sandbox is deleted. */
   async followLogs(id: string, onChunk: (text: string) => void, opts: CallOptions = {}): Promise<void> {
-    const res = await fetch(`${this.url}/v1/sandboxes/${encodeURIComponent(id)}/logs?follow=1`, {
+    const res = await this.fetch(`${this.url}/v1/sandboxes/${encodeURIComponent(id)}/logs?follow=1`, {
       headers: this.token ? { authorization: `Bearer ${this.token}` } : {},
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
@@ -387,7 +392,7 @@ export class DormantClient {
     const q = opts.sinceId !== undefined ? `?since=${opts.sinceId}` : '';
     let res: Response;
     try {
-      res = await fetch(`${this.url}/v1/events${q}`, {
+      res = await this.fetch(`${this.url}/v1/events${q}`, {
         headers: this.token ? { authorization: `Bearer ${this.token}` } : {},
         ...(opts.signal ? { signal: opts.signal } : {}),
       });
@@ -474,7 +479,7 @@ export class DormantClient {
     const path = `/v1/checkpoints/${encodeURIComponent(id)}/export?${q.toString()}`;
     let res: Response;
     try {
-      res = await fetch(`${this.url}${path}`, {
+      res = await this.fetch(`${this.url}${path}`, {
         headers: this.token ? { authorization: `Bearer ${this.token}` } : {},
         ...(o.signal ? { signal: o.signal } : {}),
       });

@@ -13,9 +13,8 @@
  * - LimitCORE=0 and UMask=0077: a core dump of the daemon would hold keys and sandbox memory in
  *   plaintext; files it creates are its own.
  */
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
-import { dirname, isAbsolute, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { existsSync, mkdirSync, realpathSync, writeFileSync } from 'node:fs';
+import { isAbsolute, join, resolve } from 'node:path';
 import type { Command } from '@commander-js/extra-typings';
 import { DormantError } from '../../domain/errors.js';
 import { run } from '../../sys/exec.js';
@@ -84,9 +83,12 @@ export function renderUnit(o: UnitOptions): string {
   ].join('\n');
 }
 
-/** bin/dormant of this checkout: two folders above dist/cli/commands. */
+/**
+ * bin/dormant of this checkout: the script this process runs (the CLI has no other entry; this
+ * module may run from the bundle in dist/cli, so not a path relative to its own file).
+ */
 function dormantBin(): string {
-  return resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'bin', 'dormant');
+  return realpathSync(process.argv[1] ?? 'bin/dormant');
 }
 
 /** True where systemd is the running init (what sd_booted checks). */

@@ -12,6 +12,7 @@ import { DormantError, ErrorCode } from '../../domain/errors.js';
 import { apiError } from '../../sdk/errors.js';
 import type { CommandEvent, CommandInfo, FileInfo } from '../../sdk/contract.gen.js';
 import { clientFromEnv, tokenFromEnv } from '../client.js';
+import { httpFetch } from '../http-fetch.js';
 import { daemonUrl } from '../env.js';
 import { printJson } from '../output.js';
 
@@ -44,7 +45,7 @@ async function call(
   }
   let res: Response;
   try {
-    res = await fetch(`${base}${path}`, {
+    res = await httpFetch(`${base}${path}`, {
       method,
       headers,
       ...(payload !== undefined ? { body: payload } : {}),
