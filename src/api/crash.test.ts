@@ -72,12 +72,22 @@ interface Child {
   exited: Promise<NodeJS.Signals | null>;
 }
 
-async function startCrashDaemon(dataDir: string, crashAt: string, stageLazyPages = false): Promise<Child> {
+/**
+ * A daemon in a child process that kills itself at `crashAt`. `lazy`: its sandboxes resume
+ * lazily, which in a user namespace needs vm.unprivileged_userfaultfd = 1 (runtime/userns.ts):
+ * they get none, so the lazy restore these tests cut short runs whatever the host's setting.
+ */
+async function startCrashDaemon(
+  dataDir: string,
+  crashAt: string,
+  { lazy = false, stageLazyPages = false }: { lazy?: boolean; stageLazyPages?: boolean } = {},
+): Promise<Child> {
   const proc = spawn(process.execPath, [CRASH_DAEMON, dataDir], {
     env: {
       ...process.env,
       DORMANT_TEST_CRASH_AT: crashAt,
       ...(stageLazyPages ? { DORMANT_TEST_STAGE_LAZY_PAGES: '1' } : {}),
+      ...(lazy ? { DORMANT_TEST_USER_NAMESPACE: '0' } : {}),
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -262,7 +272,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
   for (const step of ['resume:restored', 'resume:pages-pending']) {
     test(`crash at ${step} (lazy restore in flight): the sandbox is hibernated again, its memory intact`, async () => {
       const data = join(dir, step.replace(':', '-'));
-      const child = await startCrashDaemon(data, step);
+      const child = await startCrashDaemon(data, step, { lazy: true });
       children.push(child.proc);
       const sb = await create(child.client, 'victim');
       const [n, token] = await serveCounter(sb);
@@ -299,7 +309,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
   test('crash while the pages stream from the vault: the processes are ended before any runs on missing memory', async () => {
     const data = join(dir, 'pages-streaming');
     // No crash step: this test kills the daemon itself, once about half of the memory is in.
-    const child = await startCrashDaemon(data, 'none');
+    const child = await startCrashDaemon(data, 'none', { lazy: true });
     children.push(child.proc);
     const sb = await child.client.createSandbox({
       name: 'checker',
@@ -361,7 +371,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
   test("crash while staged pages stream in: CRIU's own lazy-pages daemon finishes, the sandbox runs on whole", async () => {
     const step = 'resume:pages-pending';
     const data = join(dir, 'staged-streaming');
-    const child = await startCrashDaemon(data, step, true);
+    const child = await startCrashDaemon(data, step, { lazy: true, stageLazyPages: true });
     children.push(child.proc);
     // Mostly resting between passes: a process that asks for few pages, so CRIU's daemon is
     // still at its copy when the daemon dies. Big enough that the copy outlasts the resume's

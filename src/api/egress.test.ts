@@ -16,7 +16,19 @@ import { eventually, httpGet } from './testing/host.js';
 import { startOutside, type Outside } from './testing/outside.js';
 
 /** What a TCP server sends before it closes. */
-function tcpRead(host: string, port: number): Promise<string> {
+/** What a TCP listener sends, once it listens (a sandbox's server may still be starting). */
+async function tcpRead(host: string, port: number): Promise<string> {
+  for (let i = 0; ; i++) {
+    try {
+      return await tcpReadOnce(host, port);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ECONNREFUSED' || i >= 50) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+function tcpReadOnce(host: string, port: number): Promise<string> {
   return new Promise((resolve, reject) => {
     let got = '';
     const c = connect({ host, port, timeout: 5000 }, () => undefined);

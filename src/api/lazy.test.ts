@@ -93,9 +93,16 @@ function inspectAtRestored(step: string): void {
   Object.assign(inspectStagingOf, stagedPages(inspectStagingOf.dataDir, inspectStagingOf.id));
 }
 
+/**
+ * What these tests' daemons share. Their sandboxes have no user namespace: in one, a lazy
+ * restore needs vm.unprivileged_userfaultfd = 1 (runtime/userns.ts), and these tests are about
+ * lazy restore whatever the host's setting.
+ */
+const LAZY = { proxy: false, policy: false, userNamespace: false } as const;
+
 /** A daemon of these tests on `dataDir` (its sandboxes removed at the end), with its client. */
 async function open(opts: Omit<DaemonOptions, 'listen'>): Promise<TestDaemon> {
-  const started = await startTestDaemon({ proxy: false, policy: false, ...opts });
+  const started = await startTestDaemon({ ...LAZY, ...opts });
   others.push(started.daemon);
   return started;
 }
@@ -259,9 +266,8 @@ test('a daemon shut down while pages stream in from the vault waits for them: th
   const data = join(dir, 'shutdown');
   // Not in `others` until it is opened again: this test closes it.
   const d = await startTestDaemon({
+    ...LAZY,
     dataDir: data,
-    proxy: false,
-    policy: false,
     pagesFromVaultAboveBytes: 0,
   });
   const c = d.client;

@@ -72,6 +72,8 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
       proxy: false,
       policy: false,
       allowedSourceRoots: [dir],
+      // podman's checkpoints have no user namespace: a node that imports them runs without.
+      userNamespace: false,
     }));
   });
 

@@ -22,7 +22,7 @@ import Database from 'better-sqlite3';
 import { bundleDirFor, startDaemon, stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { filesHolding } from './testing/host.js';
-import { startTestDaemon, stopTestDaemon, tearDown, testFolder } from './testing/daemon.js';
+import { TEST_DAEMON, startTestDaemon, stopTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { SEALED_VALUE_PREFIX } from '../vault/index.js';
 
 const CRASH_DAEMON = fileURLToPath(new URL('./testing/crash-daemon.js', import.meta.url));
@@ -141,8 +141,10 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
     assert.equal(mode(config(sb.id)), '600');
   });
 
-  test('private files: the data dir 0700; state.db, -wal, -shm, output.log, sandbox.json 0600', async () => {
-    assert.equal(mode(data), '700');
+  test('private files: the data dir 0700 (0701 with user namespaces); state.db, -wal, -shm, output.log, sandbox.json 0600', async () => {
+    // With user namespaces others may search the data folder (not list or read it): the
+    // sandboxes' mapped roots walk through it to their root filesystems.
+    assert.equal(mode(data), TEST_DAEMON.userNamespace ? '701' : '700');
     for (const f of ['state.db', 'state.db-wal', 'state.db-shm']) assert.equal(mode(join(data, f)), '600', f);
     assert.equal(mode(join(sandboxDir(sb.id), 'log', 'output.log')), '600', 'output.log');
     assert.equal(mode(join(sandboxDir(sb.id), 'sandbox.json')), '600', 'sandbox.json');
@@ -163,6 +165,9 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
         '-o',
         '-path',
         '*/bundle/rootfs',
+        '-o',
+        '-path',
+        '*/idmapped',
         '-o',
         '-path',
         `${data}/images`,
@@ -190,7 +195,10 @@ describe('--env values are sealed at rest and reach the sandbox', () => {
       // The sandbox's resolv.conf (resolvers, no tenant data), bound read-only into the
       // sandbox: 0644 so its non-root users can resolve names; its folder stays 0700.
       (p === join(data, 'runtime', 'sandboxes', basename(dirname(p)), 'resolv.conf') && mode(p) === '644') ||
-      (p.startsWith(join(data, 'runtime', 'runc') + '/') && statSync(p).isDirectory() && mode(p) === '711');
+      (p.startsWith(join(data, 'runtime', 'runc') + '/') && statSync(p).isDirectory() && mode(p) === '711') ||
+      // With user namespaces, the folders down to each sandbox's root filesystem are
+      // searchable by others (the mapped root walks through them), never listable.
+      (TEST_DAEMON.userNamespace && statSync(p).isDirectory() && (statSync(p).mode & 0o066) === 0);
     const exposed = open.stdout.split('\n').filter((p) => p !== '' && !allowed(p));
     assert.deepEqual(exposed, [], 'files or folders readable by group or others');
   });

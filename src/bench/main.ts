@@ -14,7 +14,7 @@ import { vaultSuite } from './vault.js';
 import { proxySuite } from './proxy.js';
 import { scanSuite } from './scan.js';
 import { loadSuite } from './load.js';
-import { confineSuite } from './confine.js';
+import { confineSuite, usernsSuite } from './confine.js';
 import { cliSuite } from './cli.js';
 import { toolboxSuite } from './toolbox.js';
 import { templateSuite } from './template.js';
@@ -29,6 +29,7 @@ const SUITES: BenchSuite[] = [
   scanSuite,
   loadSuite,
   confineSuite,
+  usernsSuite,
   cliSuite,
   toolboxSuite,
   templateSuite,

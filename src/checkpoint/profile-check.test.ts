@@ -317,7 +317,7 @@ describe('checkpoint profile check', () => {
     ]);
     // No user namespace where sandboxes have one: refused with why, unless the profile allows it.
     assert.deepEqual(problems(sandboxImages(), mapped), [
-      "pid 1: runs in the host's user namespace (the checkpoint has no user namespace, so its root would be the host's root); sandboxes here run in one mapping root to an unprivileged host range",
+      "pid 1: runs in the host's user namespace (the checkpoint has no user namespace, so its root would be the host's root); sandboxes here run in one mapping root to an unprivileged host range (podman's and CRI-O's checkpoints have none: import them on a daemon run with --no-user-namespace)",
     ]);
     assert.deepEqual(problems(sandboxImages(), { ...mapped, allowHostUserNamespace: true }), []);
     const missing = sandboxImages();
@@ -373,6 +373,25 @@ describe('checkpoint profile check', () => {
     // What podman and CRI-O record as external: allowed.
     for (const path of ['/etc/hosts', '/etc/resolv.conf', '/run/secrets/token', '/dev/shm'])
       assert.deepEqual(problems(withMount(mount(500, 242, 0, path, { extKey: path, flags: 0 }))), [], path);
+    // The device nodes runc binds into a sandbox with a user namespace: only there.
+    const devBind = (path: string): ProfileImages =>
+      withMount(mount(502, 242, 6, path, { extKey: path, flags: 0, fsname: 'devtmpfs' }));
+    const mapped = sandboxProfile({
+      capabilities: SANDBOX_CAPABILITIES,
+      readonlyBinds: ['/usr'],
+      userNamespace: {
+        uidMap: [{ first: 0, lowerFirst: 100000, count: 65536 }],
+        gidMap: [{ first: 0, lowerFirst: 100000, count: 65536 }],
+      },
+      allowHostUserNamespace: true,
+    });
+    assert.deepEqual(problems(devBind('/dev/urandom'), mapped), []);
+    assert.deepEqual(problems(devBind('/dev/urandom')), [
+      'mount /dev/urandom: external devtmpfs mount /dev/urandom is not one a sandbox has',
+    ]);
+    assert.deepEqual(problems(devBind('/dev/sda'), mapped), [
+      'mount /dev/sda: external devtmpfs mount /dev/sda is not one a sandbox has',
+    ]);
     // /proc/sys left read-write by dropping its read-only cover.
     assert.deepEqual(problems(withMount(mount(501, 242, 5, '/tmp'), '/proc/sys')), [
       'mount /proc/sys: is missing or read-write: a sandbox has it read-only',

@@ -93,6 +93,20 @@ export const ENGINE_EXTERNAL_MOUNTS: readonly string[] = Object.freeze([
   '/run/secrets',
 ]);
 
+/**
+ * The device nodes of a sandbox in a user namespace: it cannot make device nodes, so runc binds
+ * these from the host's /dev (OCI's default devices), and CRIU records them as external
+ * mounts. The restoring runtime binds the same host devices there, whatever the image says.
+ */
+export const USERNS_DEVICE_BINDS: readonly string[] = Object.freeze([
+  '/dev/null',
+  '/dev/zero',
+  '/dev/full',
+  '/dev/random',
+  '/dev/urandom',
+  '/dev/tty',
+]);
+
 /** What a dormant sandbox's processes hold; a checkpoint holding more is refused. */
 export interface SandboxProfile {
   /** Capabilities a sandbox keeps (names, CAP_*): every set of every thread must be within them. */
@@ -334,7 +348,7 @@ function checkNamespaces(images: ProfileImages, profile: SandboxProfile, out: Pr
       else if (!own && profile.userNamespace !== undefined && !profile.allowHostUserNamespace)
         out.push({
           where: `pid ${root.pid}`,
-          what: "runs in the host's user namespace (the checkpoint has no user namespace, so its root would be the host's root); sandboxes here run in one mapping root to an unprivileged host range",
+          what: "runs in the host's user namespace (the checkpoint has no user namespace, so its root would be the host's root); sandboxes here run in one mapping root to an unprivileged host range (podman's and CRI-O's checkpoints have none: import them on a daemon run with --no-user-namespace)",
         });
       continue;
     }
@@ -435,6 +449,7 @@ function checkMount(m: MountEntry, isRoot: boolean, profile: SandboxProfile, out
       return;
     }
     if (ENGINE_EXTERNAL_MOUNTS.some((p) => underOrAt(key, p))) return;
+    if (profile.userNamespace !== undefined && USERNS_DEVICE_BINDS.includes(key)) return;
     const roBind = profile.readonlyBinds.includes(key);
     const cgroupBind =
       (m.fstype === FSTYPE.CGROUP || m.fstype === FSTYPE.CGROUP2) && underOrAt(key, '/sys/fs/cgroup');

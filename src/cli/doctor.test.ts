@@ -1,6 +1,7 @@
 /** `dormant doctor` through the real binary, on this machine. */
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { execFile } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
@@ -68,6 +69,13 @@ describe('dormant doctor', () => {
       const r = row(report, id);
       assert.ok(['supported', 'degraded', 'missing'].includes(r.status));
       if (r.status !== 'supported' && r.required) assert.ok(r.fix, `${id} says what to do`);
+    }
+    // Sandboxes have user namespaces by default: whether they resume lazily is the sysctl's.
+    if (row(report, 'lazy-restore').status === 'supported') {
+      const sysctl = readFileSync('/proc/sys/vm/unprivileged_userfaultfd', 'utf8').trim();
+      const r = row(report, 'lazy-restore-userns');
+      assert.equal(r.status, sysctl === '1' ? 'supported' : 'degraded');
+      if (sysctl !== '1') assert.match(r.fix ?? '', /vm\.unprivileged_userfaultfd=1/);
     }
   });
 

@@ -16,6 +16,7 @@ import {
   locateCriu,
 } from '../criu/criu.js';
 import { runscFacts } from '../runtime/runsc.js';
+import { lazyRestoreInUserNamespace } from '../runtime/userns.js';
 import { run, which } from '../sys/exec.js';
 import { cudaHelperCandidates, cudaInfo, locateCudaHelper } from '../sys/gpu.js';
 import {
@@ -195,6 +196,23 @@ async function criuRows(
         }),
     required: false,
   });
+  // The default gives every sandbox a user namespace, in which CRIU's restored task opens the
+  // userfaultfd itself: only with vm.unprivileged_userfaultfd = 1 (runtime/userns.ts).
+  const usernsLazy = await lazyRestoreInUserNamespace();
+  if (uffd)
+    rows.push({
+      id: 'lazy-restore-userns',
+      name: 'lazy restore in user namespaces',
+      status: usernsLazy === undefined ? 'supported' : 'degraded',
+      value: usernsLazy === undefined ? 'available' : 'unavailable: such sandboxes resume eagerly',
+      ...(usernsLazy === undefined
+        ? {}
+        : {
+            detail: `${usernsLazy}; sandboxes without one (serve --no-user-namespace) resume lazily`,
+            fix: 'sysctl -w vm.unprivileged_userfaultfd=1 (it lets every local user make a userfaultfd; sandboxes stay refused by seccomp)',
+          }),
+      required: false,
+    });
   rows.push({
     id: 'soft-dirty',
     name: 'incremental checkpoints (soft-dirty)',

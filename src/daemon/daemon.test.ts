@@ -7,7 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtemp, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
@@ -24,6 +24,8 @@ describe('dormant serve --config', () => {
 
   before(async () => {
     dir = await mkdtemp('/tmp/dormant-serve-config-');
+    // Searchable by others: sandboxes' mapped roots walk through it (user namespaces).
+    await chmod(dir, 0o711);
     const images = join(dir, 'images');
     await buildBusyboxRootfs(join(images, 'rootfs'));
     const config = join(dir, 'config.json');
@@ -201,6 +203,8 @@ describe('dormant serve: SIGHUP reload and --log-file', () => {
 
   before(async () => {
     dir = await mkdtemp('/tmp/dormant-serve-reload-');
+    // Searchable by others: sandboxes' mapped roots walk through it (user namespaces).
+    await chmod(dir, 0o711);
     await buildBusyboxRootfs(join(dir, 'images', 'rootfs'));
     config = join(dir, 'config.json');
     logPath = join(dir, 'log', 'dormant.log');
@@ -328,5 +332,28 @@ describe('dormant serve: SIGHUP reload and --log-file', () => {
       /\/v1\/health/,
       'the old lines stay where they were moved',
     );
+  });
+});
+
+describe('user namespaces are the default', () => {
+  test('a data folder below one that others cannot search is refused at start, naming it and what to do', async () => {
+    const { startDaemon } = await import('./daemon.js');
+    const dir = await mkdtemp('/tmp/dormant-serve-userns-'); // 0700
+    try {
+      const opts = { listen: '127.0.0.1:0', proxy: false, policy: false, warn: () => undefined } as const;
+      await assert.rejects(
+        startDaemon({ ...opts, dataDir: join(dir, 'data') }),
+        (e: Error & { hint?: string }) => {
+          assert.match(e.message, new RegExp(`${dir} is not searchable by others`));
+          assert.match(e.hint ?? '', /o\+x.*--no-user-namespace/);
+          return true;
+        },
+      );
+      // Without user namespaces the same folder serves.
+      const d = await startDaemon({ ...opts, dataDir: join(dir, 'data'), userNamespace: false });
+      await d.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });

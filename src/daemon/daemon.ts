@@ -18,7 +18,12 @@ import { SqliteStateStore } from '../state/sqlite.js';
 import { TenantSecrets, openVault, type MasterKeySource, type Vault } from '../vault/index.js';
 import { criuFeature, getCriu } from '../criu/criu.js';
 import { RuncRuntime, loadSeccompProfile, type RuncRuntimeOptions } from '../runtime/runc.js';
-import { DEFAULT_USER_NAMESPACE, idMapsOf, lazyRestoreInUserNamespace } from '../runtime/userns.js';
+import {
+  DEFAULT_USER_NAMESPACE,
+  idMapsOf,
+  lazyRestoreInUserNamespace,
+  walkableTo,
+} from '../runtime/userns.js';
 import { RunscRuntime, type RunscPlatform } from '../runtime/runsc.js';
 import { which } from '../sys/exec.js';
 import { RuntimeDispatch } from '../runtime/runsc-dispatch.js';
@@ -186,7 +191,7 @@ export function optionsFromConfig(c: DaemonConfig, sink?: LogSink): DaemonOption
     log,
     seccompProfile: c.sandbox.seccompProfile,
     ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
-    ...(c.sandbox.userNamespace ? { userNamespace: true } : {}),
+    userNamespace: c.sandbox.userNamespace,
     allowedSourceRoots: c.sandbox.allowedSourceRoots,
     defaultDiskBytes: c.sandbox.diskBytes,
     defaultEgress: { node: c.egress.default, tenants: c.egress.tenants },
@@ -304,6 +309,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   // With user namespaces, searchable (not listable) by others: a sandbox's mapped root walks
   // through it to its root filesystem (runtime/userns.ts).
   await chmod(dataDir, opts.userNamespace === true ? 0o701 : 0o700);
+  // A folder above it that others cannot search would fail every create: said now, once.
+  if (opts.userNamespace === true) await walkableTo(resolve(dataDir), resolve(dataDir));
   const store = new SqliteStateStore(join(dataDir, 'state.db'));
   const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
   if (!store.listTokens().some((t) => t.hash === hashToken(admin.token))) {

@@ -50,7 +50,7 @@ export const DEFAULTS = {
   sandbox: {
     diskBytes: DEFAULT_DISK_BYTES,
     seccompProfile: DEFAULT_SECCOMP_PROFILE,
-    userNamespace: false,
+    userNamespace: true,
   },
   checkpoint: {
     /** Committed checkpoints kept per sandbox; older ones are deleted. */

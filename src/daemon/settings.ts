@@ -178,9 +178,8 @@ export const SETTINGS: readonly Setting[] = [
     key: 'sandbox.userNamespace',
     kind: 'boolean',
     env: 'DORMANT_USER_NAMESPACE',
-    flag: '--user-namespace',
-    flagSets: true,
-    help: 'a user namespace for every new sandbox: root inside is host uid 100000 (docs/SECURITY.md)',
+    flag: '--no-user-namespace',
+    help: "new sandboxes without a user namespace (root inside is then the host's root; docs/SECURITY.md)",
   },
   {
     key: 'sandbox.diskQuota',

@@ -168,7 +168,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
     );
     const config = buildOciConfig({
       spec,
-      engineBindSources: await ensureEngineBinds(dir, spec.engineBinds ?? []),
+      engineBindSources: await ensureEngineBinds(dir, spec.engineBinds ?? [], rec.userns),
       netnsPath: `/var/run/netns/${rec.network.netns}`,
       cgroupsPath: this.cgroupPath(id),
       criuConfigPath: criuConf,

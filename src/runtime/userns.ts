@@ -198,7 +198,9 @@ export async function walkableTo(path: string, ours: string): Promise<void> {
       throw new DormantError(
         ErrorCode.RUNTIME_ROOTFS_FAILED,
         `${p} is not searchable by others: a sandbox's user namespace could not reach its root filesystem`,
-        { hint: 'give the folders above the data folder mode o+x (0711 is enough)' },
+        {
+          hint: 'give the folders above the data folder mode o+x (0711 is enough), or run sandboxes without user namespaces (dormant serve --no-user-namespace)',
+        },
       );
     await chmod(p, (st.mode & 0o7777) | 0o001);
   }

@@ -4,24 +4,25 @@
  * runtime/testing/rootfs.ts), warnings kept quiet; an admin client for it; and its teardown.
  */
 import assert from 'node:assert/strict';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { chmod, mkdtemp, rm, stat } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
 import { startDaemon, type Daemon, type DaemonOptions } from '../../daemon/daemon.js';
 import { DormantApiError, DormantClient } from '../../sdk/client.js';
 import { buildBusyboxRootfs } from '../../runtime/testing/rootfs.js';
 
 /**
- * DORMANT_TEST_USER_NAMESPACE=1 runs the suites' daemons with a user namespace for every
- * sandbox (their folders then searchable by others, as the mapped root must walk through them).
+ * The suites' daemons give every sandbox a user namespace, as a daemon does by default;
+ * DORMANT_TEST_USER_NAMESPACE=0 runs them without. (Test folders are searchable by others
+ * either way: the mapped root must walk through them to its root filesystem.)
  */
-const USER_NAMESPACE = process.env.DORMANT_TEST_USER_NAMESPACE === '1';
+const USER_NAMESPACE = process.env.DORMANT_TEST_USER_NAMESPACE !== '0';
 
 /** The options every test daemon starts with, unless the test says otherwise. */
 export const TEST_DAEMON = {
   listen: '127.0.0.1:0',
   readonlyBinds: [{ source: '/usr', destination: '/usr' }],
   warn: () => undefined,
-  ...(USER_NAMESPACE ? { userNamespace: true } : {}),
+  userNamespace: USER_NAMESPACE,
 } satisfies Partial<DaemonOptions>;
 
 export interface TestDaemon {
@@ -29,8 +30,14 @@ export interface TestDaemon {
   client: DormantClient;
 }
 
-/** A daemon on `opts.dataDir` with {@link TEST_DAEMON} under `opts`, and an admin client. */
+/**
+ * A daemon on `opts.dataDir` with {@link TEST_DAEMON} under `opts`, and an admin client. The
+ * test's folders above the data folder (below /tmp) become searchable by others, as an
+ * operator makes the folders above a data folder when sandboxes have user namespaces.
+ */
 export async function startTestDaemon(opts: DaemonOptions): Promise<TestDaemon> {
+  for (let p = dirname(resolve(opts.dataDir)); p.startsWith('/tmp/'); p = dirname(p))
+    await chmod(p, ((await stat(p)).mode & 0o7777) | 0o001);
   const daemon = await startDaemon({ ...TEST_DAEMON, ...opts });
   return { daemon, client: new DormantClient({ url: daemon.url, token: daemon.adminToken }) };
 }
@@ -48,7 +55,7 @@ export async function testFolder(
   files?: Record<string, string>,
 ): Promise<{ dir: string; rootfs: string }> {
   const dir = await mkdtemp(`/tmp/dormant-${name}-`);
-  if (USER_NAMESPACE) await chmod(dir, 0o711);
+  await chmod(dir, 0o711);
   const rootfs = join(dir, 'rootfs');
   await buildBusyboxRootfs(rootfs, files);
   return { dir, rootfs };
