@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile, readdir } from 'node:fs/promises';
+import { request } from 'node:http';
 import { join } from 'node:path';
 import { ErrorCode, isDormantError } from '../domain/errors.js';
 import { run, which } from '../sys/exec.js';
@@ -45,6 +46,21 @@ async function processesOf(needle: string): Promise<string[]> {
     if (cmd.includes(needle)) out.push(pid);
   }
   return out;
+}
+
+/** GET / of httpd on port 8080 at `address`, on a connection of its own. */
+function get(address: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host: address, port: 8080, path: '/', agent: false, timeout: 10_000 }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => resolve(body));
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', reject);
+    req.end();
+  });
 }
 
 describe('RunscRuntime (real runsc)', { skip }, () => {
@@ -167,6 +183,45 @@ describe('RunscRuntime (real runsc)', { skip }, () => {
     assert.deepEqual(await processesOf(logDir), [], 'no log collector');
     const netns = await run('ip', ['netns', 'list'], { timeoutMs: 5000 });
     assert.ok(!netns.stdout.includes(net.netns), 'netns removed');
+  });
+
+  test('listening is read inside; a checkpoint with a connection closing is refused, the sandbox left running', async () => {
+    const id = `gv-net-${suffix}`;
+    await rt.create({
+      id,
+      rootfs: folders.rootfs,
+      args: ['sh', '-c', 'mkdir -p /www && echo hello > /www/index.html && exec httpd -f -p 8080 -h /www'],
+      limits: { memoryBytes: 256 << 20, pids: 512 },
+    });
+    try {
+      await rt.start(id);
+      const { address } = (await rt.state(id)).network;
+      // The host's tables of the sentry's namespace show no listener; gVisor's own do.
+      await waitFor('httpd to listen', async () => ((await rt.listening(id, 8080)) ? true : undefined));
+      assert.equal(await rt.listening(id, 8081), false);
+
+      // One request served and closed by httpd: its side waits in TIME_WAIT, which gVisor
+      // cannot save. The checkpoint is refused before anything changes, naming the connection.
+      assert.equal(await get(address), 'hello\n');
+      await rt.freeze(id);
+      await assert.rejects(
+        rt.checkpoint(id, {
+          imagesDir: join(folders.shm, 'net-images'),
+          workDir: join(folders.shm, 'net-work'),
+          leaveRunning: true,
+        }),
+        (e) =>
+          isDormantError(e, ErrorCode.RUNTIME_CHECKPOINT_FAILED) &&
+          e.message.includes(`${address}:8080`) &&
+          /TIME_WAIT/.test(e.message) &&
+          /left paused/.test(e.message),
+      );
+      assert.equal((await rt.state(id)).status, 'paused');
+      await rt.thaw(id);
+      assert.equal(await get(address), 'hello\n', 'it still serves');
+    } finally {
+      await rt.destroy(id);
+    }
   });
 
   test('no toolbox agent under gVisor: a clear error', async () => {
