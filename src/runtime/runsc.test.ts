@@ -8,10 +8,12 @@ import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile, readdir } from 'node:fs/promises';
 import { request } from 'node:http';
+import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { ErrorCode, isDormantError } from '../domain/errors.js';
 import { run, which } from '../sys/exec.js';
 import { RunscRuntime } from './runsc.js';
+import { inboundChain } from './runsc-inbound.js';
 import {
   cannotRun,
   mountsUnder,
@@ -48,10 +50,10 @@ async function processesOf(needle: string): Promise<string[]> {
   return out;
 }
 
-/** GET / of httpd on port 8080 at `address`, on a connection of its own. */
-function get(address: string): Promise<string> {
+/** GET / of httpd at `address`, on a connection of its own ('timeout' after 3 s unanswered). */
+function get(address: string, port = 8080): Promise<string> {
   return new Promise((resolve, reject) => {
-    const req = request({ host: address, port: 8080, path: '/', agent: false, timeout: 10_000 }, (res) => {
+    const req = request({ host: address, port, path: '/', agent: false, timeout: 3000 }, (res) => {
       let body = '';
       res.setEncoding('utf8');
       res.on('data', (c: string) => (body += c));
@@ -185,20 +187,52 @@ describe('RunscRuntime (real runsc)', { skip }, () => {
     assert.ok(!netns.stdout.includes(net.netns), 'netns removed');
   });
 
-  test('listening is read inside; a checkpoint with a connection closing is refused, the sandbox left running', async () => {
+  test('listening is read inside; only declared ports are reachable, from the host only; a checkpoint with a connection closing is refused, the sandbox left running', async () => {
     const id = `gv-net-${suffix}`;
+    const other = `gv-oth-${suffix}`;
+    const hostServer = createServer((c) => c.end('host\n'));
+    await new Promise<void>((r) => hostServer.listen(0, '0.0.0.0', r));
+    const hostPort = (hostServer.address() as AddressInfo).port;
     await rt.create({
       id,
       rootfs: folders.rootfs,
-      args: ['sh', '-c', 'mkdir -p /www && echo hello > /www/index.html && exec httpd -f -p 8080 -h /www'],
+      // 8080 declared; 9090 listens too, undeclared.
+      args: [
+        'sh',
+        '-c',
+        'mkdir -p /www && echo hello > /www/index.html && httpd -p 9090 -h /www && exec httpd -f -p 8080 -h /www',
+      ],
+      ports: [8080],
       limits: { memoryBytes: 256 << 20, pids: 512 },
+    });
+    await rt.create({
+      id: other,
+      rootfs: folders.rootfs,
+      args: ['sleep', '3600'],
+      limits: { memoryBytes: 128 << 20, pids: 512 },
     });
     try {
       await rt.start(id);
-      const { address } = (await rt.state(id)).network;
+      await rt.start(other);
+      const net = (await rt.state(id)).network;
+      const { address } = net;
       // The host's tables of the sentry's namespace show no listener; gVisor's own do.
       await waitFor('httpd to listen', async () => ((await rt.listening(id, 8080)) ? true : undefined));
+      assert.equal(await rt.listening(id, 9090), true);
       assert.equal(await rt.listening(id, 8081), false);
+
+      // The namespace's firewall does not see gVisor's packets: the host side's does. From the
+      // host, the declared port only; from a sandbox, neither the host nor another sandbox.
+      assert.equal(
+        await get(address, 9090).catch((e: unknown) => (e as Error).message),
+        'timeout',
+        'undeclared port',
+      );
+      const nc = async (box: string, host: string, port: number): Promise<number> =>
+        (await rt.exec(box, ['nc', '-w', '2', host, String(port)], { input: '' })).exitCode;
+      assert.equal(await nc(id, '127.0.0.1', 9090), 0, 'nc works (its own loopback)');
+      assert.notEqual(await nc(id, net.hostAddress, hostPort), 0, 'the host, at its gateway');
+      assert.notEqual(await nc(other, address, 8080), 0, "another sandbox's declared port");
 
       // One request served and closed by httpd: its side waits in TIME_WAIT, which gVisor
       // cannot save. The checkpoint is refused before anything changes, naming the connection.
@@ -219,8 +253,13 @@ describe('RunscRuntime (real runsc)', { skip }, () => {
       assert.equal((await rt.state(id)).status, 'paused');
       await rt.thaw(id);
       assert.equal(await get(address), 'hello\n', 'it still serves');
-    } finally {
       await rt.destroy(id);
+      const rules = await run('iptables', ['-w', '-S'], { timeoutMs: 10_000 });
+      assert.ok(!rules.stdout.includes(inboundChain(net)), 'its host-side chain goes with it');
+    } finally {
+      hostServer.close();
+      await rt.destroy(id);
+      await rt.destroy(other);
     }
   });
 

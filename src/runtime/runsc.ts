@@ -28,9 +28,10 @@ import { exists } from '../sys/fs.js';
 import { listeningPorts } from '../sys/listening.js';
 import { ensureCollector } from './log-collector.js';
 import { describeFlows, trackedFlows } from './runsc-flows.js';
+import { applyInbound, removeInbound } from './runsc-inbound.js';
 import { AgentError, type AgentAddress } from './agent-client.js';
 import { RuncRuntime, type RuncRuntimeOptions } from './runc.js';
-import { DEFAULTS, timed, type RuncState } from './runc-host.js';
+import { DEFAULTS, timed, type RuncState, type SandboxRecord } from './runc-host.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -377,6 +378,19 @@ export class RunscRuntime extends RuncRuntime {
     };
   }
 
+  /**
+   * runc's host side, and the port firewall on the host's end of the veth: the namespace's
+   * own does not filter what gVisor's stack receives (runsc-inbound.ts).
+   */
+  protected override async ensureHostSide(
+    rec: SandboxRecord,
+    signal?: AbortSignal,
+    mount = true,
+  ): Promise<void> {
+    await super.ensureHostSide(rec, signal, mount);
+    await applyInbound(rec.network, rec.spec.ports ?? []);
+  }
+
   /** Network, log collector and the mounted rootfs of a prepared sandbox. */
   private async prepareHost(id: string, signal?: AbortSignal): Promise<void> {
     await this.ensureHostSide(await this.readRecord(id), signal);
@@ -426,7 +440,13 @@ export class RunscRuntime extends RuncRuntime {
 
   override async destroy(id: string, opts: CallOptions = {}): Promise<void> {
     await this.unpark(id);
-    await super.destroy(id, opts);
+    const net = (await this.readRecord(id).catch(() => undefined))?.network;
+    try {
+      await super.destroy(id, opts);
+    } finally {
+      // Its slot may go to a runc sandbox next, which this chain must not filter.
+      if (net !== undefined) await removeInbound(net);
+    }
   }
 }
 
