@@ -64,6 +64,8 @@ export const runscSuite: BenchSuite = {
         120_000,
       );
     try {
+      const gvisor = d.runsc;
+      if (gvisor === undefined) throw new Error('runsc is not installed (scripts/setup.sh)');
       await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/holder.py': HOLDER });
       const create = (runtime: RuntimeKind, command: string[], mib: number) =>
         d.controller.create({
@@ -86,15 +88,16 @@ export const runscSuite: BenchSuite = {
           // sandbox with a TCP connection open or closing (docs/RUNTIME.md).
           await listening(sb.id);
           if (runtime === 'runsc') {
+            const rt = gvisor;
             const images = join('/dev/shm', `dormant-bench-${sb.id}`);
             let t0 = performance.now();
-            await d.runtime.checkpoint(sb.id, {
+            await rt.checkpoint(sb.id, {
               imagesDir: join(images, 'img'),
               workDir: join(images, 'work'),
             });
             rawCk = performance.now() - t0;
             t0 = performance.now();
-            await d.runtime.restore(sb.id, {
+            await rt.restore(sb.id, {
               imagesDir: join(images, 'img'),
               workDir: join(images, 'work2'),
             });
@@ -163,10 +166,11 @@ export const runscSuite: BenchSuite = {
           ['files', ['/usr/bin/python3', '-c', FILES]],
           ['spawn', ['sh', '-c', SPAWN]],
         ] as const) {
+          const rt = runtime === 'runsc' ? gvisor : d.runtime;
           const times: number[] = [];
           for (let i = 0; i < reps; i++) {
             const t0 = performance.now();
-            const r = await d.runtime.exec(sb.id, args, { timeoutMs: 300_000 });
+            const r = await rt.exec(sb.id, args, { timeoutMs: 300_000 });
             if (r.exitCode !== 0) throw new Error(`${runtime} ${what}: exit ${r.exitCode}: ${r.stderr}`);
             times.push(performance.now() - t0);
           }
