@@ -197,6 +197,7 @@ export const runscSuite: BenchSuite = {
         },
       );
       notes.push(
+        "gVisor compresses its state file itself (its logical size above is about what the vault stores of runc's checkpoint); the vault's zstd then finds nothing to gain, so runsc's stored size equals its logical size.",
         `Each exec-timed row is the median of ${reps} and includes one \`runsc exec\` / \`runc exec\` (a few hundred ms on runsc's ptrace platform).`,
       );
     } finally {
