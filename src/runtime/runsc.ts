@@ -400,8 +400,7 @@ export class RunscRuntime extends RuncRuntime {
    * Whether the sandbox listens on TCP `port`, read from gVisor's own socket tables inside it.
    * The host's tables of the sentry's namespace (what runc's sandboxes are probed by) never
    * show it: gVisor's stack takes eth0's packets itself and opens no host socket for the
-   * sandbox's. undefined when they cannot be read (not running, no `cat` in the image); an
-   * empty answer (runsc exec right after a restore can give one) reads as not yet.
+   * sandbox's. undefined when they cannot be read (not running, no `cat` in the image).
    */
   async listening(id: string, port: number, opts: CallOptions = {}): Promise<boolean | undefined> {
     const r = await this.exec(id, ['cat', '/proc/net/tcp', '/proc/net/tcp6'], {
