@@ -20,6 +20,7 @@ import { toolboxSuite } from './toolbox.js';
 import { templateSuite } from './template.js';
 import { e2bSuite } from './e2b.js';
 import { egressSuite } from './egress.js';
+import { runscSuite } from './runsc.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -35,6 +36,7 @@ const SUITES: BenchSuite[] = [
   templateSuite,
   e2bSuite,
   egressSuite,
+  runscSuite,
 ];
 
 async function main(): Promise<void> {

@@ -224,6 +224,8 @@ export class SandboxController {
    * socket tables (no connection made); undefined when it has no process or they cannot be read.
    */
   async listensOn(id: string, port: number): Promise<boolean | undefined> {
+    const inside = await this.ctx.runtime.listening?.(id, port);
+    if (inside !== undefined) return inside;
     const pid = (await this.ctx.runtime.state(id).catch(() => undefined))?.pid;
     return pid === undefined ? undefined : tcpListening(pid, port);
   }

@@ -85,6 +85,12 @@ export class RuntimeDispatch implements Runtime {
     return (await this.of(id)).pids(id);
   }
 
+  /** gVisor's sandboxes are asked inside; runc's are read from the host's tables (undefined). */
+  async listening(id: string, port: number): Promise<boolean | undefined> {
+    const rt = await this.of(id);
+    return rt === this.runsc ? this.runsc.listening(id, port) : undefined;
+  }
+
   /** Both adapters put a sandbox in the same cgroup path: the files do not depend on which. */
   procsFiles(id: string): string[] {
     return this.runc.procsFiles(id);

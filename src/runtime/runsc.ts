@@ -25,10 +25,13 @@ import { join, resolve } from 'node:path';
 import { DormantError, ErrorCode, errnoCode, isDormantError } from '../domain/errors.js';
 import { run, type RunResult } from '../sys/exec.js';
 import { exists } from '../sys/fs.js';
+import { listeningPorts } from '../sys/listening.js';
 import { ensureCollector } from './log-collector.js';
+import { describeFlows, trackedFlows } from './runsc-flows.js';
+import { applyInbound, removeInbound } from './runsc-inbound.js';
 import { AgentError, type AgentAddress } from './agent-client.js';
 import { RuncRuntime, type RuncRuntimeOptions } from './runc.js';
-import { DEFAULTS, timed, type RuncState } from './runc-host.js';
+import { DEFAULTS, timed, type RuncState, type SandboxRecord } from './runc-host.js';
 import type {
   CallOptions,
   CheckpointOptions,
@@ -238,6 +241,7 @@ export class RunscRuntime extends RuncRuntime {
         `cannot checkpoint sandbox ${id}: it is parked by a checkpoint (thaw it first)`,
         { status: 409 },
       );
+    await this.refuseOpenConnections(id, s);
     for (const d of [imagesDir, options.workDir]) await mkdir(d, { recursive: true, mode: 0o700 });
     if (s === 'paused') await this.runc(id, ['resume', id], options, DEFAULTS.freezeMs);
     const offset = await this.runcLogSize(id);
@@ -255,9 +259,16 @@ export class RunscRuntime extends RuncRuntime {
       if (s === 'paused' && after === 'running')
         await this.runc(id, ['pause', id], {}, DEFAULTS.freezeMs).catch(() => undefined);
       const why = await this.runcLogSince(id, offset);
+      // gVisor's refusal of a connection names the endpoint after a dump of its whole state.
+      const tcp = /unsupported networking state: ([^\n]*)/.exec(why)?.[1];
+      const reason = tcp
+        ? `: gVisor cannot save a TCP connection (${tcp.replace(/:$/, '')}), and ends a sandbox whose save failed`
+        : why
+          ? `:\n${why}`
+          : '';
       throw new DormantError(
         ErrorCode.RUNTIME_CHECKPOINT_FAILED,
-        `checkpoint of sandbox ${id} failed (the sandbox is ${after})${why ? `:\n${why}` : ''}`,
+        `checkpoint of sandbox ${id} failed (the sandbox is ${after})${reason}`,
         { cause: e, details: { sandboxStatus: after, hung: isDormantError(e, ErrorCode.COMMAND_TIMEOUT) } },
       );
     }
@@ -275,6 +286,27 @@ export class RunscRuntime extends RuncRuntime {
       this.parked.set(id, dir);
     } else await this.stop(id);
     return { durationMs: r.durationMs, logPath: join(this.dir(id), 'runc.log') };
+  }
+
+  /**
+   * Refuses a checkpoint, before anything changes, while the sandbox may hold a TCP connection
+   * gVisor cannot save (runsc-flows.ts): the save would fail and end the sandbox.
+   */
+  private async refuseOpenConnections(id: string, status: SandboxStatus): Promise<void> {
+    const { network } = await this.readRecord(id);
+    const flows = await trackedFlows(network.address);
+    if (flows === undefined || flows.length === 0) return;
+    const wait = Math.max(...flows.map((f) => f.secondsLeft));
+    throw new DormantError(
+      ErrorCode.RUNTIME_CHECKPOINT_FAILED,
+      `cannot checkpoint sandbox ${id} on gVisor now: it has TCP connections open or closing ` +
+        `(${describeFlows(flows)}), which this runsc cannot save; the sandbox is left ${status}`,
+      {
+        status: 409,
+        hint: `retry once they are closed (a closed one is remembered ${wait} s more)`,
+        details: { sandboxStatus: status, connections: flows.length, retryAfterS: wait },
+      },
+    );
   }
 
   override async restore(id: string, options: RestoreOptions): Promise<RestoreResult> {
@@ -346,9 +378,38 @@ export class RunscRuntime extends RuncRuntime {
     };
   }
 
+  /**
+   * runc's host side, and the port firewall on the host's end of the veth: the namespace's
+   * own does not filter what gVisor's stack receives (runsc-inbound.ts).
+   */
+  protected override async ensureHostSide(
+    rec: SandboxRecord,
+    signal?: AbortSignal,
+    mount = true,
+  ): Promise<void> {
+    await super.ensureHostSide(rec, signal, mount);
+    await applyInbound(rec.network, rec.spec.ports ?? []);
+  }
+
   /** Network, log collector and the mounted rootfs of a prepared sandbox. */
   private async prepareHost(id: string, signal?: AbortSignal): Promise<void> {
     await this.ensureHostSide(await this.readRecord(id), signal);
+  }
+
+  /**
+   * Whether the sandbox listens on TCP `port`, read from gVisor's own socket tables inside it.
+   * The host's tables of the sentry's namespace (what runc's sandboxes are probed by) never
+   * show it: gVisor's stack takes eth0's packets itself and opens no host socket for the
+   * sandbox's. undefined when they cannot be read (not running, no `cat` in the image).
+   */
+  async listening(id: string, port: number, opts: CallOptions = {}): Promise<boolean | undefined> {
+    const r = await this.exec(id, ['cat', '/proc/net/tcp', '/proc/net/tcp6'], {
+      timeoutMs: DEFAULTS.stateMs,
+      ...opts,
+    }).catch(() => undefined);
+    if (r === undefined || r.exitCode !== 0) return undefined;
+    // Two tables one after the other: the second's header is no row in state LISTEN.
+    return listeningPorts(r.stdout).has(port);
   }
 
   /** runsc has no --preserve-fds: the host's read-only agent copy cannot be handed in. */
@@ -378,7 +439,13 @@ export class RunscRuntime extends RuncRuntime {
 
   override async destroy(id: string, opts: CallOptions = {}): Promise<void> {
     await this.unpark(id);
-    await super.destroy(id, opts);
+    const net = (await this.readRecord(id).catch(() => undefined))?.network;
+    try {
+      await super.destroy(id, opts);
+    } finally {
+      // Its slot may go to a runc sandbox next, which this chain must not filter.
+      if (net !== undefined) await removeInbound(net);
+    }
   }
 }
 

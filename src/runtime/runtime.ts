@@ -242,6 +242,12 @@ export interface Runtime {
   /** Host pids of the sandbox's processes, read from its cgroup (no runc call); [] when none. */
   pids(id: string): Promise<number[]>;
   /**
+   * Whether the sandbox listens on TCP `port`, for a runtime whose sandboxes' sockets the
+   * host's socket tables do not show (gVisor's). undefined, or absent: read the host's tables
+   * of the sandbox's process (`sys/listening.ts`).
+   */
+  listening?(id: string, port: number): Promise<boolean | undefined>;
+  /**
    * The cgroup.procs files that list the sandbox's processes, in the order `pids` reads them
    * (for a keeper that must end them after dormant has died). Optional.
    */
