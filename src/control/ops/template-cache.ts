@@ -16,8 +16,12 @@ import { join } from 'node:path';
 import type { TemplateRecord } from '../../state/templates.js';
 import type { LifecycleContext } from '../context.js';
 
-/** What the cache holds at most, all templates together. */
+/** What the cache holds at most, all templates together, unless configured. */
 export const TEMPLATE_CACHE_BYTES = 1024 ** 3;
+
+function bound(ctx: LifecycleContext): number {
+  return ctx.opts.templateCacheBytes ?? TEMPLATE_CACHE_BYTES;
+}
 /** A checkpoint bigger than this share of the bound is not kept (it would push out the rest). */
 const MAX_SHARE = 0.5;
 
@@ -87,7 +91,7 @@ export async function templateImages(
 /** The template's images fetched into the cache, or undefined when they are too big to keep. */
 async function fillEntry(ctx: LifecycleContext, tpl: TemplateRecord): Promise<Entry | undefined> {
   const ck = ctx.store.getCheckpoint(tpl.checkpointId);
-  const limit = TEMPLATE_CACHE_BYTES * MAX_SHARE;
+  const limit = bound(ctx) * MAX_SHARE;
   if (ck?.logicalBytes === undefined || ck.logicalBytes > limit) return undefined;
   const dir = join(root(ctx), tpl.checkpointId);
   const partial = `${dir}.partial`;
@@ -124,7 +128,7 @@ async function makeRoom(ctx: LifecycleContext, bytes: number): Promise<void> {
   let held = [...c.entries.values()].reduce((n, e) => n + e.bytes, 0);
   const byAge = [...c.entries].sort((a, b) => a[1].lastUsed - b[1].lastUsed);
   for (const [ckId, e] of byAge) {
-    if (held + bytes <= TEMPLATE_CACHE_BYTES) return;
+    if (held + bytes <= bound(ctx)) return;
     if (e.readers > 0) continue;
     c.entries.delete(ckId);
     held -= e.bytes;
