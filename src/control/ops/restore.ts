@@ -80,7 +80,11 @@ export async function restoreFromVault(
    * template's, from the cache in memory: template-cache.ts) in place of the vault's fetch.
    */
   fetchImages?: (destDir: string) => Promise<unknown>,
-): Promise<{ pagesLoaded: Promise<void> | undefined }> {
+): Promise<{
+  pagesLoaded: Promise<void> | undefined;
+  /** The sandbox's address, as its prepare made it (no runtime state to ask afterwards). */
+  address: string;
+}> {
   if (ckId === undefined) throw new DormantError('NO_CHECKPOINT', `sandbox ${s.id} has no checkpoint`);
   // One restore per sandbox at a time (its lock), so the sandbox names the folder.
   const dir = ctx.staging(`${s.id}-restore`);
@@ -166,7 +170,7 @@ export async function restoreFromVault(
     if (ckId !== s.checkpointId) ctx.store.updateSandbox(s.id, { checkpointId: ckId });
     keep = lazy;
     // Wrapped: awaiting a returned promise directly would wait for the pages too.
-    return { pagesLoaded: keep ? r.pagesLoaded : undefined };
+    return { pagesLoaded: keep ? r.pagesLoaded : undefined, address: prepared.value.network.address };
   } finally {
     // Each step runs whatever the others do, and none replaces the restore's own error.
     await reader?.close().catch((e: unknown) => ctx.warnCleanup(s.id, 'checkpoint reader', e));

@@ -98,11 +98,16 @@ async function startFrom(
   let pagesLoaded: Promise<void> | undefined;
   const made = ctx.locks.run(id, async () => {
     try {
-      ({ pagesLoaded } = await restoreFromVault(ctx, sandbox, tpl.checkpointId, t, tpl.tenant, (dest) =>
-        templateImages(ctx, tpl, dest),
+      let address: string;
+      ({ pagesLoaded, address } = await restoreFromVault(
+        ctx,
+        sandbox,
+        tpl.checkpointId,
+        t,
+        tpl.tenant,
+        (dest) => templateImages(ctx, tpl, dest),
       ));
-      const st = await ctx.runtime.state(id);
-      ctx.store.transition(id, 'creating', 'running', why, ctx.clock.now(), { address: st.network.address });
+      ctx.store.transition(id, 'creating', 'running', why, ctx.clock.now(), { address });
     } catch (e) {
       // As a failed create: nothing of it runs or stays mounted, the record says why.
       await ctx.runtime.destroy(id).catch((x: unknown) => ctx.warnCleanup(id, 'destroy', x));
