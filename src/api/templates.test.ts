@@ -215,7 +215,12 @@ describe('templates through the daemon', () => {
   test('rm: the template and its checkpoint go; sandboxes made from it stay', async () => {
     const tpl = await alice.getTemplate('built');
     const s = await alice.createSandbox({ template: 'built' });
+    // Its images, decrypted, in memory (the staging tmpfs) for the next create, and only there.
+    const cache = join(stagingDirFor(join(dir, 'data')), 'template-cache');
+    assert.ok((await readdir(cache)).includes(tpl.checkpointId));
+    assert.equal(statSync(cache).mode & 0o777, 0o700);
     await alice.removeTemplate('built');
+    assert.ok(!(await readdir(cache)).includes(tpl.checkpointId), 'dropped from memory with the template');
     assert.ok(!(await alice.listTemplates()).some((t) => t.name === 'built'));
     assert.ok(
       !(await admin.listCheckpoints()).some((c) => c.id === tpl.checkpointId),
@@ -253,7 +258,12 @@ describe('templates through the daemon', () => {
       ['failed'],
     );
     assert.deepEqual(leftovers(made[0]!.id), []);
-    assert.deepEqual(await readdir(stagingDirFor(join(dir, 'data'))), [], 'staging wiped');
+    const staging = stagingDirFor(join(dir, 'data'));
+    assert.deepEqual(await readdir(staging), ['template-cache'], 'staging wiped but for the cache');
+    assert.ok(
+      !(await readdir(join(staging, 'template-cache'))).some((f) => f.startsWith(tpl.checkpointId)),
+      'nothing of the damaged checkpoint kept in memory',
+    );
     await alice.remove(made[0]!.id);
 
     // Its checkpoint record gone: said before anything is made.

@@ -111,6 +111,11 @@ export interface ControllerOptions {
    */
   pagesFromVaultAboveBytes?: number;
   /**
+   * What the decrypted template checkpoints kept in the staging folder between creates may
+   * take, all together (ops/template-cache.ts). Default 1 GiB; 0 keeps none.
+   */
+  templateCacheBytes?: number;
+  /**
    * Whether this node can restore lazily (userfaultfd in the kernel, CRIU's uffd support):
    * undefined when it can, else why not. Asked once, when the controller is made; without
    * it, lazy restore is taken to work. Where it cannot, resumes are eager (and `warn` says so once).

@@ -75,7 +75,16 @@ export async function restoreFromVault(
   t: StepTimer,
   /** The tenant whose vault holds the checkpoint: another's for a public template. */
   vaultTenant: string = s.tenant,
-): Promise<{ pagesLoaded: Promise<void> | undefined }> {
+  /**
+   * Puts the checkpoint's images, every page included, into the folder it is given (a
+   * template's, from the cache in memory: template-cache.ts) in place of the vault's fetch.
+   */
+  fetchImages?: (destDir: string) => Promise<unknown>,
+): Promise<{
+  pagesLoaded: Promise<void> | undefined;
+  /** The sandbox's address, as its prepare made it (no runtime state to ask afterwards). */
+  address: string;
+}> {
   if (ckId === undefined) throw new DormantError('NO_CHECKPOINT', `sandbox ${s.id} has no checkpoint`);
   // One restore per sandbox at a time (its lock), so the sandbox names the folder.
   const dir = ctx.staging(`${s.id}-restore`);
@@ -96,6 +105,7 @@ export async function restoreFromVault(
     // big checkpoint, whose fetch to staging would hold up the resume.
     const fromVault =
       lazy &&
+      fetchImages === undefined &&
       ctx.opts.servePagesFromVault !== false &&
       ctx.vault.openCheckpoint !== undefined &&
       (ck?.logicalBytes ?? Number.POSITIVE_INFINITY) >
@@ -109,12 +119,14 @@ export async function restoreFromVault(
     preparing = true;
     const [fetched, prepared] = await Promise.allSettled([
       t.time('vault fetch', () =>
-        ctx.vault.restoreCheckpoint({
-          tenant: vaultTenant,
-          checkpointId: ckId,
-          destDir: images,
-          ...(fromVault ? { skip: isPagesImage } : {}),
-        }),
+        fetchImages
+          ? fetchImages(images)
+          : ctx.vault.restoreCheckpoint({
+              tenant: vaultTenant,
+              checkpointId: ckId,
+              destDir: images,
+              ...(fromVault ? { skip: isPagesImage } : {}),
+            }),
       ),
       t.time('prepare', async () =>
         ctx.runtime.prepare(await ctx.runtimeSpec(s), { timer: t, mountRootfs: !hasDiff }),
@@ -158,7 +170,7 @@ export async function restoreFromVault(
     if (ckId !== s.checkpointId) ctx.store.updateSandbox(s.id, { checkpointId: ckId });
     keep = lazy;
     // Wrapped: awaiting a returned promise directly would wait for the pages too.
-    return { pagesLoaded: keep ? r.pagesLoaded : undefined };
+    return { pagesLoaded: keep ? r.pagesLoaded : undefined, address: prepared.value.network.address };
   } finally {
     // Each step runs whatever the others do, and none replaces the restore's own error.
     await reader?.close().catch((e: unknown) => ctx.warnCleanup(s.id, 'checkpoint reader', e));

@@ -15,6 +15,7 @@ import { LifecycleContext, invalid } from '../context.js';
 import type { CreateSandboxInput } from './create.js';
 import { afterLazyRestore } from './lazy.js';
 import { restoreFromVault } from './restore.js';
+import { templateImages } from './template-cache.js';
 import { resolveTemplate, usingTemplate } from './template.js';
 
 /** What a sandbox made from a template takes from it, not from the create. */
@@ -97,9 +98,16 @@ async function startFrom(
   let pagesLoaded: Promise<void> | undefined;
   const made = ctx.locks.run(id, async () => {
     try {
-      ({ pagesLoaded } = await restoreFromVault(ctx, sandbox, tpl.checkpointId, t, tpl.tenant));
-      const st = await ctx.runtime.state(id);
-      ctx.store.transition(id, 'creating', 'running', why, ctx.clock.now(), { address: st.network.address });
+      let address: string;
+      ({ pagesLoaded, address } = await restoreFromVault(
+        ctx,
+        sandbox,
+        tpl.checkpointId,
+        t,
+        tpl.tenant,
+        (dest) => templateImages(ctx, tpl, dest),
+      ));
+      ctx.store.transition(id, 'creating', 'running', why, ctx.clock.now(), { address });
     } catch (e) {
       // As a failed create: nothing of it runs or stays mounted, the record says why.
       await ctx.runtime.destroy(id).catch((x: unknown) => ctx.warnCleanup(id, 'destroy', x));

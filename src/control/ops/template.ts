@@ -17,6 +17,7 @@ import { createSandbox, type CreateSandboxInput } from './create.js';
 import { gpuGate } from './gpu.js';
 import { dumpToVault } from './hibernate.js';
 import { removeSandbox } from './remove.js';
+import { forgetTemplateImages } from './template-cache.js';
 
 export const TEMPLATE_ID = /^tp-[a-z2-7]{16}$/;
 
@@ -299,6 +300,7 @@ export async function removeTemplate(
     ctx.store.deleteCheckpoint(tpl.checkpointId, ctx.clock.now());
   });
   await Promise.allSettled([...(inUse.get(ctx)?.get(tpl.id) ?? [])]);
+  await forgetTemplateImages(ctx, tpl.checkpointId);
   await ctx.vault.destroySandboxKey({ tenant: tpl.tenant, sandboxId: tpl.id });
 }
 
