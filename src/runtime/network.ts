@@ -295,10 +295,14 @@ async function setUp(
     }
   }
   try {
-    // The common case, a namespace made from nothing, costs four `ip` processes; the steps
-    // one by one below complete what a crash left half made, or adopt runc's or CRIU's.
-    if (before === undefined && adoptFrom === undefined && !(await hostLinkPresent(net.hostInterface)))
-      await makeFreshNetwork(net, rules, signal);
+    // The common cases are batched: a namespace made from nothing (or runc's, adopted, which
+    // has only lo) costs four `ip` processes, and CRIU's restored one with its veth five; the
+    // steps one by one below complete what a crash left half made.
+    const pristine = before === undefined && !(await hostLinkPresent(net.hostInterface));
+    const withEth0 = adoptFrom !== undefined && (await processHasLink(adoptFrom, 'eth0'));
+    if (pristine && !withEth0) await makeFreshNetwork(net, rules, signal, adoptFrom);
+    else if (before === undefined && withEth0 && (await hostLinkPresent(net.hostInterface)))
+      await adoptRestoredNetwork(net, rules, adoptFrom, signal);
     else {
       if (before === undefined && adoptFrom !== undefined)
         await ip(['netns', 'attach', net.netns, String(adoptFrom)], signal);
@@ -353,6 +357,58 @@ async function setUp(
   if (identity !== undefined) await writeFile(opts.markerPath, want(identity), { mode: 0o600 });
 }
 
+/** `ip -batch`, on the host or in namespace `netns`: the lines in one process. */
+function ipBatch(signal?: AbortSignal): (lines: string[], netns?: string) => Promise<unknown> {
+  return (lines, netns) =>
+    run('ip', [...(netns !== undefined ? ['-n', netns] : []), '-batch', '-'], {
+      timeoutMs: IP_TIMEOUT_MS,
+      ...(signal !== undefined ? { signal } : {}),
+      input: lines.join('\n') + '\n',
+    });
+}
+
+/** Whether the network namespace of process `pid` has a link named `name` (its /proc view). */
+async function processHasLink(pid: number, name: string): Promise<boolean> {
+  const dev = await readFile(`/proc/${String(pid)}/net/dev`, 'utf8');
+  return new RegExp(`^\\s*${name}:`, 'm').test(dev);
+}
+
+/**
+ * The namespace CRIU restored with the sandbox's veth pair (user namespaces: runtime/userns.ts)
+ * pinned and wired as {@link adoptLink} does, batched: its address from the sandbox's record
+ * (a fork's own), the default route, the host end's address and the firewall.
+ */
+async function adoptRestoredNetwork(
+  net: SandboxNetwork,
+  rules: string,
+  pid: number,
+  signal?: AbortSignal,
+): Promise<void> {
+  const batch = ipBatch(signal);
+  await batch([`netns attach ${net.netns} ${String(pid)}`]);
+  await batch(
+    [
+      'link set lo up',
+      'addr flush dev eth0',
+      `addr add ${net.address}/${net.prefixLength} dev eth0`,
+      'link set eth0 up',
+      `route replace default via ${net.hostAddress}`,
+    ],
+    net.netns,
+  );
+  await dropHold(net, signal);
+  await writeFile(`/proc/sys/net/ipv6/conf/${net.hostInterface}/disable_ipv6`, '1');
+  await batch([
+    `addr replace ${net.hostAddress}/${net.prefixLength} dev ${net.hostInterface}`,
+    `link set ${net.hostInterface} up`,
+  ]);
+  await run('ip', ['netns', 'exec', net.netns, 'iptables-restore'], {
+    timeoutMs: IP_TIMEOUT_MS,
+    ...(signal !== undefined ? { signal } : {}),
+    input: rules,
+  });
+}
+
 /** Whether the host has a link named `name` (its sysfs entry: no process to ask). */
 async function hostLinkPresent(name: string): Promise<boolean> {
   return stat(join('/sys/class/net', name)).then(
@@ -370,16 +426,18 @@ async function hostLinkPresent(name: string): Promise<boolean> {
  * `ip -batch` on each side and one shell inside, four processes where the steps one by one
  * spawn sixteen (most of a create's host side, profiled in docs/BENCHMARKS.md).
  */
-async function makeFreshNetwork(net: SandboxNetwork, rules: string, signal?: AbortSignal): Promise<void> {
-  const batch = (lines: string[], netns?: string): Promise<unknown> =>
-    run('ip', [...(netns !== undefined ? ['-n', netns] : []), '-batch', '-'], {
-      timeoutMs: IP_TIMEOUT_MS,
-      signal,
-      input: lines.join('\n') + '\n',
-    });
+async function makeFreshNetwork(
+  net: SandboxNetwork,
+  rules: string,
+  signal?: AbortSignal,
+  adoptFrom?: number,
+): Promise<void> {
+  const batch = ipBatch(signal);
+  // The /30 a sleeping sandbox's address was held in (userns.ts) goes before its link comes.
+  if (adoptFrom !== undefined) await dropHold(net, signal);
   // The peer is made inside the namespace under its final name.
   await batch([
-    `netns add ${net.netns}`,
+    adoptFrom !== undefined ? `netns attach ${net.netns} ${String(adoptFrom)}` : `netns add ${net.netns}`,
     `link add ${net.hostInterface} type veth peer name eth0 netns ${net.netns}`,
   ]);
   await writeFile(`/proc/sys/net/ipv6/conf/${net.hostInterface}/disable_ipv6`, '1');
