@@ -80,7 +80,7 @@ describe('daemon configuration', () => {
         diskQuota: '20G',
         seccompProfile: 'seccomp.json',
       },
-      checkpoint: { keep: 3, timeout: '5m' },
+      checkpoint: { keep: 3, timeout: '5m', templateCache: '256M' },
       restore: { lazy: false, pagesFromVaultAbove: 0, timeout: 90_000 },
       importLimits: { maxBytes: '8G', maxEntries: 5000 },
       api: { bodyLimit: '1M' },
@@ -103,7 +103,7 @@ describe('daemon configuration', () => {
     assert.deepEqual(c.sandbox.allowedSourceRoots, [join(dir, 'images'), '/srv/rootfs']);
     assert.equal(c.sandbox.seccompProfile, join(dir, 'seccomp.json'));
     assert.equal(c.sandbox.diskBytes, 20 * 1024 ** 3);
-    assert.deepEqual(c.checkpoint, { keep: 3, timeoutMs: 300_000 });
+    assert.deepEqual(c.checkpoint, { keep: 3, timeoutMs: 300_000, templateCacheBytes: 256 * 1024 ** 2 });
     assert.deepEqual(c.restore, {
       lazy: false,
       pagesFromVault: true,

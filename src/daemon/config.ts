@@ -64,7 +64,8 @@ export interface DaemonConfig {
     /** Disk quota of a sandbox's writable layer when its create names none. */
     diskBytes: number;
   };
-  checkpoint: { keep: number; timeoutMs: number };
+  /** templateCacheBytes: templates' checkpoints kept decrypted in staging (control/ops/template-cache.ts). */
+  checkpoint: { keep: number; timeoutMs: number; templateCacheBytes: number };
   restore: { lazy: boolean; pagesFromVault: boolean; pagesFromVaultAboveBytes: number; timeoutMs: number };
   importLimits: { maxBytes: number; maxMemberBytes: number; maxEntries: number };
   api: { bodyLimitBytes: number; execBodyLimitBytes: number; maxUploadBytes: number };
@@ -194,6 +195,7 @@ const Layer = z.strictObject({
     .strictObject({
       keep: z.number().int().min(1).optional(),
       timeout: duration.optional(),
+      templateCache: size.optional(),
     })
     .optional(),
   restore: z
@@ -569,6 +571,7 @@ function resolveConfig(l: Layer): DaemonConfig {
     checkpoint: {
       keep: l.checkpoint?.keep ?? D.checkpoint.keep,
       timeoutMs: l.checkpoint?.timeout ?? D.checkpoint.timeoutMs,
+      templateCacheBytes: l.checkpoint?.templateCache ?? D.checkpoint.templateCacheBytes,
     },
     restore: {
       lazy: l.restore?.lazy ?? D.restore.lazy,
@@ -750,7 +753,11 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       userNamespace: c.sandbox.userNamespace,
       diskQuota: exactSize(c.sandbox.diskBytes),
     },
-    checkpoint: { keep: c.checkpoint.keep, timeout: exactDuration(c.checkpoint.timeoutMs) },
+    checkpoint: {
+      keep: c.checkpoint.keep,
+      timeout: exactDuration(c.checkpoint.timeoutMs),
+      templateCache: exactSize(c.checkpoint.templateCacheBytes),
+    },
     restore: {
       lazy: c.restore.lazy,
       pagesFromVault: c.restore.pagesFromVault,

@@ -6,6 +6,7 @@
  */
 import { DEFAULT_POLICY, type SandboxPolicy } from '../domain/sandbox.js';
 import { DEFAULT_MAX_BYTES, DEFAULT_MAX_MEMBER_BYTES } from '../checkpoint/archive.js';
+import { TEMPLATE_CACHE_BYTES } from '../control/ops/template-cache.js';
 import { DEFAULT_SECCOMP_PROFILE } from '../runtime/runc.js';
 import { DEFAULT_DISK_BYTES } from '../control/sandboxes.js';
 import {
@@ -57,6 +58,8 @@ export const DEFAULTS = {
     keep: 2,
     /** How long CRIU's dump may run before it is ended as hung. */
     timeoutMs: 120_000,
+    /** Templates' checkpoints kept decrypted in the staging tmpfs between creates, in all. */
+    templateCacheBytes: TEMPLATE_CACHE_BYTES,
   },
   /** An S3 vault's local pack cache and upload part size (docs/VAULT.md). */
   vault: { cacheBytes: 2 * 1024 ** 3, partSizeBytes: 8 * 1024 ** 2 },

@@ -203,6 +203,13 @@ export const SETTINGS: readonly Setting[] = [
     help: "how long CRIU's dump may run before it is ended as hung",
   },
   {
+    key: 'checkpoint.templateCache',
+    kind: 'size',
+    env: 'DORMANT_TEMPLATE_CACHE',
+    flag: '--template-cache <size>',
+    help: "templates' checkpoints kept decrypted in memory (the staging tmpfs) between creates, in all; 0 keeps none",
+  },
+  {
     key: 'restore.lazy',
     kind: 'boolean',
     env: 'DORMANT_LAZY_RESTORE',
