@@ -8,7 +8,8 @@
  */
 import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { World } from './testing/world.js';
+import { DormantError, ErrorCode } from '../domain/errors.js';
+import { World, rejection } from './testing/world.js';
 import { SCENARIOS, assertUserData, runOp, type Scenario } from './testing/scenarios.js';
 
 /**
@@ -141,3 +142,71 @@ for (const sc of SCENARIOS) {
     });
   });
 }
+
+/**
+ * gVisor ends a sandbox whose checkpoint fails (a TCP connection opened just before the save,
+ * say). The hibernate must not call it running: it is back on its previous checkpoint, or
+ * archived on its files when it has none, and the error says it ended.
+ */
+describe('a failed checkpoint that ends the sandbox (as gVisor does)', () => {
+  /** The next checkpoint of the fake runtime kills the processes, then fails. */
+  function checkpointKills(w: World): void {
+    w.runtime.checkpoint = async (id) => {
+      await w.runtime.kill(id);
+      throw new DormantError(ErrorCode.RUNTIME_CHECKPOINT_FAILED, `checkpoint of sandbox ${id} failed`, {
+        details: { sandboxStatus: 'stopped' },
+      });
+    };
+  }
+
+  test('with a previous checkpoint: hibernated on it, the error says it ended; resume brings that back', async () => {
+    const w = await World.make();
+    worlds.push(w);
+    const s = await w.createSandbox();
+    await w.remember(s.id, 'v1');
+    const ck1 = (await w.controller.hibernate(s.id)).checkpointId;
+    await w.controller.resume(s.id);
+    await w.remember(s.id, 'v2');
+    w.resetFaults();
+    checkpointKills(w);
+
+    const e = await rejection(w.controller.hibernate(s.id));
+    assert.equal(e.code, 'HIBERNATE_FAILED');
+    assert.match(e.message, /the sandbox ended/);
+    assert.match(e.message, new RegExp(`previous checkpoint ${ck1!}, which a resume restores`));
+    const after = w.controller.get(s.id);
+    assert.equal(after.state, 'hibernated', 'not recorded running: its processes are gone');
+    assert.equal(after.checkpointId, ck1);
+    assert.match(after.lastError ?? '', /the sandbox ended/);
+    const last = w.db.transitions({ sandboxId: s.id }).at(-1)!;
+    assert.deepEqual(
+      [last.from, last.to, last.reason],
+      ['hibernating', 'hibernated', 'hibernate failed: the sandbox ended'],
+    );
+    await w.assertConsistent('after the ended hibernate');
+
+    w.resetFaults();
+    await w.controller.resume(s.id);
+    await w.assertRemembers(s.id, 'v1', 'resumed from the previous checkpoint');
+  });
+
+  test('without one: archived on its files; resume starts it afresh with them', async () => {
+    const w = await World.make();
+    worlds.push(w);
+    const s = await w.createSandbox();
+    await w.remember(s.id, 'v1');
+    w.resetFaults();
+    checkpointKills(w);
+
+    const e = await rejection(w.controller.hibernate(s.id));
+    assert.equal(e.code, 'HIBERNATE_FAILED');
+    assert.match(e.message, /the sandbox ended.*archived on its files/);
+    assert.equal(w.controller.get(s.id).state, 'archived');
+    await w.assertConsistent('after the ended hibernate');
+
+    w.resetFaults();
+    await w.controller.resume(s.id);
+    assert.equal(w.controller.get(s.id).state, 'running');
+    assert.equal(await w.exec(s.id, 'cat', 'notes/a.txt'), 'file v1', 'its files kept');
+  });
+});

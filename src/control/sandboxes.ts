@@ -10,13 +10,13 @@
  * where an operation holds it throughout, and dispatches.
  */
 import { open, statfs } from 'node:fs/promises';
-import { tcpListening } from '../sys/listening.js';
 import { assertLegal, type Sandbox, type SandboxState } from '../domain/sandbox.js';
 import { errnoCode } from '../domain/errors.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { Compression } from '../checkpoint/archive.js';
 import type { GpuHolder } from '../sys/gpu.js';
 import { LifecycleContext, invalid } from './context.js';
+import { sandboxListens } from './listens.js';
 import type { ControllerOptions } from './options.js';
 import { archiveSandbox } from './ops/archive.js';
 import { createSandbox, type CreateSandboxInput } from './ops/create.js';
@@ -224,10 +224,7 @@ export class SandboxController {
    * socket tables (no connection made); undefined when it has no process or they cannot be read.
    */
   async listensOn(id: string, port: number): Promise<boolean | undefined> {
-    const inside = await this.ctx.runtime.listening?.(id, port);
-    if (inside !== undefined) return inside;
-    const pid = (await this.ctx.runtime.state(id).catch(() => undefined))?.pid;
-    return pid === undefined ? undefined : tcpListening(pid, port);
+    return sandboxListens(this.ctx.runtime, id, port);
   }
 
   async pause(id: string, tenant?: string, reason = 'pause'): Promise<Sandbox> {

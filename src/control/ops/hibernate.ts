@@ -4,13 +4,14 @@ import { randomBytes } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { release } from 'node:os';
 import { join } from 'node:path';
-import { DormantError, asError } from '../../domain/errors.js';
+import { DormantError, ErrorCode, asError, isDormantError } from '../../domain/errors.js';
 import { assertLegal, isNoop, newId, type Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
 import { FS_DIFF, FS_META } from '../../runtime/layer.js';
 import { StepTimer } from '../../domain/timings.js';
 import { LifecycleContext } from '../context.js';
 import { gpuGate, cudaUndo, type GpuMeta } from './gpu.js';
+import { processesGone } from './reconcile.js';
 
 export async function hibernate(
   ctx: LifecycleContext,
@@ -66,6 +67,8 @@ export async function hibernate(
     } catch (e) {
       await ctx.wipe(dir);
       if (committed) throw e;
+      // A runtime may end the sandbox whose save failed (gVisor does): nothing to thaw.
+      if (await processesEnded(ctx, id)) return await afterEndedHibernate(ctx, s, e);
       // Not committed: the sandbox goes back to what it was, running or paused, its CUDA
       // state back on the GPU.
       let undo = '';
@@ -119,6 +122,44 @@ export async function hibernate(
   } finally {
     if (!reported) ctx.report(t.finish('hibernate', id, false));
   }
+}
+
+/** Whether the sandbox's processes are gone: its container stopped, or no container at all. */
+async function processesEnded(ctx: LifecycleContext, id: string): Promise<boolean> {
+  const st = await ctx.runtime
+    .state(id)
+    .catch((e: unknown) =>
+      isDormantError(e, ErrorCode.RUNTIME_SANDBOX_NOT_FOUND) ? ('absent' as const) : undefined,
+    );
+  // A state that cannot be read says nothing: the usual undo (thaw) is tried.
+  const status = st === 'absent' ? st : st?.status;
+  return status === 'stopped' || status === 'absent';
+}
+
+/**
+ * The checkpoint failed and took the processes with it (gVisor ends a sandbox whose save
+ * failed): what they held in memory since the last checkpoint is lost. The sandbox is
+ * recorded as reconcile records one found dead: back to its previous checkpoint (hibernated)
+ * if it has one, else archived on its files; never running. Always throws HIBERNATE_FAILED.
+ */
+async function afterEndedHibernate(ctx: LifecycleContext, s: Sandbox, cause: unknown): Promise<never> {
+  const id = s.id;
+  // The stopped container's remains, as reconcile removes them.
+  await ctx.runtime.stop(id).catch((x: unknown) => ctx.warnCleanup(id, 'remove the ended container', x));
+  const to = await processesGone(ctx, s);
+  const back =
+    to === 'hibernated'
+      ? `it is hibernated on its previous checkpoint ${s.checkpointId ?? ''}, which a resume restores (what it did since is lost)`
+      : 'it is archived on its files: a resume starts its command afresh';
+  const why = `the sandbox ended when its checkpoint failed (its processes are gone); ${back}: ${asError(cause).message}`;
+  ctx.store.transition(id, 'hibernating', to, 'hibernate failed: the sandbox ended', ctx.clock.now(), {
+    lastError: why,
+    memoryBytes: 0,
+  });
+  throw new DormantError('HIBERNATE_FAILED', `hibernate of sandbox ${id} failed: ${why}`, {
+    cause,
+    hint: `dormant resume ${id}`,
+  });
 }
 
 /**

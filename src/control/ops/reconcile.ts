@@ -153,7 +153,7 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
  * and archive empty it: the files live in the vault, never in plaintext on the host, and the
  * next resume unpacks the checkpoint's files, not those mixed with what came after it.
  */
-async function processesGone(ctx: LifecycleContext, s: Sandbox): Promise<SandboxState> {
+export async function processesGone(ctx: LifecycleContext, s: Sandbox): Promise<SandboxState> {
   const ck = s.checkpointId !== undefined ? ctx.store.getCheckpoint(s.checkpointId) : undefined;
   if (ck?.meta[FS_META] === 'tar') await ctx.runtime.emptyLayer(s.id);
   return fallback(ctx, s);

@@ -11,8 +11,8 @@ import { mkdir, readFile } from 'node:fs/promises';
 import { DormantError, ErrorCode, asError } from '../../domain/errors.js';
 import { assertLegal, newId, validateName, type Sandbox } from '../../domain/sandbox.js';
 import type { TemplateRecord, TemplateStore } from '../../state/templates.js';
-import { tcpListening } from '../../sys/listening.js';
 import { LifecycleContext, invalid } from '../context.js';
+import { sandboxListens } from '../listens.js';
 import { createSandbox, type CreateSandboxInput } from './create.js';
 import { gpuGate } from './gpu.js';
 import { dumpToVault } from './hibernate.js';
@@ -153,7 +153,7 @@ async function waitReady(ctx: LifecycleContext, s: Sandbox, probe: ReadyProbe): 
       );
     let ready = true;
     if (probe.port !== undefined)
-      ready = st.pid !== undefined && (await tcpListening(st.pid, probe.port)) === true;
+      ready = (await sandboxListens(ctx.runtime, s.id, probe.port, st.pid)) === true;
     if (ready && probe.command !== undefined) {
       const left = Math.max(1, Math.round(deadline - performance.now()));
       const r = await ctx.runtime
