@@ -229,6 +229,12 @@ export const UpdateSandboxBody = z.strictObject({
   pauseAfter: durationPatch,
   archiveAfter: durationPatch,
   lifetime: durationPatch,
+  egress: z
+    .union([z.string().max(16_384), z.array(z.string().max(253)).max(64)])
+    .optional()
+    .describe(
+      'a new egress policy, as create takes it (`internet`, `none`, or a list): a running sandbox follows at once, a sleeping one at its resume',
+    ),
 });
 export type UpdateSandboxBody = z.infer<typeof UpdateSandboxBody>;
 
@@ -248,6 +254,10 @@ export const ImportBody = z.strictObject({
   name: z.string().min(1).max(63).optional(),
   ports: z.array(z.number().int().min(1).max(65535)).max(32).optional(),
   memory: size.optional(),
+  egress: z
+    .union([z.string().max(16_384), z.array(z.string().max(253)).max(64)])
+    .optional()
+    .describe("its egress policy, as create takes it; default: the tenant's"),
 });
 
 /** `POST /v1/checkpoints/import` with the archive as an `application/octet-stream` body. */
@@ -270,6 +280,8 @@ export const ImportUploadQuery = z.object({
     })
     .optional(),
   memory: size.optional(),
+  /** Its egress policy, as create takes it (comma-separated); default: the tenant's. */
+  egress: z.string().max(16_384).optional(),
 });
 
 export const ExportQuery = z.object({

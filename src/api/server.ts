@@ -314,6 +314,8 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.archiveAfter !== undefined ? { archiveAfterMs: b.archiveAfter } : {}),
       ...(b.lifetime !== undefined ? { lifetimeMs: b.lifetime } : {}),
     };
+    // The egress first: it is the part that can fail (a bad policy: nothing else changes).
+    if (b.egress !== undefined) await controller.updateEgress(id, scope(req), b.egress);
     return view(
       controller.update(id, scope(req), { ...(b.labels !== undefined ? { labels: b.labels } : {}), policy }),
     );
@@ -468,6 +470,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
           ...(q.name !== undefined ? { name: q.name } : {}),
           ...(q.ports !== undefined ? { ports: q.ports } : {}),
           ...(q.memory !== undefined ? { memoryBytes: q.memory } : {}),
+          ...(q.egress !== undefined ? { egress: q.egress } : {}),
         },
         req.body,
         opts.maxUploadBytes ?? DEFAULT_MAX_UPLOAD_BYTES,
@@ -483,6 +486,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.name !== undefined ? { name: b.name } : {}),
       ...(b.ports !== undefined ? { ports: b.ports } : {}),
       ...(b.memory !== undefined ? { memoryBytes: b.memory } : {}),
+      ...(b.egress !== undefined ? { egress: b.egress } : {}),
     });
     return reply.status(201).send(await view(s));
   });

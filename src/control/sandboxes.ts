@@ -30,7 +30,7 @@ import { pauseSandbox } from './ops/pause.js';
 import { reconcileAll } from './ops/reconcile.js';
 import { removeSandbox } from './ops/remove.js';
 import { resume } from './ops/resume.js';
-import { updateSandbox, type SandboxUpdate } from './ops/update.js';
+import { updateEgress, updateSandbox, type SandboxUpdate } from './ops/update.js';
 import { execCommand, withAgent, type ExecOptions, type ExecOutcome } from './ops/toolbox.js';
 import { agentNotSupported, execThroughRuntime } from './ops/exec-runtime.js';
 import {
@@ -369,6 +369,11 @@ export class SandboxController {
   /** New labels and idle policy values (ops/update.ts); the policy loop acts on them at once. */
   update(id: string, tenant: string | undefined, u: SandboxUpdate): Sandbox {
     return updateSandbox(this.ctx, id, tenant, u);
+  }
+
+  /** A new egress policy (ops/update.ts): the firewall follows at once, or at the next resume. */
+  async updateEgress(id: string, tenant: string | undefined, egress: string | string[]): Promise<Sandbox> {
+    return this.ctx.locks.run(id, () => updateEgress(this.ctx, id, tenant, egress));
   }
 
   /** Each sandbox's writable layer folder: it never moves, and asking the runtime runs runc. */

@@ -460,6 +460,23 @@ export class RuncHost {
     }
   }
 
+  /** Runtime.setEgress: the record first (a crash leaves the new policy to the next set-up). */
+  async setEgress(id: string, policy: EgressPolicy): Promise<void> {
+    const old = await this.readRecord(id);
+    // In compileSandboxSpec's order (egress before devices): prepare compares the JSON text.
+    const { devices, ...rest } = old.spec;
+    const spec = { ...rest, egress: policy, ...(devices !== undefined ? { devices } : {}) };
+    const rec: SandboxRecord = { ...old, spec };
+    await this.rewriteRecord(join(this.dir(id), 'sandbox.json'), JSON.stringify(rec, null, 2));
+    this.egressNames.delete(id);
+    // Only a network that is up: a released one (asleep, in a user namespace) is set up anew.
+    await setUpNetwork(rec.network, rec.spec.ports ?? [], {
+      markerPath: join(this.dir(id), 'network.done'),
+      egress: (await this.egressSetUp(rec))!,
+      onlyIfSetUp: true,
+    });
+  }
+
   /** Bytes each sandbox sent beyond the node (its chain's ACCEPT counters), by sandbox id. */
   async egressBytes(): Promise<Map<string, number>> {
     const byIface = await egressCounters();

@@ -100,6 +100,10 @@ export class RuntimeDispatch implements Runtime {
     return this.runc.checkEgress(policy);
   }
 
+  async setEgress(id: string, policy: EgressPolicy): Promise<void> {
+    return (await this.of(id)).setEgress(id, policy);
+  }
+
   async egressBytes(): Promise<Map<string, number>> {
     const all = await this.runc.egressBytes();
     if (this.runsc) for (const [id, n] of await this.runsc.egressBytes()) all.set(id, n);

@@ -257,6 +257,12 @@ export interface Runtime {
    * (EGRESS_HOST_UNRESOLVABLE otherwise). Optional.
    */
   checkEgress?(policy: EgressPolicy): Promise<void>;
+  /**
+   * Gives sandbox `id` another egress policy: its record holds it for the next start or
+   * restore, and a network that is up (running, or kept while it sleeps) follows at once.
+   * Optional: a runtime without it keeps the policy it was prepared with.
+   */
+  setEgress?(id: string, policy: EgressPolicy): Promise<void>;
   /** Bytes each sandbox sent beyond the node since its rules were last written, by id. Optional. */
   egressBytes?(): Promise<Map<string, number>>;
   /** Freezes every process (cgroup freezer); memory stays. */

@@ -305,6 +305,8 @@ export interface UpdateSandboxOptions {
   pauseAfter?: number | string | null;
   archiveAfter?: number | string | null;
   lifetime?: number | string | null;
+  /** a new egress policy, as create takes it (`internet`, `none`, or a list): a running sandbox follows at once, a sleeping one at its resume */
+  egress?: string | string[];
 }
 
 /** The filters and page of GET /v1/sandboxes. */

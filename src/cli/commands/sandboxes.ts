@@ -412,7 +412,7 @@ export function registerSandboxes(program: Command): void {
 
   program
     .command('update')
-    .description("change a sandbox's labels and idle policy")
+    .description("change a sandbox's labels, idle policy and egress")
     .argument('<id>', 'the sandbox id or name')
     .option(
       '--idle <duration>',
@@ -423,10 +423,11 @@ export function registerSandboxes(program: Command): void {
     .option('--lifetime <duration>', 'end the sandbox this long after it was created; `default` drops it')
     .option('--label <k=v>', 'set a label (repeatable)', collect, [])
     .option('--unlabel <k>', 'remove a label (repeatable)', collect, [])
+    .option('--egress <policy>', 'internet, none, or CIDRs and host names; a running sandbox follows at once')
     .option('--json', 'print the sandbox as JSON')
     .addHelpText(
       'after',
-      '\nExamples:\n  dormant update agent --idle 5m --label team=search\n  dormant update agent --unlabel team --lifetime default',
+      '\nExamples:\n  dormant update agent --idle 5m --label team=search\n  dormant update agent --unlabel team --lifetime default\n  dormant update agent --egress none',
     )
     .action(async (id, o) => {
       const d = (v: string | undefined) => (v === undefined ? undefined : v === 'default' ? null : v);
@@ -438,10 +439,11 @@ export function registerSandboxes(program: Command): void {
         ...(o.pauseAfter !== undefined ? { pauseAfter: d(o.pauseAfter) } : {}),
         ...(o.archiveAfter !== undefined ? { archiveAfter: d(o.archiveAfter) } : {}),
         ...(o.lifetime !== undefined ? { lifetime: d(o.lifetime) } : {}),
+        ...(o.egress !== undefined ? { egress: o.egress } : {}),
       };
       if (Object.keys(u).length === 0)
         throw usage(
-          'nothing to change: give --idle, --pause-after, --archive-after, --lifetime, --label or --unlabel',
+          'nothing to change: give --idle, --pause-after, --archive-after, --lifetime, --label, --unlabel or --egress',
         );
       const s = await clientFromEnv().updateSandbox(id, u);
       if (o.json) printJson(s);

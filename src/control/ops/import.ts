@@ -27,7 +27,7 @@ import { cpuFlagsInUse } from '../../checkpoint/cpu.js';
 import { checkCompatible } from './restore.js';
 import type { CheckpointRecord } from '../../state/store.js';
 import { LifecycleContext, invalid } from '../context.js';
-import { DEFAULT_MEMORY, DEFAULT_DISK_BYTES, checkDiskBytes } from './create.js';
+import { DEFAULT_MEMORY, DEFAULT_DISK_BYTES, checkDiskBytes, egressOf } from './create.js';
 
 export interface ImportArchiveInput {
   tenant: string;
@@ -41,6 +41,8 @@ export interface ImportArchiveInput {
   /** Ports reachable through the proxy; default: what a dormant export recorded. */
   ports?: number[];
   memoryBytes?: number;
+  /** `internet`, `none`, or CIDRs and host names (domain/egress.ts). Default: the tenant's. */
+  egress?: string | string[];
 }
 
 /** CRIU and the kernel say x86_64 / aarch64; Node says x64 / arm64. */
@@ -171,6 +173,9 @@ async function importFrom(
     if (ctx.store.listSandboxes(input.tenant).some((s) => s.name === n))
       throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${n} already exists`);
   }
+  // As a create gets it (checked before anything is unpacked): without one, the imported
+  // sandbox would have no way out at all.
+  const egress = await egressOf(ctx, input.tenant, input.egress);
   const id = newId('sb', randomBytes);
   const dir = ctx.staging(`${id}-import`);
   await mkdir(dir, { recursive: true, mode: 0o700 });
@@ -251,6 +256,7 @@ async function importFrom(
         ...(facts.hostname !== undefined ? { hostname: facts.hostname } : {}),
         ...(mounts.binds.length > 0 ? { engineBinds: mounts.binds } : {}),
         ...(mounts.cgroupBinds ? { cgroupNamespace: false as const } : {}),
+        egress,
       },
       createdAt: now,
       stateSince: now,

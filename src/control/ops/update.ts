@@ -1,9 +1,12 @@
 /**
  * Update: a sandbox's labels and its own idle policy, changed after create. The policy loop
  * reads each sandbox's policy from the database on every pass, so a new value acts from the
- * next pass on, without a restart or anything kept in memory here.
+ * next pass on, without a restart or anything kept in memory here. Its egress policy changes
+ * the runtime's firewall too (updateEgress).
  */
 
+import { egressText, parseEgressPolicy } from '../../domain/egress.js';
+import { isDormantError } from '../../domain/errors.js';
 import { formatDurationMs } from '../../domain/units.js';
 import { patchLabels, type Sandbox, type SandboxPolicy } from '../../domain/sandbox.js';
 import { LifecycleContext } from '../context.js';
@@ -60,6 +63,45 @@ export function updateSandbox(
     ctx.store.updateSandbox(s.id, { spec });
     const what = describe(u);
     if (what !== '') ctx.store.note(s.id, `update: ${what}`, ctx.clock.now());
+    return ctx.get(s.id);
+  });
+}
+
+/**
+ * Gives the sandbox another egress policy (`internet`, `none` or a list, as create takes it):
+ * checked whole first (EGRESS_POLICY_INVALID, EGRESS_HOST_UNRESOLVABLE: nothing changes), then
+ * the runtime's firewall (at once when its network is up; a sleeping sandbox's record, for its
+ * next resume), then the database and an event. Call under the sandbox's lock: a resume
+ * compares the runtime's record with the database's spec.
+ */
+export async function updateEgress(
+  ctx: LifecycleContext,
+  id: string,
+  tenant: string | undefined,
+  asked: string | string[],
+): Promise<Sandbox> {
+  const s = ctx.get(id, tenant);
+  const policy = parseEgressPolicy(asked);
+  await ctx.runtime.checkEgress?.(policy);
+  const set = async (p: typeof policy): Promise<void> => {
+    try {
+      await ctx.runtime.setEgress?.(s.id, p);
+    } catch (e) {
+      // A sandbox the runtime does not hold (never started, or archived) gets it when prepared.
+      if (!isDormantError(e, 'RUNTIME_SANDBOX_NOT_FOUND')) throw e;
+    }
+  };
+  try {
+    await set(policy);
+  } catch (e) {
+    // Half applied: the old policy back, so the firewall and the record say the same.
+    const old = s.spec.egress;
+    if (old !== undefined) await set(old).catch((x: unknown) => ctx.warnCleanup(s.id, 'egress back', x));
+    throw e;
+  }
+  return ctx.store.atomically(() => {
+    ctx.store.updateSandbox(s.id, { spec: { ...ctx.get(s.id).spec, egress: policy } });
+    ctx.store.note(s.id, `update: egress ${egressText(policy)}`, ctx.clock.now());
     return ctx.get(s.id);
   });
 }
