@@ -143,6 +143,15 @@ function sandboxImages(): ProfileImages {
 }
 
 const PROFILE = sandboxProfile({ capabilities: SANDBOX_CAPABILITIES, readonlyBinds: ['/usr'] });
+/** The profile of sandboxes in a user namespace mapping 0..65535 to 100000.. on the host. */
+const MAPPED = sandboxProfile({
+  capabilities: SANDBOX_CAPABILITIES,
+  readonlyBinds: ['/usr'],
+  userNamespace: {
+    uidMap: [{ first: 0, lowerFirst: 100000, count: 65536 }],
+    gidMap: [{ first: 0, lowerFirst: 100000, count: 65536 }],
+  },
+});
 
 function problems(images: ProfileImages, profile: SandboxProfile = PROFILE): string[] {
   return checkAgainstProfile(images, profile).map(problemText);
@@ -291,14 +300,7 @@ describe('checkpoint profile check', () => {
       'pid 1: runs in a user namespace of its own, which sandboxes on this node do not have',
     ]);
 
-    const mapped = sandboxProfile({
-      capabilities: SANDBOX_CAPABILITIES,
-      readonlyBinds: ['/usr'],
-      userNamespace: {
-        uidMap: [{ first: 0, lowerFirst: 100000, count: 65536 }],
-        gidMap: [{ first: 0, lowerFirst: 100000, count: 65536 }],
-      },
-    });
+    const mapped = MAPPED;
     // Identity mapping: root inside is root outside.
     assert.deepEqual(problems(own, mapped), [
       'user namespace 20: uid_map line "0 0 4294967295" is outside the sandbox\'s mapping (0 100000 65536)',
@@ -376,15 +378,7 @@ describe('checkpoint profile check', () => {
     // The device nodes runc binds into a sandbox with a user namespace: only there.
     const devBind = (path: string): ProfileImages =>
       withMount(mount(502, 242, 6, path, { extKey: path, flags: 0, fsname: 'devtmpfs' }));
-    const mapped = sandboxProfile({
-      capabilities: SANDBOX_CAPABILITIES,
-      readonlyBinds: ['/usr'],
-      userNamespace: {
-        uidMap: [{ first: 0, lowerFirst: 100000, count: 65536 }],
-        gidMap: [{ first: 0, lowerFirst: 100000, count: 65536 }],
-      },
-      allowHostUserNamespace: true,
-    });
+    const mapped = { ...MAPPED, allowHostUserNamespace: true };
     assert.deepEqual(problems(devBind('/dev/urandom'), mapped), []);
     assert.deepEqual(problems(devBind('/dev/urandom')), [
       'mount /dev/urandom: external devtmpfs mount /dev/urandom is not one a sandbox has',
