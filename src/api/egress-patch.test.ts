@@ -82,6 +82,11 @@ describe('egress changed after create, and on import', () => {
     }
     const unresolvable = await apiError(client.updateSandbox(sb.id, { egress: 'nope.egress.test' }));
     assert.equal(unresolvable.code, 'EGRESS_HOST_UNRESOLVABLE');
+    // A good policy beside labels past the limit (64): refused whole, the firewall untouched.
+    const many = Object.fromEntries(Array.from({ length: 65 }, (_, i) => [`k${String(i)}`, 'v']));
+    const tooMany = await apiError(client.updateSandbox(sb.id, { egress: 'none', labels: many }));
+    assert.equal(tooMany.status, 400);
+    assert.match(tooMany.message, /too many labels/);
     const now = await client.getSandbox(sb.id);
     assert.equal(now.egress, 'internet');
     assert.equal(now.policy.hibernateAfterMs, undefined, 'nothing else in the refused request changed');

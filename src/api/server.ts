@@ -18,7 +18,7 @@ import { randomBytes } from 'node:crypto';
 import { logContext, type Logger } from '../sys/log.js';
 import { Readable } from 'node:stream';
 import { DormantError, ErrorCode, asError, errorInfo, isDormantError } from '../domain/errors.js';
-import type { Sandbox, Transition } from '../domain/sandbox.js';
+import { patchLabels, type Sandbox, type Transition } from '../domain/sandbox.js';
 import type { SandboxController } from '../control/sandboxes.js';
 import type { CheckpointRecord, StateStore } from '../state/store.js';
 import { authenticate, type Principal } from './auth.js';
@@ -314,7 +314,9 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       ...(b.archiveAfter !== undefined ? { archiveAfterMs: b.archiveAfter } : {}),
       ...(b.lifetime !== undefined ? { lifetimeMs: b.lifetime } : {}),
     };
-    // The egress first: it is the part that can fail (a bad policy: nothing else changes).
+    // The labels checked first (patchLabels throws on a bad one), then the egress, the part
+    // that can fail late (a bad policy): a refused request changes nothing.
+    if (b.labels !== undefined) patchLabels(controller.get(id, scope(req)).spec.labels ?? {}, b.labels);
     if (b.egress !== undefined) await controller.updateEgress(id, scope(req), b.egress);
     return view(
       controller.update(id, scope(req), { ...(b.labels !== undefined ? { labels: b.labels } : {}), policy }),

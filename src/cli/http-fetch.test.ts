@@ -120,3 +120,23 @@ test('an abort before the answer rejects with the signal reason; a 204 has no bo
     await srv.close();
   }
 });
+
+test('a Blob goes with its length and type, as fetch sends it', async () => {
+  const srv = await serve((req, res) => {
+    void bodyText(req).then((body) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(
+        JSON.stringify({ length: req.headers['content-length'], type: req.headers['content-type'], body }),
+      );
+    });
+  });
+  try {
+    const res = await httpFetch(`${srv.url}/`, {
+      method: 'POST',
+      body: new Blob(['archive bytes'], { type: 'application/zstd' }),
+    });
+    assert.deepEqual(await res.json(), { length: '13', type: 'application/zstd', body: 'archive bytes' });
+  } finally {
+    await srv.close();
+  }
+});

@@ -56,6 +56,15 @@ export function httpFetch(input: string | URL | Request, init: RequestInit = {})
         ...headersOf(init.headers),
         ...(typeof body === 'string' ? { 'content-length': String(Buffer.byteLength(body)) } : {}),
         ...(body instanceof Uint8Array ? { 'content-length': String(body.byteLength) } : {}),
+        // A Blob's size and type, as fetch sends them (the caller's headers win).
+        ...(init.body instanceof Blob
+          ? {
+              'content-length': String(init.body.size),
+              ...(init.body.type !== '' && !new Headers(init.headers).has('content-type')
+                ? { 'content-type': init.body.type }
+                : {}),
+            }
+          : {}),
       },
     });
     // After the headers, an abort errors the body stream as Node's fetch does; before them, it

@@ -337,7 +337,7 @@ describe('dormant serve: SIGHUP reload and --log-file', () => {
 
 describe('user namespaces are the default', () => {
   test('a data folder below one that others cannot search is refused at start, naming it and what to do', async () => {
-    const { startDaemon } = await import('./daemon.js');
+    const { startDaemon, stagingDirFor } = await import('./daemon.js');
     const dir = await mkdtemp('/tmp/dormant-serve-userns-'); // 0700
     try {
       const opts = { listen: '127.0.0.1:0', proxy: false, policy: false, warn: () => undefined } as const;
@@ -349,6 +349,7 @@ describe('user namespaces are the default', () => {
           return true;
         },
       );
+      await assert.rejects(stat(stagingDirFor(join(dir, 'data'))), 'no staging made (nor left mounted)');
       // Without user namespaces the same folder serves.
       const d = await startDaemon({ ...opts, dataDir: join(dir, 'data'), userNamespace: false });
       await d.close();

@@ -300,6 +300,12 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   // First of all, before the database is even opened: what a daemon killed mid-operation left
   // in staging (plaintext CRIU images of a hibernate that never committed, a checkpoint
   // fetched for a resume) is wiped.
+  // A folder above the data folder that others cannot search would fail every create of a
+  // sandbox with a user namespace: said now, once, before anything is made.
+  if (opts.userNamespace === true) {
+    await mkdir(dataDir, { recursive: true, mode: 0o700 });
+    await walkableTo(resolve(dataDir), resolve(dataDir));
+  }
   const stagingDir = stagingDirFor(dataDir);
   await prepareStaging(stagingDir);
   // The OCI configs of containers that still run are kept (runc exec reads them); those of
@@ -311,8 +317,6 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   // With user namespaces, searchable (not listable) by others: a sandbox's mapped root walks
   // through it to its root filesystem (runtime/userns.ts).
   await chmod(dataDir, opts.userNamespace === true ? 0o701 : 0o700);
-  // A folder above it that others cannot search would fail every create: said now, once.
-  if (opts.userNamespace === true) await walkableTo(resolve(dataDir), resolve(dataDir));
   const store = new SqliteStateStore(join(dataDir, 'state.db'));
   const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
   if (!store.listTokens().some((t) => t.hash === hashToken(admin.token))) {

@@ -155,8 +155,11 @@ async function netnsExists(name: string): Promise<boolean> {
 }
 
 async function linkExists(name: string, netns?: string): Promise<boolean> {
-  const args = netns === undefined ? ['link', 'show', name] : ['-n', netns, 'link', 'show', name];
-  const r = await run('ip', args, { timeoutMs: IP_TIMEOUT_MS, okExitCodes: [0, 1] });
+  if (netns === undefined) return hostLinkPresent(name);
+  const r = await run('ip', ['-n', netns, 'link', 'show', name], {
+    timeoutMs: IP_TIMEOUT_MS,
+    okExitCodes: [0, 1],
+  });
   return r.exitCode === 0;
 }
 
@@ -335,11 +338,7 @@ async function setUp(
         await ip(['addr', 'add', `${net.hostAddress}/${net.prefixLength}`, 'dev', net.hostInterface], signal);
         await ip(['link', 'set', net.hostInterface, 'up'], signal);
       } else if (adoptFrom !== undefined) await adoptLink(net, signal);
-      await run('ip', ['netns', 'exec', net.netns, 'iptables-restore'], {
-        timeoutMs: IP_TIMEOUT_MS,
-        signal,
-        input: rules,
-      });
+      await restoreFirewall(net, rules, signal);
     }
     if (egress !== undefined) {
       await writeFile(egress.resolvConfPath, resolvConf, { mode: 0o644 });
@@ -375,8 +374,8 @@ async function processHasLink(pid: number, name: string): Promise<boolean> {
 
 /**
  * The namespace CRIU restored with the sandbox's veth pair (user namespaces: runtime/userns.ts)
- * pinned and wired as {@link adoptLink} does, batched: its address from the sandbox's record
- * (a fork's own), the default route, the host end's address and the firewall.
+ * pinned, wired by {@link adoptLink} (its address from the sandbox's record, a fork's own; the
+ * default route; the host end's address) and given its firewall.
  */
 async function adoptRestoredNetwork(
   net: SandboxNetwork,
@@ -384,24 +383,13 @@ async function adoptRestoredNetwork(
   pid: number,
   signal?: AbortSignal,
 ): Promise<void> {
-  const batch = ipBatch(signal);
-  await batch([`netns attach ${net.netns} ${String(pid)}`]);
-  await batch(
-    [
-      'link set lo up',
-      'addr flush dev eth0',
-      `addr add ${net.address}/${net.prefixLength} dev eth0`,
-      'link set eth0 up',
-      `route replace default via ${net.hostAddress}`,
-    ],
-    net.netns,
-  );
-  await dropHold(net, signal);
-  await writeFile(`/proc/sys/net/ipv6/conf/${net.hostInterface}/disable_ipv6`, '1');
-  await batch([
-    `addr replace ${net.hostAddress}/${net.prefixLength} dev ${net.hostInterface}`,
-    `link set ${net.hostInterface} up`,
-  ]);
+  await ipBatch(signal)([`netns attach ${net.netns} ${String(pid)}`]);
+  await adoptLink(net, signal);
+  await restoreFirewall(net, rules, signal);
+}
+
+/** The namespace's firewall: `rules` (iptables-restore) inside it. */
+async function restoreFirewall(net: SandboxNetwork, rules: string, signal?: AbortSignal): Promise<void> {
   await run('ip', ['netns', 'exec', net.netns, 'iptables-restore'], {
     timeoutMs: IP_TIMEOUT_MS,
     ...(signal !== undefined ? { signal } : {}),
@@ -483,14 +471,23 @@ async function sameNamespace(name: string, pid: number): Promise<boolean> {
  * fork. The host end comes back with neither address nor state.
  */
 async function adoptLink(net: SandboxNetwork, signal?: AbortSignal): Promise<void> {
+  const batch = ipBatch(signal);
+  await batch(
+    [
+      'link set lo up',
+      'addr flush dev eth0',
+      `addr add ${net.address}/${net.prefixLength} dev eth0`,
+      'link set eth0 up',
+      `route replace default via ${net.hostAddress}`,
+    ],
+    net.netns,
+  );
   await dropHold(net, signal);
-  await ip(['-n', net.netns, 'addr', 'flush', 'dev', 'eth0'], signal);
-  await ip(['-n', net.netns, 'addr', 'add', `${net.address}/${net.prefixLength}`, 'dev', 'eth0'], signal);
-  await ip(['-n', net.netns, 'link', 'set', 'eth0', 'up'], signal);
-  await ip(['-n', net.netns, 'route', 'replace', 'default', 'via', net.hostAddress], signal);
   await writeFile(`/proc/sys/net/ipv6/conf/${net.hostInterface}/disable_ipv6`, '1');
-  await ip(['addr', 'replace', `${net.hostAddress}/${net.prefixLength}`, 'dev', net.hostInterface], signal);
-  await ip(['link', 'set', net.hostInterface, 'up'], signal);
+  await batch([
+    `addr replace ${net.hostAddress}/${net.prefixLength} dev ${net.hostInterface}`,
+    `link set ${net.hostInterface} up`,
+  ]);
 }
 
 /**

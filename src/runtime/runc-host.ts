@@ -460,21 +460,27 @@ export class RuncHost {
     }
   }
 
-  /** Runtime.setEgress: the record first (a crash leaves the new policy to the next set-up). */
+  /** Runtime.setEgress: the record first (a crash leaves it to the next set-up), back if the rules fail. */
   async setEgress(id: string, policy: EgressPolicy): Promise<void> {
     const old = await this.readRecord(id);
     // In compileSandboxSpec's order (egress before devices): prepare compares the JSON text.
     const { devices, ...rest } = old.spec;
     const spec = { ...rest, egress: policy, ...(devices !== undefined ? { devices } : {}) };
     const rec: SandboxRecord = { ...old, spec };
-    await this.rewriteRecord(join(this.dir(id), 'sandbox.json'), JSON.stringify(rec, null, 2));
+    const path = join(this.dir(id), 'sandbox.json');
+    await this.rewriteRecord(path, JSON.stringify(rec, null, 2));
     this.egressNames.delete(id);
-    // Only a network that is up: a released one (asleep, in a user namespace) is set up anew.
-    await setUpNetwork(rec.network, rec.spec.ports ?? [], {
-      markerPath: join(this.dir(id), 'network.done'),
-      egress: (await this.egressSetUp(rec))!,
-      onlyIfSetUp: true,
-    });
+    try {
+      // Only a network that is up: a released one (asleep, in a user namespace) is set up anew.
+      await setUpNetwork(rec.network, rec.spec.ports ?? [], {
+        markerPath: join(this.dir(id), 'network.done'),
+        egress: (await this.egressSetUp(rec))!,
+        onlyIfSetUp: true,
+      });
+    } catch (e) {
+      await this.rewriteRecord(path, JSON.stringify(old, null, 2));
+      throw e;
+    }
   }
 
   /** Bytes each sandbox sent beyond the node (its chain's ACCEPT counters), by sandbox id. */

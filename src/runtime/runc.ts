@@ -844,8 +844,8 @@ async function assertSameUserNamespace(id: string, rec: SandboxRecord, imagesDir
       : `restore of sandbox ${id} refused: its checkpoint was taken without a user namespace (before the node gave sandboxes one, or imported from elsewhere), and the sandbox has one`,
     {
       hint: images
-        ? 'resume it on a daemon with sandbox.userNamespace on'
-        : 'archive the sandbox the checkpoint came from and resume it (it restarts from its files), or resume it on a daemon without sandbox.userNamespace',
+        ? 'resume it on a daemon that gives sandboxes user namespaces (the default)'
+        : 'a checkpoint from before sandboxes had user namespaces (a template, or the origin of a fork, made then): make the template again from a new sandbox, or archive the origin and resume it (it restarts from its files), or create from it on a daemon run with --no-user-namespace',
     },
   );
 }

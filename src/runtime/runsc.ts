@@ -296,15 +296,25 @@ export class RunscRuntime extends RuncRuntime {
     const { network } = await this.readRecord(id);
     const flows = await trackedFlows(network.address);
     if (flows === undefined || flows.length === 0) return;
-    const wait = Math.max(...flows.map((f) => f.secondsLeft));
+    // An open connection waits on its peers (the tracker keeps an idle one for days); only
+    // closing ones have a known end.
+    const open = flows.some((f) => f.state === 'ESTABLISHED');
+    const wait = open ? undefined : Math.max(...flows.map((f) => f.secondsLeft));
     throw new DormantError(
       ErrorCode.RUNTIME_CHECKPOINT_FAILED,
       `cannot checkpoint sandbox ${id} on gVisor now: it has TCP connections open or closing ` +
         `(${describeFlows(flows)}), which this runsc cannot save; the sandbox is left ${status}`,
       {
         status: 409,
-        hint: `retry once they are closed (a closed one is remembered ${wait} s more)`,
-        details: { sandboxStatus: status, connections: flows.length, retryAfterS: wait },
+        hint:
+          wait === undefined
+            ? 'close its open connections (clients of its ports, or what it connected to), then retry'
+            : `retry in ${wait} s, when the host stops tracking its closed connections`,
+        details: {
+          sandboxStatus: status,
+          connections: flows.length,
+          ...(wait !== undefined ? { retryAfterS: wait } : {}),
+        },
       },
     );
   }
@@ -407,7 +417,9 @@ export class RunscRuntime extends RuncRuntime {
       timeoutMs: DEFAULTS.stateMs,
       ...opts,
     }).catch(() => undefined);
-    if (r === undefined || r.exitCode !== 0) return undefined;
+    // cat fails when one table is missing (no IPv6 in the sentry) but prints the other; no
+    // table at all (no cat in the image) leaves the question to the caller's probe.
+    if (r === undefined || !/^\s*sl\s+local_address/m.test(r.stdout)) return undefined;
     // Two tables one after the other: the second's header is no row in state LISTEN.
     return listeningPorts(r.stdout).has(port);
   }

@@ -73,6 +73,8 @@ export async function templateImages(
       c.filling.set(tpl.checkpointId, fill);
     }
     e = await fill;
+    // Another fill may have made room by evicting this one while this call waited.
+    if (e !== undefined && c.entries.get(tpl.checkpointId) !== e) e = undefined;
   }
   if (!e) {
     await ctx.vault.restoreCheckpoint({ tenant: tpl.tenant, checkpointId: tpl.checkpointId, destDir });
@@ -88,11 +90,20 @@ export async function templateImages(
   return hit;
 }
 
+/**
+ * Whether template `tpl`'s checkpoint is small enough to keep: a bigger one restores as any
+ * checkpoint does (its pages served from the vault, lazily), not through the cache.
+ */
+export function templateCacheKeeps(ctx: LifecycleContext, tpl: TemplateRecord): boolean {
+  const ck = ctx.store.getCheckpoint(tpl.checkpointId);
+  return ck?.logicalBytes !== undefined && ck.logicalBytes <= bound(ctx) * MAX_SHARE;
+}
+
 /** The template's images fetched into the cache, or undefined when they are too big to keep. */
 async function fillEntry(ctx: LifecycleContext, tpl: TemplateRecord): Promise<Entry | undefined> {
   const ck = ctx.store.getCheckpoint(tpl.checkpointId);
   const limit = bound(ctx) * MAX_SHARE;
-  if (ck?.logicalBytes === undefined || ck.logicalBytes > limit) return undefined;
+  if (ck === undefined || !templateCacheKeeps(ctx, tpl)) return undefined;
   const dir = join(root(ctx), tpl.checkpointId);
   const partial = `${dir}.partial`;
   await mkdir(root(ctx), { recursive: true, mode: 0o700 });
@@ -104,7 +115,8 @@ async function fillEntry(ctx: LifecycleContext, tpl: TemplateRecord): Promise<En
       checkpointId: tpl.checkpointId,
       destDir: partial,
     });
-    // What an imported checkpoint's restore checks, checked once for every copy.
+    // What an imported checkpoint's restore checks, checked before the images are kept (each
+    // restore from a copy checks again).
     await ctx.checkImported(partial, ck);
     const bytes = await treeBytes(partial);
     if (bytes > limit) {

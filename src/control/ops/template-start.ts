@@ -15,7 +15,7 @@ import { LifecycleContext, invalid } from '../context.js';
 import type { CreateSandboxInput } from './create.js';
 import { afterLazyRestore } from './lazy.js';
 import { restoreFromVault } from './restore.js';
-import { templateImages } from './template-cache.js';
+import { templateCacheKeeps, templateImages } from './template-cache.js';
 import { resolveTemplate, usingTemplate } from './template.js';
 
 /** What a sandbox made from a template takes from it, not from the create. */
@@ -105,7 +105,8 @@ async function startFrom(
         tpl.checkpointId,
         t,
         tpl.tenant,
-        (dest) => templateImages(ctx, tpl, dest),
+        // A checkpoint too big to keep restores as any other (pages served from the vault).
+        templateCacheKeeps(ctx, tpl) ? (dest) => templateImages(ctx, tpl, dest) : undefined,
       ));
       ctx.store.transition(id, 'creating', 'running', why, ctx.clock.now(), { address });
     } catch (e) {
