@@ -50,17 +50,18 @@ export function httpFetch(input: string | URL | Request, init: RequestInit = {})
       return;
     }
     const body = bodyOf(init.body);
+    const given = headersOf(init.headers);
     const req = (url.protocol === 'https:' ? https : http).request(url, {
       method: init.method ?? 'GET',
       headers: {
-        ...headersOf(init.headers),
+        ...given,
         ...(typeof body === 'string' ? { 'content-length': String(Buffer.byteLength(body)) } : {}),
         ...(body instanceof Uint8Array ? { 'content-length': String(body.byteLength) } : {}),
         // A Blob's size and type, as fetch sends them (the caller's headers win).
         ...(init.body instanceof Blob
           ? {
               'content-length': String(init.body.size),
-              ...(init.body.type !== '' && !new Headers(init.headers).has('content-type')
+              ...(init.body.type !== '' && given['content-type'] === undefined
                 ? { 'content-type': init.body.type }
                 : {}),
             }
