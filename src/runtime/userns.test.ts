@@ -38,6 +38,15 @@ describe('a sandbox in a user namespace (real runc + CRIU)', { skip }, () => {
 
   after(() => removeRuntimeFolders(folders, runtimes));
 
+  /** Waits until the sandbox's loop has written its state file once. */
+  async function waitForState(rt: RuncRuntime, id: string): Promise<void> {
+    for (let i = 0; i < 200; i++) {
+      if ((await rt.exec(id, ['cat', '/tmp/state'])).exitCode === 0) return;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.fail(`sandbox ${id} never wrote /tmp/state`);
+  }
+
   const spec = (id: string) => ({
     id,
     rootfs: folders.rootfs,
@@ -105,6 +114,9 @@ describe('a sandbox in a user namespace (real runc + CRIU)', { skip }, () => {
     const from = `plain-${suffix}`;
     await plain.create(spec(from));
     await plain.start(from);
+    // Checkpointed once its loop runs, not while its first processes are still starting (on a
+    // loaded machine CRIU's freeze then waited out its 10 s on a task in exec).
+    await waitForState(plain, from);
     const imagesDir = join(folders.shm, 'plain-images');
     await plain.checkpoint(from, { imagesDir, workDir: join(folders.tmp, 'plain-work') });
     const to = `mapped-${suffix}`;
