@@ -14,7 +14,8 @@ import { SCENARIOS, assertUserData, runOp, type Scenario } from './testing/scena
 
 /**
  * Fault points where the controller does not (yet) keep its contract, by `scenario | call`:
- * reported, left failing as todo until the controller is fixed.
+ * each still fails its check (asserted, so a fixed one must leave the list), reported as a
+ * diagnostic until the controller is fixed.
  */
 const KNOWN: Record<string, string> = {
   'pause | #1 store.transition':
@@ -110,7 +111,7 @@ for (const sc of SCENARIOS) {
       for (let k = 0; k < calls.length; k++) {
         const what = `${sc.name}, call ${k} (${calls[k]}) fails`;
         const todo = KNOWN[`${sc.name} | #${k} ${calls[k]}`];
-        await t.test(`call ${k}: ${calls[k]} fails`, todo ? { todo } : {}, async () => {
+        const check = async (): Promise<void> => {
           const w = await world(sc);
           const source = await sc.setup(w);
           w.resetFaults().atCall(k);
@@ -137,7 +138,19 @@ for (const sc of SCENARIOS) {
             await w.assertConsistent(`${what}, then retried`);
             await assertUserData(w, sc, source, again.id, `${what}, then retried`);
           } else await assertUserData(w, sc, source, out.id, what);
-        });
+        };
+        if (todo === undefined) await t.test(`call ${k}: ${calls[k]} fails`, check);
+        else
+          // A known gap is asserted to be still there (so the list cannot go stale), and its
+          // failure is a diagnostic, not a stack trace in every run's summary.
+          await t.test(`call ${k}: ${calls[k]} fails (known gap: ${todo})`, async (tt) => {
+            const gap = await check().then(
+              () => undefined,
+              (e: unknown) => (e instanceof Error ? e : new Error(String(e))),
+            );
+            assert.ok(gap, `${what}: the controller keeps its contract here now; remove it from KNOWN`);
+            tt.diagnostic(`known gap: ${gap.message.split('\n')[0] ?? ''}`);
+          });
       }
     });
   });
