@@ -16,7 +16,7 @@ import { createGzip } from 'node:zlib';
 import { CompressStream } from 'zstd-napi';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { Compression } from './archive.js';
-import { clearTcpCloseMark } from './narrow.js';
+import { clearRootMode, clearTcpCloseMark } from './narrow.js';
 import { scanCheckpoint, type ScanReport } from './scan.js';
 import type { OpenedCheckpoint } from './source.js';
 import { TAR_END, tarHeader, tarPadding } from './tar.js';
@@ -104,6 +104,12 @@ export interface PodmanMetadata {
   checkpointedAt?: string;
   env?: string[];
   args?: string[];
+  /**
+   * The OCI config the engine restores with (runtime/oci.ts exportedOciConfig): its process
+   * (user, capabilities, which podman's exec and inspect read), namespaces and mounts. Absent:
+   * a spec of `env`, `args`, `cwd` and `memoryBytes` only.
+   */
+  oci?: Record<string, unknown>;
 }
 
 /** config.dump and spec.dump as podman writes them (the fields checkpointctl reads). */
@@ -121,14 +127,25 @@ export function podmanMetadata(m: PodmanMetadata): { config: Buffer; spec: Buffe
     checkpointedTime: m.checkpointedAt ?? new Date().toISOString(),
     restoredTime: '0001-01-01T00:00:00Z',
     restored: false,
+    // The dump's network namespace is external (the sandbox joined one the runtime made): podman
+    // must make one for CRIU to restore into (runc hands it over as extRootNetNS). Made by podman
+    // with no network in it, as `--network none` would be if it made one: loopback only.
+    createNetNS: true,
+    networkMode: 'none',
   };
-  const spec = {
-    ociVersion: '1.0.2',
-    process: { env: m.env ?? [], args: m.args ?? [], cwd: m.cwd ?? '/' },
-    root: { path: 'rootfs' },
-    ...(m.memoryBytes !== undefined ? { linux: { resources: { memory: { limit: m.memoryBytes } } } } : {}),
-    annotations: { ...m.annotations, 'io.container.manager': 'libpod', 'org.dormant.exported': 'true' },
-  };
+  const annotations = { ...m.annotations, 'io.container.manager': 'libpod', 'org.dormant.exported': 'true' };
+  const spec =
+    m.oci !== undefined
+      ? { ...m.oci, annotations: { ...(m.oci.annotations as Record<string, string>), ...annotations } }
+      : {
+          ociVersion: '1.0.2',
+          process: { env: m.env ?? [], args: m.args ?? [], cwd: m.cwd ?? '/' },
+          root: { path: 'rootfs' },
+          ...(m.memoryBytes !== undefined
+            ? { linux: { resources: { memory: { limit: m.memoryBytes } } } }
+            : {}),
+          annotations,
+        };
   return { config: Buffer.from(JSON.stringify(config)), spec: Buffer.from(JSON.stringify(spec)) };
 }
 
@@ -210,8 +227,12 @@ export async function exportCheckpoint(
         extra.push({ name: n, file: p });
     }
   }
-  // podman 4 restores with no --tcp-close. Only on a copy of the images: a folder is the user's.
-  if (ck.kind !== 'folder') await clearTcpCloseMark(ck.imagesDir);
+  // podman 4 restores with no --tcp-close, and over a root folder of its own mode. Only on a
+  // copy of the images: a folder is the user's.
+  if (ck.kind !== 'folder') {
+    await clearTcpCloseMark(ck.imagesDir);
+    await clearRootMode(ck.imagesDir);
+  }
   const members = await podmanMembers(ck.imagesDir, opts.meta, extra);
   const { sizeBytes } = await writeArchive(opts.out, members, {
     compression: opts.compression ?? 'zstd',

@@ -1,7 +1,7 @@
 /**
  * narrowToProfile on a real CRIU core image given every capability and no no_new_privs: the
  * engine defaults a sandbox goes without are cut, no_new_privs is set, and the rest stays for
- * the profile check to refuse.
+ * the profile check to refuse. clearRootMode on a real files.img: only the root folder's mode goes.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -10,11 +10,11 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Magic } from '../criu/images/image-file.js';
-import { decodeCore } from '../criu/images/messages.js';
+import { decodeCore, decodeFileEntry } from '../criu/images/messages.js';
 import { readImageEntries } from '../criu/images/reader.js';
 import { allCapsNoNewPrivs } from '../criu/images/testing/tamper.js';
 import { SANDBOX_CAPABILITIES } from '../runtime/oci.js';
-import { narrowToProfile } from './narrow.js';
+import { clearRootMode, narrowToProfile } from './narrow.js';
 import { CAPABILITY_NAMES, sandboxProfile } from './profile-check.js';
 
 // dist/checkpoint -> src/criu/images/testdata
@@ -47,6 +47,38 @@ test('the engine defaults are cut from every set and no_new_privs is set; other 
       capabilities: [],
       noNewPrivs: false,
     });
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("clearRootMode takes the mode off the root folder's entries only; again, it changes nothing", async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'dormant-rootmode-'));
+  try {
+    for (const f of ['files.img', 'mountpoints-13.img'])
+      await writeFile(join(dir, f), await readFile(join(CORPUS, f)));
+    const regs = async () =>
+      (await readImageEntries(dir, 'files.img', Magic.FILES))!.flatMap((raw) => {
+        const reg = decodeFileEntry(raw).reg;
+        return reg ? [{ name: reg.name, mode: reg.mode }] : [];
+      });
+    const was = await regs();
+    assert.deepEqual(
+      was.filter((r) => r.name === '/').map((r) => r.mode),
+      [0o40755, 0o40755],
+    );
+    assert.equal(await clearRootMode(dir), 2);
+    const now = await regs();
+    assert.deepEqual(
+      now.filter((r) => r.name === '/').map((r) => r.mode),
+      [undefined, undefined],
+    );
+    assert.deepEqual(
+      now.filter((r) => r.name !== '/'),
+      was.filter((r) => r.name !== '/'),
+      'every other file keeps its mode',
+    );
+    assert.equal(await clearRootMode(dir), 0);
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

@@ -14,7 +14,7 @@ import { readVarint, type Field } from '../criu/images/proto.js';
 import { imageBudget, readImageEntries } from '../criu/images/reader.js';
 import { editSub, rewriteImage, rewriteMessage, uint } from '../criu/images/write.js';
 import { CAPABILITY_NAMES, type SandboxProfile } from './profile-check.js';
-import { decodeFileEntry, decodeInventory } from '../criu/images/messages.js';
+import { decodeFileEntry, decodeInventory, decodeMount } from '../criu/images/messages.js';
 
 /** Engine defaults a sandbox drops (restoring without them is what a sandbox would be). */
 export const ENGINE_DEFAULT_CAPS: readonly string[] = Object.freeze([
@@ -135,3 +135,44 @@ export async function clearTcpCloseMark(dir: string): Promise<boolean> {
 const IPPROTO_TCP = 6;
 // inventory_entry.tcp_close (CRIU's inventory.proto).
 const INVENTORY_TCP_CLOSE = 10;
+
+// reg_file_entry.mode (CRIU's regfile.proto); the entry is file_entry.reg (3).
+const REG_MODE = 10;
+
+/**
+ * Takes the recorded mode off the root folder's entries in files.img (each process's root and
+ * any cwd of `/`), so that a runtime whose root folder has another mode restores the dump:
+ * CRIU checks an opened file's mode against the image only when the image records one. A
+ * sandbox's root is its writable layer's folder (0700); podman's is its image's (0555 for most).
+ * Returns how many entries it changed.
+ */
+export async function clearRootMode(dir: string): Promise<number> {
+  const budget = imageBudget();
+  const rootIds = new Set<number>();
+  for (const name of await readdir(dir))
+    if (/^mountpoints-\d+\.img$/.test(name))
+      for (const raw of (await readImageEntries(dir, name, Magic.MNTS, budget)) ?? []) {
+        const m = decodeMount(raw);
+        if (m.mountpoint === '/') rootIds.add(m.mntId);
+      }
+  const files = await readImageEntries(dir, 'files.img', Magic.FILES, budget);
+  if (files === undefined) return 0;
+  let changed = 0;
+  const next = rewriteImage(await readFile(join(dir, 'files.img')), (e) => {
+    const reg = decodeFileEntry(e).reg;
+    if (reg?.name !== '/' || reg.mode === undefined) return e;
+    // `/` of another mount (a cwd at the top of /dev) keeps its mode; an entry naming no mount
+    // is on the root one.
+    if (reg.mntId !== undefined && rootIds.size > 0 && !rootIds.has(reg.mntId)) return e;
+    changed++;
+    return rewriteMessage(
+      e,
+      editSub(3, (fields) => fields.filter((f) => f.no !== REG_MODE)),
+    );
+  });
+  if (changed === 0) return 0;
+  const tmp = join(dir, '.files.img.rootmode');
+  await writeFile(tmp, next, { mode: 0o600 });
+  await rename(tmp, join(dir, 'files.img'));
+  return changed;
+}

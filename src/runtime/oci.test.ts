@@ -13,7 +13,13 @@ import {
   releaseSlot,
   slotNetwork,
 } from './network.js';
-import { buildOciConfig, compileSandboxSpec, MASKED_PATHS, SANDBOX_CAPABILITIES } from './oci.js';
+import {
+  buildOciConfig,
+  compileSandboxSpec,
+  exportedOciConfig,
+  MASKED_PATHS,
+  SANDBOX_CAPABILITIES,
+} from './oci.js';
 
 describe('compileSandboxSpec', () => {
   test('fills defaults and freezes', () => {
@@ -189,6 +195,64 @@ describe('buildOciConfig', () => {
         }),
       /engine bind/,
     );
+  });
+});
+
+describe('exportedOciConfig', () => {
+  type Exported = {
+    process: { user: { uid: number }; capabilities: { bounding: string[] }; args: string[] };
+    mounts: { destination: string; type: string; source: string }[];
+    annotations?: unknown;
+    linux: { namespaces: { type: string; path?: string }[]; cgroupsPath?: string; maskedPaths: string[] };
+  };
+
+  test("the sandbox's process, namespaces, masks and host binds; nothing only this node has (cgroup path, CRIU config, engine and resolv.conf sources)", () => {
+    const spec = compileSandboxSpec({
+      id: 'box',
+      rootfs: '/r',
+      args: ['sh', '-c', 'loop'],
+      readonlyBinds: [{ source: '/usr', destination: '/usr' }],
+      egress: { mode: 'internet' },
+    });
+    const c = exportedOciConfig(spec) as Exported;
+    assert.deepEqual(c.process.args, ['sh', '-c', 'loop']);
+    assert.equal(c.process.user.uid, 0);
+    assert.deepEqual(c.process.capabilities.bounding, [...SANDBOX_CAPABILITIES]);
+    assert.deepEqual(
+      c.linux.namespaces,
+      ['pid', 'network', 'ipc', 'uts', 'mount', 'cgroup'].map((type) =>
+        type === 'network' ? { type, path: '/var/run/netns/dormant-box' } : { type },
+      ),
+      'the network namespace the sandbox joined (outside the dump), which the engine replaces',
+    );
+    assert.equal(c.linux.cgroupsPath, undefined);
+    assert.equal(c.annotations, undefined, 'no CRIU config of this node');
+    assert.deepEqual(c.linux.maskedPaths, [...MASKED_PATHS]);
+    assert.equal(c.mounts.find((m) => m.destination === '/usr')?.source, '/usr');
+    assert.equal(
+      c.mounts.find((m) => m.destination === '/etc/resolv.conf'),
+      undefined,
+      "the engine's goes there",
+    );
+    assert.equal(c.mounts.find((m) => m.destination === '/dev/shm')?.type, 'tmpfs');
+  });
+
+  test("an imported sandbox's engine binds are left out, its /dev/shm place too (the engine binds its own)", () => {
+    const c = exportedOciConfig(
+      compileSandboxSpec({
+        id: 'imp',
+        rootfs: '/r',
+        args: ['sh'],
+        engineBinds: [
+          { destination: '/dev/shm', dir: true },
+          { destination: '/etc/hostname', dir: false },
+        ],
+        cgroupNamespace: false,
+      }),
+    ) as Exported;
+    const places = c.mounts.map((m) => m.destination);
+    assert.ok(!places.includes('/dev/shm') && !places.includes('/etc/hostname'), places.join(' '));
+    assert.ok(!c.linux.namespaces.some((n) => n.type === 'cgroup'));
   });
 });
 

@@ -3,6 +3,7 @@
  * Pure: no I/O, so the isolation a sandbox gets can be read and tested here in one place.
  */
 import { DormantError, ErrorCode } from '../domain/errors.js';
+import { netnsName } from './network.js';
 import type { SandboxSpec } from './runtime.js';
 import type { UserNamespace } from './userns.js';
 
@@ -308,6 +309,36 @@ export function buildOciConfig(input: OciConfigInput): Record<string, unknown> {
       readonlyPaths: [...READONLY_PATHS],
     },
   };
+}
+
+/**
+ * The OCI config a container engine restores an exported sandbox with (the spec.dump of a
+ * podman-layout export): the sandbox's own, less what only this node has: no cgroup path, CRIU
+ * config or AppArmor profile. The network namespace keeps the path the sandbox joined, as
+ * podman's own spec.dump records its: the dump's namespace is external, and podman puts the
+ * one it makes in its place (config.dump's createNetNS); an import reads a namespace with no
+ * path as one inside the dump. The engine binds and the egress resolv.conf are left out: their
+ * sources are this runtime's, and podman binds its own /etc/hostname, /etc/hosts,
+ * /etc/resolv.conf, /run/.containerenv and /dev/shm where the spec leaves the place free,
+ * which is what maps those external mounts of the dump. The read-only host binds stay: CRIU
+ * needs a source for each, so the restoring host must have them. No seccomp filter: podman's
+ * exec gets none from it; the restored processes keep theirs (CRIU restores it from the images).
+ */
+export function exportedOciConfig(spec: Readonly<SandboxSpec>): Record<string, unknown> {
+  const engineShm = (spec.engineBinds ?? []).some((b) => b.destination === '/dev/shm');
+  const { engineBinds: _binds, egress: _egress, ...own } = spec;
+  const config = buildOciConfig({
+    spec: own,
+    netnsPath: `/var/run/netns/${netnsName(spec.id)}`,
+    cgroupsPath: '',
+    criuConfigPath: '',
+  });
+  delete (config.linux as Record<string, unknown>).cgroupsPath;
+  delete config.annotations;
+  // An imported sandbox's /dev/shm was the engine's bind: the place is left for the engine's.
+  if (engineShm)
+    config.mounts = (config.mounts as { destination: string }[]).filter((m) => m.destination !== '/dev/shm');
+  return config;
 }
 
 /**

@@ -243,6 +243,11 @@ export function registerCheckpoint(program: Command): void {
           findings = r.secretsFound;
         } else {
           const { exportCheckpoint } = await import('../../checkpoint/export.js');
+          const { exportedOciConfig } = await import('../../runtime/oci.js');
+          // Not a sandbox of a daemon: its command and binds are not known, only a sandbox's
+          // process (user, capabilities) and namespaces, which podman's exec and inspect read.
+          const name = o.name ?? 'dormant-export';
+          const oci = exportedOciConfig({ id: 'dormant-export', rootfs: '/', args: [] });
           const r = await withLocal(ref, (c) =>
             exportCheckpoint(c, {
               out: archive,
@@ -252,7 +257,8 @@ export function registerCheckpoint(program: Command): void {
               encrypted: encrypt,
               meta: {
                 id: Buffer.from(ref).toString('hex').padEnd(64, '0').slice(0, 64),
-                name: o.name ?? 'dormant-export',
+                name,
+                oci,
               },
             }),
           );

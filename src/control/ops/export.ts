@@ -12,6 +12,7 @@ import { rootfsDiffMembers } from '../../checkpoint/rootfs-diff.js';
 import { exportCheckpoint, type ArchiveMember } from '../../checkpoint/export.js';
 import type { Compression } from '../../checkpoint/archive.js';
 import { LifecycleContext } from '../context.js';
+import { exportedOciConfig } from '../../runtime/oci.js';
 
 /**
  * A checkpoint of the vault written as a podman / CRI-O archive (with the sandbox's
@@ -108,6 +109,8 @@ export async function exportArchive(
           : {}),
         ...(s?.spec.cwd !== undefined ? { cwd: s.spec.cwd } : {}),
         ...(s ? { memoryBytes: s.spec.memoryBytes } : {}),
+        // What podman restores it with: the sandbox's own process, namespaces and mounts.
+        ...(s ? { oci: exportedOciConfig(await ctx.runtimeSpec(s)) } : {}),
         annotations,
       },
       ...(opts.signal ? { signal: opts.signal } : {}),
