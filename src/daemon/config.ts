@@ -36,7 +36,7 @@ export interface DaemonConfig {
   logFile?: string;
   logMaxBytes: number;
   logKeep: number;
-  /** Debug output: `timings` prints each hibernate, resume and fork step by step. */
+  /** Debug output: `timings` prints each create, hibernate, resume and fork step by step. */
   debug: string[];
   proxy: {
     enabled: boolean;

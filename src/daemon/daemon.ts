@@ -390,7 +390,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     ...(opts.userNamespace === true
       ? { checkpointProfile: { userNamespace: idMapsOf(DEFAULT_USER_NAMESPACE) } }
       : {}),
-    // One line per hibernate, resume and fork, with the request's id when an API call made it.
+    // One line per create, hibernate, resume and fork, with the request's id when an API call made it.
     onTimings: (t: OperationTimings) => {
       const ms = Math.round(t.totalMs);
       const line = { op: t.op, sandbox: t.sandboxId, ok: t.ok, ms };

@@ -102,7 +102,7 @@ export const SETTINGS: readonly Setting[] = [
     key: 'debug',
     kind: 'list',
     env: 'DORMANT_DEBUG',
-    help: '`timings`: print each hibernate, resume and fork step by step to stderr',
+    help: '`timings`: print each create, hibernate, resume and fork step by step to stderr',
   },
   {
     key: 'proxy.enabled',

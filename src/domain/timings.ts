@@ -13,7 +13,7 @@ export interface StepTiming {
 }
 
 export interface OperationTimings {
-  op: 'hibernate' | 'resume' | 'fork' | 'template';
+  op: 'create' | 'hibernate' | 'resume' | 'fork' | 'template';
   sandboxId: string;
   /** Wall time of the whole operation (ms). */
   totalMs: number;

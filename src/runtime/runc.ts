@@ -105,6 +105,26 @@ export class RuncRuntime extends RuncHost implements Runtime {
   // ---- the port ----------------------------------------------------------------------
 
   async prepare(raw: SandboxSpec, opts: PrepareOptions = {}): Promise<SandboxState> {
+    await this.prepareBundle(raw, opts);
+    return this.state(raw.id, opts);
+  }
+
+  /**
+   * False when runc has no container of this id: its state folder is absent (what `runc state`
+   * would read to say "does not exist"). True asks runc itself.
+   */
+  private async runcMayKnow(id: string): Promise<boolean> {
+    try {
+      await stat(join(this.runcRoot(), id));
+      return true;
+    } catch (e) {
+      if (errnoCode(e) === 'ENOENT') return false;
+      throw e;
+    }
+  }
+
+  /** prepare() without its `runc state` at the end: the sandbox's record. */
+  private async prepareBundle(raw: SandboxSpec, opts: PrepareOptions): Promise<SandboxRecord> {
     const spec = compileSandboxSpec(raw);
     const id = spec.id;
     const dir = this.dir(id);
@@ -178,21 +198,25 @@ export class RuncRuntime extends RuncHost implements Runtime {
     });
     await this.writeConfig(id, config);
     await timed(opts, 'host side', () => this.ensureHostSide(rec, opts.signal, opts.mountRootfs !== false));
-    return this.state(id, opts);
+    return rec;
   }
 
   async create(spec: SandboxSpec, opts: CallOptions = {}): Promise<SandboxState> {
-    await this.prepare(spec, opts);
+    // Each `runc state` is a process start (tens of ms, more on a busy node): a new sandbox's
+    // create asks runc nothing it can know otherwise (its pid comes from --pid-file).
+    const rec = await this.prepareBundle(spec, opts);
     const id = spec.id;
-    const current = await this.runcState(id, opts);
+    const current = (await this.runcMayKnow(id)) ? await this.runcState(id, opts) : undefined;
     if (current !== undefined && current.status !== 'stopped') return this.state(id, opts);
     // A container whose processes are gone (exited, reboot) is only a record: cleared.
     if (current !== undefined) await this.runc(id, ['delete', '--force', id], opts, DEFAULTS.destroyMs);
     const offset = await this.runcLogSize(id);
+    const pidFile = join(this.dir(id), 'init.pid');
+    await rm(pidFile, { force: true });
     try {
       await this.runcWithLogPipe(
         id,
-        ['create', '--bundle', this.configBundle(id), id],
+        ['create', '--bundle', this.configBundle(id), '--pid-file', pidFile, id],
         opts,
         DEFAULTS.createMs,
       );
@@ -204,23 +228,23 @@ export class RuncRuntime extends RuncHost implements Runtime {
         { cause: e, details: { runcLog: why } },
       );
     }
-    const rec = await this.readRecord(id);
-    if (rec.userns !== undefined) {
-      // The network namespace runc made inside the sandbox's user namespace gets its veth.
-      const made = await this.state(id, opts);
-      if (made.pid === undefined)
-        throw new DormantError(
-          ErrorCode.RUNTIME_CREATE_FAILED,
-          `runc created sandbox ${id} without a process`,
-        );
-      await timed(opts, 'network', () => this.adoptNetwork(rec, made.pid!, opts.signal));
-    }
-    return this.state(id, opts);
+    const pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+    if (!Number.isInteger(pid) || pid <= 0)
+      throw new DormantError(ErrorCode.RUNTIME_CREATE_FAILED, `runc created sandbox ${id} without a process`);
+    // The network namespace runc made inside the sandbox's user namespace gets its veth.
+    if (rec.userns !== undefined)
+      await timed(opts, 'network', () => this.adoptNetwork(rec, pid, opts.signal));
+    return this.stateOf(id, rec, 'created', pid);
   }
 
   async start(id: string, opts: CallOptions = {}): Promise<void> {
-    await this.requireStatus(id, ['created'], 'start', opts);
-    await this.runc(id, ['start', id], opts, DEFAULTS.startMs);
+    try {
+      await this.runc(id, ['start', id], opts, DEFAULTS.startMs);
+    } catch (e) {
+      // runc refuses anything but a created container; the error says what it is instead.
+      await this.requireStatus(id, ['created'], 'start', opts);
+      throw e;
+    }
   }
 
   async state(id: string, opts: CallOptions = {}): Promise<SandboxState> {
@@ -232,10 +256,19 @@ export class RuncRuntime extends RuncHost implements Runtime {
         : rs.status === 'created' || rs.status === 'running' || rs.status === 'paused'
           ? rs.status
           : 'stopped';
+    return this.stateOf(id, rec, status, rs !== undefined && rs.pid > 0 ? rs.pid : undefined);
+  }
+
+  private stateOf(
+    id: string,
+    rec: SandboxRecord,
+    status: SandboxStatus,
+    pid: number | undefined,
+  ): SandboxState {
     return {
       id,
       status,
-      pid: rs !== undefined && rs.pid > 0 ? rs.pid : undefined,
+      pid,
       network: rec.network,
       logPath: this.logPath(id),
       upperDir: this.upperDir(id),
@@ -384,41 +417,77 @@ export class RuncRuntime extends RuncHost implements Runtime {
     const logPath = join(opts.workDir, 'dump.log');
     const offset = await this.runcLogSize(id);
     const timeoutMs = opts.timeoutMs ?? this.checkpointTimeoutMs;
-    let r: RunResult;
-    try {
-      r = await this.runc(id, [...args, id], { ...opts, timeoutMs }, DEFAULTS.checkpointMs);
-    } catch (e) {
-      // CRIU unfreezes the tasks when a dump fails, and runc keeps the container; a lock
-      // left on the network would still cut the sandbox off, so clear it. A hung dump was
-      // ended with its whole process group (runc and criu) by run()'s timeout.
-      const after = await this.runcState(id).catch(() => undefined);
-      if (after === undefined || (after.status !== 'running' && after.status !== 'paused')) {
-        const status = after === undefined ? 'absent' : after.status === 'created' ? 'created' : 'stopped';
-        throw new DormantError(
-          ErrorCode.RUNTIME_INVALID_STATE,
-          `cannot checkpoint sandbox ${id}: it is ${status} (needs running or paused)`,
-          { status: 409, cause: e },
-        );
+    let r: RunResult | undefined;
+    for (let attempt = 1; r === undefined; attempt++)
+      try {
+        r = await this.runc(id, [...args, id], { ...opts, timeoutMs }, DEFAULTS.checkpointMs);
+      } catch (e) {
+        if (!(await this.retryCheckpoint(id, rec, e, attempt, opts.imagesDir, logPath)))
+          throw await this.checkpointError(id, rec, e, { logPath, offset, timeoutMs });
       }
-      await clearCriuNetworkLock(rec.network);
-      const hung = isDormantError(e, ErrorCode.COMMAND_TIMEOUT);
-      const why = hung
-        ? // A hang has no error line: the last lines show where criu stopped.
-          (await tailOf(logPath, /./, 8)) || (await this.runcLogSince(id, offset))
-        : (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
-      const what = hung
-        ? `checkpoint of sandbox ${id} hung: criu did not finish within ${String(Math.round(timeoutMs / 1000))} s and was ended`
-        : `checkpoint of sandbox ${id} failed`;
-      throw new DormantError(
-        ErrorCode.RUNTIME_CHECKPOINT_FAILED,
-        `${what} (the sandbox is ${after.status})${why ? `:\n${why}` : hung ? ' (criu wrote no log)' : ''}`,
-        { cause: e, details: { criuLog: logPath, sandboxStatus: after.status, hung } },
-      );
-    }
     // runc removed the container; the rootfs is unmounted so the writable layer is at rest
     // (and can be archived) while the sandbox sleeps. restore() mounts it again.
     if (opts.leaveRunning !== true) await this.stop(id);
     return { durationMs: r.durationMs, logPath };
+  }
+
+  /**
+   * True when a failed dump is worth one more try: CRIU gave up seizing the tasks within its
+   * own timeout (a task in uninterruptible sleep: I/O on a busy node), unfroze them, and the
+   * sandbox runs on. Its partial images are removed first.
+   */
+  private async retryCheckpoint(
+    id: string,
+    rec: SandboxRecord,
+    e: unknown,
+    attempt: number,
+    imagesDir: string,
+    logPath: string,
+  ): Promise<boolean> {
+    if (attempt > 1 || isDormantError(e, ErrorCode.COMMAND_TIMEOUT)) return false;
+    if ((await tailOf(logPath, /Timeout reached/, 1)) === '') return false;
+    const now = await this.runcState(id).catch(() => undefined);
+    if (now?.status !== 'running' && now?.status !== 'paused') return false;
+    await clearCriuNetworkLock(rec.network);
+    await rm(imagesDir, { recursive: true, force: true });
+    await mkdir(imagesDir, { recursive: true, mode: 0o700 });
+    return true;
+  }
+
+  /** What a failed dump is, as the caller's error (the CRIU log's reason, the sandbox's state). */
+  private async checkpointError(
+    id: string,
+    rec: SandboxRecord,
+    e: unknown,
+    at: { logPath: string; offset: number; timeoutMs: number },
+  ): Promise<DormantError> {
+    const { logPath, offset, timeoutMs } = at;
+    // CRIU unfreezes the tasks when a dump fails, and runc keeps the container; a lock
+    // left on the network would still cut the sandbox off, so clear it. A hung dump was
+    // ended with its whole process group (runc and criu) by run()'s timeout.
+    const after = await this.runcState(id).catch(() => undefined);
+    if (after === undefined || (after.status !== 'running' && after.status !== 'paused')) {
+      const status = after === undefined ? 'absent' : after.status === 'created' ? 'created' : 'stopped';
+      return new DormantError(
+        ErrorCode.RUNTIME_INVALID_STATE,
+        `cannot checkpoint sandbox ${id}: it is ${status} (needs running or paused)`,
+        { status: 409, cause: e },
+      );
+    }
+    await clearCriuNetworkLock(rec.network);
+    const hung = isDormantError(e, ErrorCode.COMMAND_TIMEOUT);
+    const why = hung
+      ? // A hang has no error line: the last lines show where criu stopped.
+        (await tailOf(logPath, /./, 8)) || (await this.runcLogSince(id, offset))
+      : (await tailOf(logPath, /Error|error/)) || (await this.runcLogSince(id, offset));
+    const what = hung
+      ? `checkpoint of sandbox ${id} hung: criu did not finish within ${String(Math.round(timeoutMs / 1000))} s and was ended`
+      : `checkpoint of sandbox ${id} failed`;
+    return new DormantError(
+      ErrorCode.RUNTIME_CHECKPOINT_FAILED,
+      `${what} (the sandbox is ${after.status})${why ? `:\n${why}` : hung ? ' (criu wrote no log)' : ''}`,
+      { cause: e, details: { criuLog: logPath, sandboxStatus: after.status, hung } },
+    );
   }
 
   async restore(id: string, options: RestoreOptions): Promise<RestoreResult> {

@@ -156,16 +156,20 @@ export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxI
   }
   const id = sandbox.id;
   return ctx.locks.run(id, async () => {
+    const t = ctx.timer();
     try {
       ctx.step('create:before-runtime');
-      const st = await ctx.runtime.create(await ctx.runtimeSpec(sandbox));
+      const spec = await ctx.runtimeSpec(sandbox);
+      const st = await t.time('runtime create', () => ctx.runtime.create(spec, { timer: t }));
       ctx.step('create:created');
-      await ctx.runtime.start(id);
+      await t.time('runtime start', () => ctx.runtime.start(id, { timer: t }));
       ctx.store.transition(id, 'creating', 'running', 'create', ctx.clock.now(), {
         address: st.network.address,
       });
+      ctx.report(t.finish('create', id, true));
       return ctx.get(id);
     } catch (e) {
+      ctx.report(t.finish('create', id, false));
       await ctx.runtime.destroy(id).catch((x: unknown) => ctx.warnCleanup(id, 'destroy', x));
       ctx.store.transition(id, 'creating', 'failed', 'create failed', ctx.clock.now(), {
         lastError: asError(e).message,
