@@ -356,3 +356,39 @@ export function redact(kind: SecretKind, value: string, name?: string): string {
 export function fingerprint(key: Buffer, value: string): string {
   return createHmac('sha256', key).update(value, 'latin1').digest('hex').slice(0, 16);
 }
+
+/** A secret as a scan reports it: where it is and what stands in for it, never its text. */
+export interface ChunkHit {
+  kind: SecretKind;
+  /** Byte offset in the chunk (negative: it starts in the chunk before, found in the seam). */
+  offset: number;
+  length: number;
+  name?: string;
+  preview: string;
+  fingerprint: string;
+}
+
+/**
+ * The detectors over one chunk of a stream and its seam with the chunk before: `seam` is the
+ * previous chunk's last bytes (`edge` of them) followed by this chunk's first bytes. The seam
+ * adds only what crosses the boundary, the chunk alone finds what lies inside it; seam hits
+ * come first, as the stream reads. The worker threads and the calling thread both run this,
+ * so a scan reports the same with and without workers.
+ */
+export function scanChunk(key: Buffer, data: Buffer, seam: Buffer | undefined, edge: number): ChunkHit[] {
+  const out: ChunkHit[] = [];
+  const add = (s: RawSecret, shift: number): void => {
+    out.push({
+      kind: s.kind,
+      offset: s.offset - shift,
+      length: s.length,
+      ...(s.name !== undefined ? { name: s.name } : {}),
+      preview: redact(s.kind, s.value, s.name),
+      fingerprint: fingerprint(key, s.value),
+    });
+  };
+  if (seam !== undefined && edge > 0)
+    for (const s of findSecretsInBytes(seam)) if (s.offset < edge && s.offset + s.length > edge) add(s, edge);
+  for (const s of findSecretsInBytes(data)) add(s, 0);
+  return out;
+}

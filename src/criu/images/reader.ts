@@ -260,12 +260,22 @@ export function storedMemoryBytes(p: ProcessImage): number {
  * Streams the stored pages of process `p` in chunks of at most `chunkBytes` (a multiple of
  * the page size), in pagemap order. A chunk never spans two pagemap entries, so callers that
  * match across chunk edges should carry a tail only when the next chunk's vaddr continues
- * the previous one. The yielded buffer is reused: copy what must outlive the iteration.
+ * the previous one. The yielded buffer is reused (unless `take` gives each chunk its memory):
+ * copy what must outlive the iteration.
  */
 export async function* readPages(
   images: Pick<CriuImages, 'dir'>,
   p: ProcessImage,
-  opts: { chunkBytes?: number; signal?: AbortSignal } = {},
+  opts: {
+    chunkBytes?: number;
+    signal?: AbortSignal;
+    /**
+     * Gives the memory for each chunk (at least `bytes` long; the chunk is its first bytes):
+     * the caller then owns each chunk's memory and may keep or move it. Without it, one
+     * buffer is reused for every chunk.
+     */
+    take?: (bytes: number) => Buffer;
+  } = {},
 ): AsyncGenerator<PageChunk> {
   const pm = p.pagemap;
   if (!pm) return;
@@ -283,7 +293,7 @@ export async function* readPages(
   }
   try {
     const size = (await fh.stat()).size;
-    const buf = Buffer.allocUnsafe(chunkBytes);
+    const reused = opts.take === undefined ? Buffer.allocUnsafe(chunkBytes) : undefined;
     let off = 0;
     for (const e of pm.entries) {
       if (!pagemapInPagesFile(e)) continue;
@@ -296,6 +306,7 @@ export async function* readPages(
       while (done < bytes) {
         opts.signal?.throwIfAborted();
         const n = Math.min(chunkBytes, bytes - done);
+        const buf = reused ?? opts.take!(chunkBytes);
         const { bytesRead } = await fh.read(buf, 0, n, off + done);
         if (bytesRead !== n) throw malformed(`${pagesFile}: short read at ${off + done}`);
         yield { vaddr: e.vaddr + BigInt(done), data: buf.subarray(0, n), fileOffset: off + done, pagesFile };
