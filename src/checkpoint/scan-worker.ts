@@ -39,11 +39,19 @@ if (parentPort !== null) {
   port.on('message', (msg: ScanJob) => {
     let done: ScanDone;
     try {
-      const seam = msg.seam === undefined ? undefined : Buffer.from(msg.seam.buffer, msg.seam.byteOffset, msg.seam.length);
+      const seam =
+        msg.seam === undefined
+          ? undefined
+          : Buffer.from(msg.seam.buffer, msg.seam.byteOffset, msg.seam.length);
       const hits = scanChunk(key, Buffer.from(msg.data, 0, msg.length), seam, msg.edge);
       done = { job: msg.job, hits, data: msg.data, thread: threadId };
     } catch (e) {
-      done = { job: msg.job, data: msg.data, thread: threadId, error: e instanceof Error ? e.message : String(e) };
+      done = {
+        job: msg.job,
+        data: msg.data,
+        thread: threadId,
+        error: e instanceof Error ? e.message : String(e),
+      };
     }
     port.postMessage(done, done.data !== undefined ? [done.data] : []);
   });

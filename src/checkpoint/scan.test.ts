@@ -153,6 +153,22 @@ describe('checkpoint scan', { timeout: 240_000 }, () => {
     assert.ok(r.scanned.memoryBytes > 1_000_000);
   });
 
+  test('the same report with and without worker threads, whatever the chunk size', async () => {
+    const ck = await openCheckpointPath(dirty);
+    try {
+      for (const chunkBytes of [4096, 64 * 1024, undefined]) {
+        const opts = { fingerprintKey: key, ...(chunkBytes !== undefined ? { chunkBytes } : {}) };
+        const inline = await scanCheckpoint(ck, { ...opts, workers: 0 });
+        const pooled = await scanCheckpoint(ck, { ...opts, workers: 2 });
+        assert.ok(inline.findings.length > planted.length);
+        assert.deepEqual(pooled.findings, inline.findings, `chunkBytes ${chunkBytes}`);
+        assert.deepEqual(pooled.scanned, inline.scanned);
+      }
+    } finally {
+      await ck.close();
+    }
+  });
+
   test('a clean process gives nothing', async () => {
     const r = await scan(clean);
     assert.deepEqual(
