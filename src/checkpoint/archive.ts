@@ -192,7 +192,11 @@ function checkNameLength(h: TarHeader): void {
  */
 export async function walkArchive(
   file: string,
-  visit: TarVisitor,
+  visit: {
+    /** As TarVisitor's; `at`: where the entry's bytes start in the (decompressed) tar stream. */
+    entry(h: TarHeader, at: number, compression: Compression): ((chunk: Buffer) => void) | undefined;
+    entryEnd?(h: TarHeader): void;
+  },
   limits: ArchiveLimits & { memberCap?: (name: string) => number | undefined } = {},
 ): Promise<{ compression: Compression; bytes: number; entries: number }> {
   const maxBytes = limits.maxBytes ?? DEFAULT_MAX_BYTES;
@@ -214,7 +218,7 @@ export async function walkArchive(
         throw tooLarge(
           `member ${JSON.stringify(h.name)} takes the archive past its cap of ${gib(maxBytes)} unpacked`,
         );
-      return visit.entry(h);
+      return visit.entry(h, parser.position, compression);
     },
     ...(visit.entryEnd ? { entryEnd: (h: TarHeader) => visit.entryEnd!(h) } : {}),
   };
@@ -274,9 +278,23 @@ export function safeMemberName(name: string): string {
 export async function extractArchive(
   file: string,
   destDir: string,
-  opts: ArchiveLimits & { include?: (name: string) => boolean } = {},
-): Promise<{ files: string[]; compression: Compression; bytes: number }> {
+  opts: ArchiveLimits & {
+    include?: (name: string) => boolean;
+    /**
+     * Members of an uncompressed archive to leave where they are (the pages: reading them in
+     * place saves writing a copy of the whole memory to staging): returned in `inPlace` as
+     * where their bytes start in the archive, and not written.
+     */
+    leaveInPlace?: (name: string) => boolean;
+  } = {},
+): Promise<{
+  files: string[];
+  compression: Compression;
+  bytes: number;
+  inPlace: Map<string, { offset: number; size: number }>;
+}> {
   const files: string[] = [];
+  const inPlace = new Map<string, { offset: number; size: number }>();
   const madeDirs = new Set<string>(['']);
   const ensureDir = (rel: string): void => {
     if (madeDirs.has(rel)) return;
@@ -294,7 +312,7 @@ export async function extractArchive(
   let stagedBytes = 0;
   let fd: number | undefined;
   const visitor = {
-    entry(h: TarHeader): ((chunk: Buffer) => void) | undefined {
+    entry(h: TarHeader, at: number, compression: Compression): ((chunk: Buffer) => void) | undefined {
       const rel = safeMemberName(h.name);
       if (h.type === 'dir') {
         if (rel !== '') ensureDir(rel);
@@ -311,6 +329,11 @@ export async function extractArchive(
       }
       if (rel === '') throw invalidArchive('a file member with an empty name');
       if (opts.include && !opts.include(rel)) return undefined;
+      if (compression === 'none' && opts.leaveInPlace?.(rel)) {
+        if (inPlace.has(rel) || files.includes(rel)) throw invalidArchive(`${rel} appears twice`);
+        inPlace.set(rel, { offset: at, size: h.size });
+        return undefined;
+      }
       stagedBytes += Math.ceil(h.size / 4096) * 4096;
       if (stagedBytes > room)
         throw tooLarge(
@@ -354,7 +377,7 @@ export async function extractArchive(
       maxEntries: opts.maxEntries ?? DEFAULT_MAX_ARCHIVE_ENTRIES,
       memberCap: (name) => (isMetadataMember(safeMemberName(name)) ? MAX_METADATA_MEMBER_BYTES : undefined),
     });
-    return { files, compression: r.compression, bytes: r.bytes };
+    return { files, compression: r.compression, bytes: r.bytes, inPlace };
   } finally {
     if (fd !== undefined) closeSync(fd);
   }

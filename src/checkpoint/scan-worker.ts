@@ -33,9 +33,35 @@ export interface ScanWorkerData {
   key: Uint8Array;
 }
 
+/**
+ * Runs the detectors over a small made-up buffer (binary, zeros, text with near-miss and
+ * whole secrets) a few times, so V8 has compiled them before the first chunk comes: a fresh
+ * thread otherwise interprets its first megabytes several times slower (measured: about
+ * 50 ms of the first 4 MiB chunk).
+ */
+function warmUp(key: Buffer): void {
+  const parts: Buffer[] = [];
+  let seed = 1;
+  for (let i = 0; i < 16; i++) {
+    const noise = Buffer.alloc(2048);
+    for (let j = 0; j < noise.length; j++) noise[j] = (seed = (seed * 1103515245 + 12345) >>> 0) >>> 24;
+    parts.push(noise, Buffer.alloc(2048));
+    parts.push(
+      Buffer.from(
+        `{"user": "agent", "tool": "bash", "ok": true}\n api_key = "x${i}y" TOKEN=AKIA0000000000000000\n`.repeat(
+          24,
+        ),
+      ),
+    );
+  }
+  const buf = Buffer.concat(parts);
+  for (let i = 0; i < 8; i++) scanChunk(key, buf, buf.subarray(0, 8192), 4096);
+}
+
 if (parentPort !== null) {
   const port = parentPort;
   const key = Buffer.from((workerData as ScanWorkerData).key);
+  warmUp(Buffer.alloc(32));
   port.on('message', (msg: ScanJob) => {
     let done: ScanDone;
     try {

@@ -90,6 +90,7 @@ describe('checkpoint scan', { timeout: 240_000 }, () => {
   const specSecret = `glpat-${rnd(20)}`;
   let dirty = '';
   let clean = '';
+  let dirtyTar = '';
   let dirtyPid = 0;
 
   before(async () => {
@@ -110,6 +111,13 @@ describe('checkpoint scan', { timeout: 240_000 }, () => {
       },
     });
     clean = await podmanArchive(join(dir, 'clean'), join(dir, 'clean.tar'), 'none');
+    dirtyTar = await podmanArchive(join(dir, 'dirty'), join(dir, 'dirty.tar'), 'none', {
+      env: ['PATH=/bin', `GITLAB_TOKEN=${specSecret}`],
+      rootfs: {
+        'home/agent/.config/gh/hosts.yml': `github.com:\n  oauth_token: ${fileSecret}\n`,
+        'etc/motd': 'hello\n',
+      },
+    });
   });
   after(async () => {
     await rm(dir, { recursive: true, force: true });
@@ -166,6 +174,34 @@ describe('checkpoint scan', { timeout: 240_000 }, () => {
       }
     } finally {
       await ck.close();
+    }
+  });
+
+  test('pages read in place in an uncompressed archive: the same report, no pages in staging', async () => {
+    const unpacked = await scan(dirty);
+    const ck = await openCheckpointPath(dirtyTar, { pagesInPlace: true });
+    try {
+      assert.ok(ck.pagesInPlace !== undefined && ck.pagesInPlace.members.size > 0, 'pages left in place');
+      const staged = await readdir(ck.imagesDir);
+      assert.ok(staged.includes('pstree.img'));
+      assert.deepEqual(
+        staged.filter((n) => n.startsWith('pages-')),
+        [],
+      );
+      for (const workers of [0, 2]) {
+        const r = await scanCheckpoint(ck, { fingerprintKey: key, workers });
+        assert.deepEqual(r.findings, unpacked.findings, `workers ${workers}`);
+        assert.deepEqual(r.scanned, unpacked.scanned);
+      }
+    } finally {
+      await ck.close();
+    }
+    // A compressed archive has no place to read from: it is unpacked whole, as before.
+    const z = await openCheckpointPath(dirty, { pagesInPlace: true });
+    try {
+      assert.equal(z.pagesInPlace, undefined);
+    } finally {
+      await z.close();
     }
   });
 

@@ -216,7 +216,19 @@ function tailOf(data: Buffer): Buffer {
   return Buffer.from(data.subarray(Math.max(0, data.length - OVERLAP)));
 }
 
-async function scanMemory(im: CriuImages, q: ChunkQueue, opts: ScanOptions): Promise<number> {
+async function scanMemory(
+  im: CriuImages,
+  q: ChunkQueue,
+  opts: ScanOptions,
+  inPlace: OpenedCheckpoint['pagesInPlace'],
+): Promise<number> {
+  const pagesAt =
+    inPlace === undefined
+      ? undefined
+      : (name: string) => {
+          const m = inPlace.members.get(name);
+          return m === undefined ? undefined : { path: inPlace.archive, ...m };
+        };
   let bytes = 0;
   for (const p of im.processes) {
     let tail: Buffer | undefined;
@@ -225,6 +237,7 @@ async function scanMemory(im: CriuImages, q: ChunkQueue, opts: ScanOptions): Pro
       chunkBytes: opts.chunkBytes,
       signal: opts.signal,
       take: q.take,
+      ...(pagesAt !== undefined ? { pagesAt } : {}),
     })) {
       const length = chunk.data.length;
       bytes += length;
@@ -350,7 +363,7 @@ export async function scanCheckpoint(
   const pool = workers > 0 ? new ScanPool(workers, key) : undefined;
   try {
     const q = new ChunkQueue(c, key, pool, 2 * workers, opts.onChunk);
-    const memoryBytes = await scanMemory(im, q, opts);
+    const memoryBytes = await scanMemory(im, q, opts, ck.pagesInPlace);
     let imageBytes = 0;
     let files = 0;
     for (const name of imageNames) {

@@ -275,6 +275,8 @@ export async function* readPages(
      * buffer is reused for every chunk.
      */
     take?: (bytes: number) => Buffer;
+    /** Where a pages file lies when not in the images folder: a file and a range in it (an archive member). */
+    pagesAt?: (pagesFile: string) => { path: string; offset: number; size: number } | undefined;
   } = {},
 ): AsyncGenerator<PageChunk> {
   const pm = p.pagemap;
@@ -284,15 +286,17 @@ export async function* readPages(
     Math.floor((opts.chunkBytes ?? 4 * 1024 * 1024) / PAGE_SIZE) * PAGE_SIZE,
   );
   const pagesFile = `pages-${pm.pagesId}.img`;
+  const at = opts.pagesAt?.(pagesFile);
   let fh;
   try {
-    fh = await open(join(images.dir, pagesFile), 'r');
+    fh = await open(at?.path ?? join(images.dir, pagesFile), 'r');
   } catch (e) {
     if (errnoCode(e) === 'ENOENT') throw malformed(`${pagesFile} (named by pagemap-${p.pid}.img) is missing`);
     throw e;
   }
   try {
-    const size = (await fh.stat()).size;
+    const base = at?.offset ?? 0;
+    const size = at?.size ?? (await fh.stat()).size;
     const reused = opts.take === undefined ? Buffer.allocUnsafe(chunkBytes) : undefined;
     let off = 0;
     for (const e of pm.entries) {
@@ -307,7 +311,7 @@ export async function* readPages(
         opts.signal?.throwIfAborted();
         const n = Math.min(chunkBytes, bytes - done);
         const buf = reused ?? opts.take!(chunkBytes);
-        const { bytesRead } = await fh.read(buf, 0, n, off + done);
+        const { bytesRead } = await fh.read(buf, 0, n, base + off + done);
         if (bytesRead !== n) throw malformed(`${pagesFile}: short read at ${off + done}`);
         yield { vaddr: e.vaddr + BigInt(done), data: buf.subarray(0, n), fileOffset: off + done, pagesFile };
         done += n;
