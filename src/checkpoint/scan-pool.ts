@@ -23,9 +23,13 @@ export function liveScanWorkers(): number {
   return live;
 }
 
-/** Workers for a scan: one per core the process may use, at most MAX_SCAN_WORKERS. */
+/**
+ * Workers for a scan: one per core the process may use but one (left to the daemon's own
+ * thread, which reads and dispatches), at least 1 and at most MAX_SCAN_WORKERS. On a 2-core
+ * machine two workers were slower than one (measured: docs/BENCHMARKS.md, "Secret scan").
+ */
 export function defaultScanWorkers(): number {
-  return Math.max(1, Math.min(MAX_SCAN_WORKERS, availableParallelism()));
+  return Math.max(1, Math.min(MAX_SCAN_WORKERS, availableParallelism() - 1));
 }
 
 export interface ChunkResult {

@@ -40,6 +40,7 @@ export interface ScanWorkerData {
  * 50 ms of the first 4 MiB chunk).
  */
 function warmUp(key: Buffer): void {
+  // Anchors and near misses only: a hit would cost a fingerprint each time.
   const parts: Buffer[] = [];
   let seed = 1;
   for (let i = 0; i < 16; i++) {
@@ -48,7 +49,7 @@ function warmUp(key: Buffer): void {
     parts.push(noise, Buffer.alloc(2048));
     parts.push(
       Buffer.from(
-        `{"user": "agent", "tool": "bash", "ok": true}\n api_key = "x${i}y" TOKEN=AKIA0000000000000000\n`.repeat(
+        `{"user": "agent", "tool": "bash", "ok": true}\n api_key = "x${i}y" TOKEN=\${AKIA000000000000000}\n`.repeat(
           24,
         ),
       ),

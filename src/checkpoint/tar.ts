@@ -189,6 +189,23 @@ export class TarParser {
     }
   }
 
+  /**
+   * Bytes of the current entry's body that nobody takes (its visitor returned no sink) and that
+   * are not pushed yet: a caller reading a file may read past them and call `skip` instead.
+   */
+  get skippable(): number {
+    if (this.state !== 'body' || this.sink !== undefined || this.current === undefined) return 0;
+    return this.pendingBytes === 0 ? this.remaining : 0;
+  }
+
+  /** Counts the `skippable` bytes as consumed; returns how many. */
+  skip(): number {
+    const n = this.skippable;
+    this.remaining -= n;
+    this.position += n;
+    return n;
+  }
+
   end(): void {
     if (this.state === 'done') return;
     if (this.state === 'header' && this.pendingBytes === 0 && this.entries > 0) return; // no end blocks: tolerated
