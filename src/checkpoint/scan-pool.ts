@@ -55,7 +55,13 @@ export class ScanPool {
 
   constructor(size: number, key: Buffer) {
     const data: ScanWorkerData = { key: new Uint8Array(key) };
-    for (let i = 0; i < size; i++) this.spawn(data);
+    try {
+      for (let i = 0; i < size; i++) this.spawn(data);
+    } catch (e) {
+      // No thread outlives a pool that failed to start.
+      void this.close();
+      throw e;
+    }
   }
 
   get size(): number {
