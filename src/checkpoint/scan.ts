@@ -66,7 +66,7 @@ export interface ScanOptions {
   signal?: AbortSignal;
   /**
    * Worker threads for the detectors: 0 runs them on the calling thread. Default: one per
-   * core (at most 4), or none for a checkpoint too small to pay for starting them.
+   * core but one (1 to 4), or none for a checkpoint too small to pay for starting them.
    */
   workers?: number;
   /** Called for each chunk once scanned, in read order: the thread that scanned it (tests). */
