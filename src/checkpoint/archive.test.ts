@@ -147,6 +147,36 @@ describe('hostile checkpoint archives', () => {
     assert.equal(err, undefined);
   });
 
+  test('members left in place are stepped over, found where they lie, and truncation still caught', async () => {
+    // Bigger than one read (1 MiB), with a member after it that must still be unpacked.
+    const pages = Buffer.alloc(3 * 1024 * 1024 + 4096);
+    for (let i = 0; i < pages.length; i += 4096) pages.writeUInt32LE(i, i);
+    const tar = Buffer.concat([
+      entry('checkpoint/inventory.img', 'abc'),
+      entry('checkpoint/pages-1.img', pages),
+      entry('checkpoint/pstree.img', 'tree'),
+      TAR_END,
+    ]);
+    const file = join(dir, `in-place-${++n}.tar`);
+    await writeFile(file, tar);
+    const dest = await mkdtemp(join(dir, 'x-'));
+    const r = await extractArchive(file, dest, { leaveInPlace: (rel) => rel === 'checkpoint/pages-1.img' });
+    assert.deepEqual(r.files.sort(), ['checkpoint/inventory.img', 'checkpoint/pstree.img']);
+    const at = r.inPlace.get('checkpoint/pages-1.img')!;
+    assert.equal(at.size, pages.length);
+    assert.ok(tar.subarray(at.offset, at.offset + at.size).equals(pages), 'the member lies at its offset');
+    assert.equal(r.bytes, tar.length);
+
+    const cut = join(dir, `in-place-${++n}.tar`);
+    await writeFile(cut, tar.subarray(0, at.offset + 2 * 1024 * 1024));
+    await assert.rejects(
+      extractArchive(cut, await mkdtemp(join(dir, 'x-')), {
+        leaveInPlace: (rel) => rel.endsWith('pages-1.img'),
+      }),
+      /truncated inside checkpoint\/pages-1.img/,
+    );
+  });
+
   test('fuzz: 300 mutations of a real-shaped archive (seed 7) fail only with archive errors', async () => {
     const src = Buffer.concat([
       entry('checkpoint/inventory.img', 'a'.repeat(700)),

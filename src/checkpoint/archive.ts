@@ -168,6 +168,40 @@ export async function openTarStream(file: string): Promise<{ stream: Readable; c
   return { stream: pipeline(raw, dec, () => undefined), compression };
 }
 
+/**
+ * The bytes of an uncompressed archive, 1 MiB at a time, read at positions: after each chunk,
+ * `skip` says how many bytes the parser needs no more of (a member nobody takes), and the
+ * next read starts past them. A member that runs past the end of the file is truncated: the
+ * reads end there, and the parser says so.
+ */
+async function* positionalChunks(
+  file: string,
+  parser: () => TarParser,
+  stepped: { bytes: number },
+): AsyncGenerator<Buffer> {
+  const fh = await open(file, 'r');
+  try {
+    const size = (await fh.stat()).size;
+    let pos = 0;
+    while (pos < size) {
+      // A fresh buffer each time: the parser may keep part of a chunk until the next one.
+      const buf = Buffer.allocUnsafe(Math.min(1024 * 1024, size - pos));
+      const { bytesRead } = await fh.read(buf, 0, buf.length, pos);
+      if (bytesRead === 0) return;
+      pos += bytesRead;
+      yield buf.subarray(0, bytesRead);
+      const n = parser().skippable;
+      if (n === 0) continue;
+      if (pos + n > size) return; // truncated inside the member: the parser says so at its end
+      parser().skip();
+      pos += n;
+      stepped.bytes += n;
+    }
+  } finally {
+    await fh.close();
+  }
+}
+
 /** Throws when a member name is longer than Linux could create (PATH_MAX, NAME_MAX). */
 function checkNameLength(h: TarHeader): void {
   const shown = (s: string): string => JSON.stringify(s.length > 120 ? `${s.slice(0, 120)}...` : s);
@@ -192,13 +226,25 @@ function checkNameLength(h: TarHeader): void {
  */
 export async function walkArchive(
   file: string,
-  visit: TarVisitor,
+  visit: {
+    /** As TarVisitor's; `at`: where the entry's bytes start in the (decompressed) tar stream. */
+    entry(h: TarHeader, at: number, compression: Compression): ((chunk: Buffer) => void) | undefined;
+    entryEnd?(h: TarHeader): void;
+  },
   limits: ArchiveLimits & { memberCap?: (name: string) => number | undefined } = {},
 ): Promise<{ compression: Compression; bytes: number; entries: number }> {
   const maxBytes = limits.maxBytes ?? DEFAULT_MAX_BYTES;
   const maxMemberBytes = limits.maxMemberBytes ?? DEFAULT_MAX_MEMBER_BYTES;
   const maxEntries = limits.maxEntries ?? DEFAULT_MAX_ENTRIES;
   const { stream, compression } = await openTarStream(file);
+  // An uncompressed archive is read at positions, so that members nobody takes (the pages a
+  // scan reads in place) are stepped over instead of read.
+  const stepped = { bytes: 0 };
+  let chunks: AsyncIterable<Buffer> = stream as AsyncIterable<Buffer>;
+  if (compression === 'none') {
+    stream.destroy();
+    chunks = positionalChunks(file, () => parser, stepped);
+  }
   let bytes = 0;
   let declared = 0;
   let entries = 0;
@@ -214,13 +260,13 @@ export async function walkArchive(
         throw tooLarge(
           `member ${JSON.stringify(h.name)} takes the archive past its cap of ${gib(maxBytes)} unpacked`,
         );
-      return visit.entry(h);
+      return visit.entry(h, parser.position, compression);
     },
     ...(visit.entryEnd ? { entryEnd: (h: TarHeader) => visit.entryEnd!(h) } : {}),
   };
   const parser = new TarParser(checked);
   try {
-    for await (const chunk of stream as AsyncIterable<Buffer>) {
+    for await (const chunk of chunks) {
       limits.signal?.throwIfAborted();
       bytes += chunk.length;
       if (bytes > maxBytes) throw tooLarge(`it unpacks to more than ${gib(maxBytes)}`);
@@ -230,6 +276,7 @@ export async function walkArchive(
       if (parser.trailingBytes > MAX_TRAILING_BYTES)
         throw invalidArchive(`more than ${MAX_TRAILING_BYTES} bytes after the end of the tar archive`);
     }
+    bytes += stepped.bytes;
   } catch (e) {
     stream.destroy();
     if (e instanceof DormantError) throw e;
@@ -274,9 +321,23 @@ export function safeMemberName(name: string): string {
 export async function extractArchive(
   file: string,
   destDir: string,
-  opts: ArchiveLimits & { include?: (name: string) => boolean } = {},
-): Promise<{ files: string[]; compression: Compression; bytes: number }> {
+  opts: ArchiveLimits & {
+    include?: (name: string) => boolean;
+    /**
+     * Members of an uncompressed archive to leave where they are (the pages: reading them in
+     * place saves writing a copy of the whole memory to staging): returned in `inPlace` as
+     * where their bytes start in the archive, and not written.
+     */
+    leaveInPlace?: (name: string) => boolean;
+  } = {},
+): Promise<{
+  files: string[];
+  compression: Compression;
+  bytes: number;
+  inPlace: Map<string, { offset: number; size: number }>;
+}> {
   const files: string[] = [];
+  const inPlace = new Map<string, { offset: number; size: number }>();
   const madeDirs = new Set<string>(['']);
   const ensureDir = (rel: string): void => {
     if (madeDirs.has(rel)) return;
@@ -294,7 +355,7 @@ export async function extractArchive(
   let stagedBytes = 0;
   let fd: number | undefined;
   const visitor = {
-    entry(h: TarHeader): ((chunk: Buffer) => void) | undefined {
+    entry(h: TarHeader, at: number, compression: Compression): ((chunk: Buffer) => void) | undefined {
       const rel = safeMemberName(h.name);
       if (h.type === 'dir') {
         if (rel !== '') ensureDir(rel);
@@ -311,6 +372,11 @@ export async function extractArchive(
       }
       if (rel === '') throw invalidArchive('a file member with an empty name');
       if (opts.include && !opts.include(rel)) return undefined;
+      if (compression === 'none' && opts.leaveInPlace?.(rel)) {
+        if (inPlace.has(rel) || files.includes(rel)) throw invalidArchive(`${rel} appears twice`);
+        inPlace.set(rel, { offset: at, size: h.size });
+        return undefined;
+      }
       stagedBytes += Math.ceil(h.size / 4096) * 4096;
       if (stagedBytes > room)
         throw tooLarge(
@@ -354,7 +420,7 @@ export async function extractArchive(
       maxEntries: opts.maxEntries ?? DEFAULT_MAX_ARCHIVE_ENTRIES,
       memberCap: (name) => (isMetadataMember(safeMemberName(name)) ? MAX_METADATA_MEMBER_BYTES : undefined),
     });
-    return { files, compression: r.compression, bytes: r.bytes };
+    return { files, compression: r.compression, bytes: r.bytes, inPlace };
   } finally {
     if (fd !== undefined) closeSync(fd);
   }

@@ -48,6 +48,29 @@ test('the prefilter finds what the detectors find on the whole buffer', () => {
   assert.ok(text < buf.length / 10, `${text} of ${buf.length} bytes looked at`);
 });
 
+test('textRegions reads a word at a time exactly as byte by byte', () => {
+  // Runs of text with the edge bytes of every class (0x1f, 0x20, 0x7e, 0x7f, 0x80, 0xff, tab,
+  // CR, LF, NUL) at every position of a word; a buffer at an odd offset is read byte by byte.
+  let seed = 11;
+  const rnd = (n: number) => {
+    seed = (seed * 1103515245 + 12345) % 2 ** 31;
+    return seed % n;
+  };
+  const edge = [0x1f, 0x20, 0x7e, 0x7f, 0x80, 0xff, 0x09, 0x0d, 0x0a, 0x00, 0x41];
+  for (let round = 0; round < 300; round++) {
+    const n = 64 + rnd(4000);
+    const b = Buffer.alloc(n + 1);
+    for (let i = 1; i <= n; i++) {
+      const r = rnd(100);
+      b[i] = r < 75 ? 0x20 + rnd(95) : r < 90 ? edge[rnd(edge.length)]! : rnd(256);
+    }
+    const odd = b.subarray(1);
+    const aligned = Buffer.from(new Uint8Array(odd));
+    assert.equal(aligned.byteOffset % 4, 0);
+    assert.deepEqual(textRegions(aligned), textRegions(odd), `round ${round}`);
+  }
+});
+
 test('over bytes, the detectors find exactly what they find over each region decoded whole', () => {
   // Text dense with anchors, near-misses and open-ended shapes (JWTs and webhooks longer than
   // any fixed window, a service-account "type" across blanks), between binary bytes.

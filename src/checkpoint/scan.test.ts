@@ -90,6 +90,7 @@ describe('checkpoint scan', { timeout: 240_000 }, () => {
   const specSecret = `glpat-${rnd(20)}`;
   let dirty = '';
   let clean = '';
+  let dirtyTar = '';
   let dirtyPid = 0;
 
   before(async () => {
@@ -110,6 +111,13 @@ describe('checkpoint scan', { timeout: 240_000 }, () => {
       },
     });
     clean = await podmanArchive(join(dir, 'clean'), join(dir, 'clean.tar'), 'none');
+    dirtyTar = await podmanArchive(join(dir, 'dirty'), join(dir, 'dirty.tar'), 'none', {
+      env: ['PATH=/bin', `GITLAB_TOKEN=${specSecret}`],
+      rootfs: {
+        'home/agent/.config/gh/hosts.yml': `github.com:\n  oauth_token: ${fileSecret}\n`,
+        'etc/motd': 'hello\n',
+      },
+    });
   });
   after(async () => {
     await rm(dir, { recursive: true, force: true });
@@ -151,6 +159,50 @@ describe('checkpoint scan', { timeout: 240_000 }, () => {
       assert.ok(!everything.includes(s), `the report must not carry the secret (${s.slice(0, 6)}...)`);
     }
     assert.ok(r.scanned.memoryBytes > 1_000_000);
+  });
+
+  test('the same report with and without worker threads, whatever the chunk size', async () => {
+    const ck = await openCheckpointPath(dirty);
+    try {
+      for (const chunkBytes of [4096, 64 * 1024, undefined]) {
+        const opts = { fingerprintKey: key, ...(chunkBytes !== undefined ? { chunkBytes } : {}) };
+        const inline = await scanCheckpoint(ck, { ...opts, workers: 0 });
+        const pooled = await scanCheckpoint(ck, { ...opts, workers: 2 });
+        assert.ok(inline.findings.length > planted.length);
+        assert.deepEqual(pooled.findings, inline.findings, `chunkBytes ${chunkBytes}`);
+        assert.deepEqual(pooled.scanned, inline.scanned);
+      }
+    } finally {
+      await ck.close();
+    }
+  });
+
+  test('pages read in place in an uncompressed archive: the same report, no pages in staging', async () => {
+    const unpacked = await scan(dirty);
+    const ck = await openCheckpointPath(dirtyTar, { pagesInPlace: true });
+    try {
+      assert.ok(ck.pagesInPlace !== undefined && ck.pagesInPlace.members.size > 0, 'pages left in place');
+      const staged = await readdir(ck.imagesDir);
+      assert.ok(staged.includes('pstree.img'));
+      assert.deepEqual(
+        staged.filter((n) => n.startsWith('pages-')),
+        [],
+      );
+      for (const workers of [0, 2]) {
+        const r = await scanCheckpoint(ck, { fingerprintKey: key, workers });
+        assert.deepEqual(r.findings, unpacked.findings, `workers ${workers}`);
+        assert.deepEqual(r.scanned, unpacked.scanned);
+      }
+    } finally {
+      await ck.close();
+    }
+    // A compressed archive has no place to read from: it is unpacked whole, as before.
+    const z = await openCheckpointPath(dirty, { pagesInPlace: true });
+    try {
+      assert.equal(z.pagesInPlace, undefined);
+    } finally {
+      await z.close();
+    }
   });
 
   test('a clean process gives nothing', async () => {

@@ -186,9 +186,41 @@ TEXT_BYTE[0x09] = TEXT_BYTE[0x0a] = TEXT_BYTE[0x0d] = 1;
  * through it), so random and zero pages pass at memory speed and the detectors run only on
  * the text in them.
  */
+/**
+ * The end of a run of text bytes that goes on at `e`: the first byte at or after `e` that is
+ * not text, or `n`. Over `words` (the same bytes, when they start 4-aligned) it steps a word
+ * at a time while all four bytes are printable (0x20-0x7e), and byte by byte over a word with
+ * any other byte (tab, CR and LF are text too).
+ */
+function runEnd(buf: Uint8Array, words: Int32Array | undefined, e: number, n: number): number {
+  if (words === undefined) {
+    while (e < n && TEXT_BYTE[buf[e]!] === 1) e++;
+    return e;
+  }
+  for (;;) {
+    const aligned = Math.min(n, (e + 3) & ~3);
+    for (; e < aligned; e++) if (TEXT_BYTE[buf[e]!] === 0) return e;
+    let w = e >> 2;
+    const nw = words.length;
+    while (w < nw) {
+      const x = words[w]!;
+      // A byte under 0x20, or from 0x7f up, sets its lane's top bit.
+      if ((((x - 0x20202020) & ~x) | (x + 0x01010101) | x) & 0x80808080) break;
+      w++;
+    }
+    e = w << 2;
+    if (e >= n) return n;
+    const end = Math.min(n, e + 4);
+    for (; e < end; e++) if (TEXT_BYTE[buf[e]!] === 0) return e;
+    if (e >= n) return n;
+  }
+}
+
 export function textRegions(buf: Uint8Array, minRun = MIN_SECRET_CHARS, maxGap = 16): number[] {
   const out: number[] = [];
   const n = buf.length;
+  const words =
+    (buf.byteOffset & 3) === 0 && n >= 64 ? new Int32Array(buf.buffer, buf.byteOffset, n >> 2) : undefined;
   let i = 0;
   while (i + minRun <= n) {
     const p = i + minRun - 1;
@@ -199,8 +231,7 @@ export function textRegions(buf: Uint8Array, minRun = MIN_SECRET_CHARS, maxGap =
     // buf[i - 1] is not text (or i is 0): the run cannot start before i.
     let s = p;
     while (s > i && TEXT_BYTE[buf[s - 1]!] === 1) s--;
-    let e = p + 1;
-    while (e < n && TEXT_BYTE[buf[e]!] === 1) e++;
+    const e = runEnd(buf, words, p + 1, n);
     if (e - s >= minRun) {
       const last = out.length - 1;
       if (last > 0 && s - out[last]! <= maxGap) out[last] = e;
@@ -278,6 +309,19 @@ for (const a of BYTE_ANCHORS) {
 }
 const HAS_PAIR = new Uint8Array(65536);
 for (let k = 0; k < 65536; k++) if (BY_PAIR[k]) HAS_PAIR[k] = 1;
+/**
+ * Pairs that are an anchor's first two bytes or its second and third (every anchor has at
+ * least three): where the pair at i + 1 is neither, no anchor starts at i or at i + 1, so
+ * the loop steps two bytes at a time through text without anchors.
+ */
+const NEAR_PAIR = new Uint8Array(65536);
+for (const a of BYTE_ANCHORS) {
+  const b = a.bytes;
+  if (b.length < 3)
+    throw new RangeError(`anchor ${Buffer.from(b).toString('latin1')} is shorter than 3 bytes`);
+  NEAR_PAIR[(b[0]! << 8) | b[1]!] = 1;
+  NEAR_PAIR[(b[1]! << 8) | b[2]!] = 1;
+}
 
 /** The anchor that starts at `i` of `buf` (before `to`), if any. */
 function anchorAt(buf: Uint8Array, i: number, to: number): ByteAnchor | undefined {
@@ -304,6 +348,10 @@ function findInRegion(buf: Buffer, from: number, to: number, out: RawSecret[]): 
   let i = from;
   const last = to - 1;
   while (i < last) {
+    if (i + 2 <= last && NEAR_PAIR[(buf[i + 1]! << 8) | buf[i + 2]!] === 0) {
+      i += 2;
+      continue;
+    }
     if (HAS_PAIR[(buf[i]! << 8) | buf[i + 1]!] === 0) {
       i++;
       continue;
@@ -355,4 +403,40 @@ export function redact(kind: SecretKind, value: string, name?: string): string {
 /** A keyed fingerprint: equal secrets compare equal within one key; without the key it says nothing. */
 export function fingerprint(key: Buffer, value: string): string {
   return createHmac('sha256', key).update(value, 'latin1').digest('hex').slice(0, 16);
+}
+
+/** A secret as a scan reports it: where it is and what stands in for it, never its text. */
+export interface ChunkHit {
+  kind: SecretKind;
+  /** Byte offset in the chunk (negative: it starts in the chunk before, found in the seam). */
+  offset: number;
+  length: number;
+  name?: string;
+  preview: string;
+  fingerprint: string;
+}
+
+/**
+ * The detectors over one chunk of a stream and its seam with the chunk before: `seam` is the
+ * previous chunk's last bytes (`edge` of them) followed by this chunk's first bytes. The seam
+ * adds only what crosses the boundary, the chunk alone finds what lies inside it; seam hits
+ * come first, as the stream reads. The worker threads and the calling thread both run this,
+ * so a scan reports the same with and without workers.
+ */
+export function scanChunk(key: Buffer, data: Buffer, seam: Buffer | undefined, edge: number): ChunkHit[] {
+  const out: ChunkHit[] = [];
+  const add = (s: RawSecret, shift: number): void => {
+    out.push({
+      kind: s.kind,
+      offset: s.offset - shift,
+      length: s.length,
+      ...(s.name !== undefined ? { name: s.name } : {}),
+      preview: redact(s.kind, s.value, s.name),
+      fingerprint: fingerprint(key, s.value),
+    });
+  };
+  if (seam !== undefined && edge > 0)
+    for (const s of findSecretsInBytes(seam)) if (s.offset < edge && s.offset + s.length > edge) add(s, edge);
+  for (const s of findSecretsInBytes(data)) add(s, 0);
+  return out;
 }

@@ -27,6 +27,11 @@ export interface OpenedCheckpoint {
   /** Metadata the vault keeps with a dormant checkpoint (arch, kernel, ...). */
   dormantMeta?: Record<string, string>;
   dormant?: { tenant: string; checkpointId: string; sandboxId?: string; createdAt?: string };
+  /**
+   * Pages files (by name, as in the images folder) left in place in an uncompressed archive
+   * (openCheckpointPath's `pagesInPlace`): the archive and where each one's bytes lie in it.
+   */
+  pagesInPlace?: { archive: string; members: Map<string, { offset: number; size: number }> };
   /** Wipes any staging folder. Safe to call twice. */
   close(): Promise<void>;
 }
@@ -79,10 +84,17 @@ function layoutOf(dir: string): Promise<{ imagesDir: string; rootDir?: string }>
   })();
 }
 
-/** Opens a folder or an archive file. */
+/** Pages files of the podman/CRI-O layout, which `pagesInPlace` leaves in the archive. */
+const LAYOUT_PAGES = /^checkpoint\/(pages-\d+\.img)$/;
+
+/**
+ * Opens a folder or an archive file. `pagesInPlace`: for a caller that reads the pages only
+ * through readPages with OpenedCheckpoint.pagesInPlace (the scan), an uncompressed archive's
+ * pages files stay where they are instead of being copied to staging.
+ */
 export async function openCheckpointPath(
   ref: string,
-  opts: ArchiveLimits & { stagingDir?: string } = {},
+  opts: ArchiveLimits & { stagingDir?: string; pagesInPlace?: boolean } = {},
 ): Promise<OpenedCheckpoint> {
   let st;
   try {
@@ -98,9 +110,22 @@ export async function openCheckpointPath(
   }
   const { staging, close } = await ownStaging(opts.stagingDir);
   try {
-    const r = await extractArchive(ref, staging, opts);
+    const r = await extractArchive(ref, staging, {
+      ...opts,
+      ...(opts.pagesInPlace === true ? { leaveInPlace: (rel: string) => LAYOUT_PAGES.test(rel) } : {}),
+    });
     const l = await layoutOf(staging);
-    return { kind: 'archive', ref, ...l, compression: r.compression, sizeBytes: st.size, close };
+    const members = new Map<string, { offset: number; size: number }>();
+    for (const [rel, at] of r.inPlace) members.set(LAYOUT_PAGES.exec(rel)![1]!, at);
+    return {
+      kind: 'archive',
+      ref,
+      ...l,
+      compression: r.compression,
+      sizeBytes: st.size,
+      ...(members.size > 0 ? { pagesInPlace: { archive: ref, members } } : {}),
+      close,
+    };
   } catch (e) {
     await close();
     throw e;

@@ -122,6 +122,11 @@ export class TarParser {
   private nextPax = new Map<string, string>();
   private zeroBlocks = 0;
   entries = 0;
+  /**
+   * Bytes of the archive consumed so far. In `entry`, where the entry's bytes start: a caller
+   * may read a member in place in an uncompressed archive instead of taking it from the stream.
+   */
+  position = 0;
   /** Bytes pushed after the two zero blocks that end the archive (padding, or a smuggled tail). */
   trailingBytes = 0;
 
@@ -134,6 +139,7 @@ export class TarParser {
     const rest = all.subarray(n);
     this.pending = rest.length > 0 ? [rest] : [];
     this.pendingBytes = rest.length;
+    this.position += n;
     return out;
   }
 
@@ -181,6 +187,23 @@ export class TarParser {
         return;
       }
     }
+  }
+
+  /**
+   * Bytes of the current entry's body that nobody takes (its visitor returned no sink) and that
+   * are not pushed yet: a caller reading a file may read past them and call `skip` instead.
+   */
+  get skippable(): number {
+    if (this.state !== 'body' || this.sink !== undefined || this.current === undefined) return 0;
+    return this.pendingBytes === 0 ? this.remaining : 0;
+  }
+
+  /** Counts the `skippable` bytes as consumed; returns how many. */
+  skip(): number {
+    const n = this.skippable;
+    this.remaining -= n;
+    this.position += n;
+    return n;
   }
 
   end(): void {

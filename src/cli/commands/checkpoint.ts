@@ -32,10 +32,11 @@ async function isLocalRef(ref: string): Promise<boolean> {
 async function withLocal<T>(
   ref: string,
   fn: (ck: Awaited<ReturnType<typeof openCheckpointPath>>) => Promise<T>,
+  opts: { pagesInPlace?: boolean } = {},
 ): Promise<T> {
   // The checkpoint modules load when a command reads an archive, not for every CLI start.
   const { openCheckpointPath } = await import('../../checkpoint/source.js');
-  const ck = await openCheckpointPath(ref);
+  const ck = await openCheckpointPath(ref, opts);
   try {
     return await fn(ck);
   } finally {
@@ -169,7 +170,10 @@ export function registerCheckpoint(program: Command): void {
     .option('--json', 'print JSON')
     .action(async (ref, o) => {
       const r = (await isLocalRef(ref))
-        ? await withLocal(ref, async (c) => (await import('../../checkpoint/scan.js')).scanCheckpoint(c))
+        ? await withLocal(ref, async (c) => (await import('../../checkpoint/scan.js')).scanCheckpoint(c), {
+            // The scan reads the pages only through readPages: no copy of them in staging.
+            pagesInPlace: true,
+          })
         : ((await clientFromEnv().scanCheckpoint(ref)) as unknown as ScanReport);
       if (o.json) printJson(r);
       else printScan(r);

@@ -260,12 +260,24 @@ export function storedMemoryBytes(p: ProcessImage): number {
  * Streams the stored pages of process `p` in chunks of at most `chunkBytes` (a multiple of
  * the page size), in pagemap order. A chunk never spans two pagemap entries, so callers that
  * match across chunk edges should carry a tail only when the next chunk's vaddr continues
- * the previous one. The yielded buffer is reused: copy what must outlive the iteration.
+ * the previous one. The yielded buffer is reused (unless `take` gives each chunk its memory):
+ * copy what must outlive the iteration.
  */
 export async function* readPages(
   images: Pick<CriuImages, 'dir'>,
   p: ProcessImage,
-  opts: { chunkBytes?: number; signal?: AbortSignal } = {},
+  opts: {
+    chunkBytes?: number;
+    signal?: AbortSignal;
+    /**
+     * Gives the memory for each chunk (at least `bytes` long; the chunk is its first bytes):
+     * the caller then owns each chunk's memory and may keep or move it. Without it, one
+     * buffer is reused for every chunk.
+     */
+    take?: (bytes: number) => Buffer;
+    /** Where a pages file lies when not in the images folder: a file and a range in it (an archive member). */
+    pagesAt?: (pagesFile: string) => { path: string; offset: number; size: number } | undefined;
+  } = {},
 ): AsyncGenerator<PageChunk> {
   const pm = p.pagemap;
   if (!pm) return;
@@ -274,16 +286,18 @@ export async function* readPages(
     Math.floor((opts.chunkBytes ?? 4 * 1024 * 1024) / PAGE_SIZE) * PAGE_SIZE,
   );
   const pagesFile = `pages-${pm.pagesId}.img`;
+  const at = opts.pagesAt?.(pagesFile);
   let fh;
   try {
-    fh = await open(join(images.dir, pagesFile), 'r');
+    fh = await open(at?.path ?? join(images.dir, pagesFile), 'r');
   } catch (e) {
     if (errnoCode(e) === 'ENOENT') throw malformed(`${pagesFile} (named by pagemap-${p.pid}.img) is missing`);
     throw e;
   }
   try {
-    const size = (await fh.stat()).size;
-    const buf = Buffer.allocUnsafe(chunkBytes);
+    const base = at?.offset ?? 0;
+    const size = at?.size ?? (await fh.stat()).size;
+    const reused = opts.take === undefined ? Buffer.allocUnsafe(chunkBytes) : undefined;
     let off = 0;
     for (const e of pm.entries) {
       if (!pagemapInPagesFile(e)) continue;
@@ -296,7 +310,8 @@ export async function* readPages(
       while (done < bytes) {
         opts.signal?.throwIfAborted();
         const n = Math.min(chunkBytes, bytes - done);
-        const { bytesRead } = await fh.read(buf, 0, n, off + done);
+        const buf = reused ?? opts.take!(chunkBytes);
+        const { bytesRead } = await fh.read(buf, 0, n, base + off + done);
         if (bytesRead !== n) throw malformed(`${pagesFile}: short read at ${off + done}`);
         yield { vaddr: e.vaddr + BigInt(done), data: buf.subarray(0, n), fileOffset: off + done, pagesFile };
         done += n;
