@@ -229,6 +229,8 @@ export class RuncRuntime extends RuncHost implements Runtime {
       );
     }
     const pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+    // Read once; runc writes it world-readable, and nothing of a sandbox's is left so.
+    await rm(pidFile, { force: true });
     if (!Number.isInteger(pid) || pid <= 0)
       throw new DormantError(ErrorCode.RUNTIME_CREATE_FAILED, `runc created sandbox ${id} without a process`);
     // The network namespace runc made inside the sandbox's user namespace gets its veth.
