@@ -6,7 +6,7 @@
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startDaemon, type Daemon } from '../daemon/daemon.js';
@@ -48,6 +48,8 @@ export const toolboxSuite: BenchSuite = {
   async run({ quick }) {
     const loadAtStart = loadavg()[0] ?? 0;
     const tmp = await mkdtemp(join(tmpdir(), 'dormant-bench-toolbox-'));
+    // the sandbox's user namespace (host uid 100000) must reach the root filesystem below it
+    await chmod(tmp, 0o711);
     const rootfs = join(tmp, 'rootfs');
     await buildBusyboxRootfs(rootfs);
     const dataDir = join(tmp, 'data');
