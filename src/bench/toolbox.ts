@@ -5,8 +5,7 @@
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { createReadStream } from 'node:fs';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startDaemon, type Daemon } from '../daemon/daemon.js';
@@ -14,16 +13,28 @@ import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import type { BenchRow, BenchSuite } from './harness.js';
 import { median, timed } from './harness.js';
 
-/** Runs `cmd`, stdin from `inputFile` (or none), stdout counted and dropped; its byte count. */
-function run(cmd: string, args: string[], inputFile?: string): Promise<number> {
+/**
+ * Runs `cmd`, stdin from `inputFile` (or none), stdout counted by `wc -c` and dropped; its byte
+ * count. The bytes are read by processes of their own, as a client's would be, never by this
+ * process's thread: that is the daemon's, and reading 100 MiB of curl's output there (as the
+ * suite did up to 2026-12) charged the API's figures with the client's work.
+ */
+function run(cmd: string, args: string[], inputFile = '/dev/null'): Promise<number> {
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'inherit'] });
-    let bytes = 0;
-    child.stdout.on('data', (b: Buffer) => (bytes += b.length));
+    const child = spawn(
+      'bash',
+      ['-c', '"$@" < "$IN" | wc -c; exit "${PIPESTATUS[0]}"', 'bash', cmd, ...args],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+        env: { ...process.env, IN: inputFile },
+      },
+    );
+    let out = '';
+    child.stdout.on('data', (b: Buffer) => (out += b.toString()));
     child.on('error', reject);
-    child.on('close', (code) => (code === 0 ? resolve(bytes) : reject(new Error(`${cmd} exited ${code}`))));
-    if (inputFile !== undefined) createReadStream(inputFile).pipe(child.stdin);
-    else child.stdin.end();
+    child.on('close', (code) =>
+      code === 0 ? resolve(Number(out.trim())) : reject(new Error(`${cmd} exited ${code}`)),
+    );
   });
 }
 
@@ -48,6 +59,8 @@ export const toolboxSuite: BenchSuite = {
   async run({ quick }) {
     const loadAtStart = loadavg()[0] ?? 0;
     const tmp = await mkdtemp(join(tmpdir(), 'dormant-bench-toolbox-'));
+    // the sandbox's user namespace (host uid 100000) must reach the root filesystem below it
+    await chmod(tmp, 0o711);
     const rootfs = join(tmp, 'rootfs');
     await buildBusyboxRootfs(rootfs);
     const dataDir = join(tmp, 'data');
@@ -147,7 +160,7 @@ export const toolboxSuite: BenchSuite = {
       ];
       return {
         title: 'Toolbox: commands and files through the in-sandbox agent',
-        description: `One busybox sandbox; dormant's figure goes through the HTTP API (loopback) and the sandbox's toolbox agent (POST /v1/sandboxes/ID/commands, PUT and GET /v1/sandboxes/ID/files), the peer's is \`runc exec\` on the host into the same sandbox. The files go through curl (\`PUT -T\`, \`GET\`) and through \`runc exec ID sh -c 'cat > F'\` and \`runc exec ID cat F\`, each a process of its own reading the same cached file, as a client's would be. ${rounds} command rounds and ${fileRounds} file rounds, alternated; medians.`,
+        description: `One busybox sandbox; dormant's figure goes through the HTTP API (loopback) and the sandbox's toolbox agent (POST /v1/sandboxes/ID/commands, PUT and GET /v1/sandboxes/ID/files), the peer's is \`runc exec\` on the host into the same sandbox. The files go through curl (\`PUT -T\`, \`GET\`) and through \`runc exec ID sh -c 'cat > F'\` and \`runc exec ID cat F\`, each a process of its own reading the same cached file (runc's stdin is the file itself), and what they read out is counted by a \`wc -c\` of its own, as a client's would be: this process, the daemon's, does only the daemon's work. ${rounds} command rounds and ${fileRounds} file rounds, alternated; medians.`,
         rows,
         notes: [
           `Load average at the start: ${loadAtStart.toFixed(1)} on ${String(cpus().length)} cores.`,

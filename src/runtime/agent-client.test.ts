@@ -15,6 +15,7 @@ import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { once } from 'node:events';
+import { finished } from 'node:stream/promises';
 import { AgentClient, AgentError, type ProcessHandle, type WatchEvent } from './agent-client.js';
 import { locateAgentBinary } from './runc-agent.js';
 import { eventually, freePort } from '../api/testing/host.js';
@@ -374,6 +375,50 @@ describe(
       const answer = Buffer.concat(chunks);
       assert.equal(String.fromCharCode(answer[0]!), '!');
       assert.match(answer.subarray(5).toString(), /"code":"E2BIG"/);
+    });
+
+    test("a raw read's bytes come through the socket's big reads exact: short reads copied, long ones handed on", async () => {
+      // Small pieces first (each read short: copied out of a buffer that is then used again),
+      // then one burst (reads of up to 1 MiB handed on as they are): a buffer used again
+      // before its bytes were copied would show as changed bytes here.
+      const small = randomBytes(200 * 1000);
+      const burst = randomBytes(6 << 20);
+      const data = Buffer.concat([small, burst]);
+      const server = createServer((s) => {
+        s.once('data', () => {
+          const json = Buffer.from(JSON.stringify({ size: data.length, raw: true }));
+          const head = Buffer.alloc(5);
+          head.write('R', 0, 'latin1');
+          head.writeUInt32BE(json.length, 1);
+          s.write(Buffer.concat([head, json]));
+          void (async () => {
+            for (let at = 0; at < small.length; at += 1000) {
+              s.write(small.subarray(at, at + 1000));
+              await new Promise((r) => setTimeout(r, at % 20_000 === 0 ? 2 : 0));
+            }
+            s.end(burst);
+          })();
+        });
+      });
+      server.listen(0, '127.0.0.1');
+      await once(server, 'listening');
+      try {
+        const { port } = server.address() as { port: number };
+        const fake = new AgentClient({ host: '127.0.0.1', port, token: 'x' });
+        const r = await fake.read('/f');
+        assert.equal(r.size, data.length);
+        const chunks: Buffer[] = [];
+        // consumed only at the end: every chunk stays held while later reads arrive
+        await new Promise((res) => setTimeout(res, 300));
+        // 'data' events, one per chunk pushed (an async iterator would join buffered chunks)
+        r.stream.on('data', (c: Buffer) => chunks.push(c));
+        await finished(r.stream);
+        assert.ok(Buffer.concat(chunks).equals(data), 'the same bytes');
+        const largest = Math.max(...chunks.map((c) => c.length));
+        assert.ok(largest > 64 << 10, `reads larger than 64 KiB (the largest chunk: ${largest} bytes)`);
+      } finally {
+        server.close();
+      }
     });
 
     test('the client refuses an oversized or malformed answer from whatever listens there', async () => {

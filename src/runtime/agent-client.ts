@@ -103,6 +103,14 @@ const MAX_ENTRIES = 100_000;
 const SEND_CHUNK = 256 << 10;
 /** Received bytes queued before the socket is paused (read()'s backpressure). */
 const HIGH_WATER = 4 << 20;
+/**
+ * A file read's socket reads into buffers of this size (net's onread), not Node's fixed
+ * 64 KiB: a raw read's bytes then cross into JavaScript in about 16 times fewer callbacks,
+ * each of them a stream push and an HTTP write (docs/BENCHMARKS.md "Toolbox").
+ */
+const READ_BUFFER = 1 << 20;
+/** A read this short is copied out, and its big buffer used again (no 1 MiB held per 4 KiB). */
+const READ_KEEP_MIN = READ_BUFFER / 4;
 
 interface Frame {
   type: string;
@@ -244,12 +252,19 @@ class Channel {
   private waiter: (() => void) | undefined;
   /** Set by holdAfterFrame: bytes after the next frame stay unparsed (a raw read's data). */
   private holding: 'no' | 'armed' | 'held' = 'no';
+  /** Where received bytes go: the frame parser, or a raw read's stream (rawStream). */
+  private sink = (b: Buffer): void => this.onData(b);
 
   constructor(readonly socket: Socket) {
-    socket.on('data', (b: Buffer) => this.onData(b));
+    socket.on('data', (b: Buffer) => this.sink(b));
     socket.on('end', () => this.finish(null));
     socket.on('close', () => this.finish(null));
     socket.on('error', (e) => this.finish(socketError(e)));
+  }
+
+  /** Bytes read by the socket's own buffers (open's bigReads), in place of 'data' events. */
+  receive(b: Buffer): void {
+    this.sink(b);
   }
 
   private onData(b: Buffer): void {
@@ -357,11 +372,12 @@ class Channel {
     const leftover = this.chunks;
     this.chunks = [];
     this.have = 0;
-    socket.removeAllListeners('data');
     socket.removeAllListeners('end');
     let got = 0;
     const stream = new Readable({
-      highWaterMark: 1 << 20,
+      // a few of the socket's 1 MiB reads (READ_BUFFER) in flight, so that the socket is not
+      // stopped and started again after every one of them
+      highWaterMark: 4 << 20,
       read: () => socket.resume(),
       destroy: (err, cb) => {
         socket.destroy();
@@ -388,7 +404,7 @@ class Channel {
       ended(); // the whole answer had already arrived
     else if (this.end) stream.destroy(this.end);
     else {
-      socket.on('data', take);
+      this.sink = take;
       socket.on('end', ended);
       socket.on('error', (e) => stream.destroy(socketError(e)));
     }
@@ -543,11 +559,41 @@ export class AgentClient {
     this.env = opts.env ?? {};
   }
 
-  /** Connects and sends the request; the caller owns the channel. */
-  private open(op: string, fields: [string, string | number][] = []): Promise<Channel> {
+  /**
+   * Connects and sends the request; the caller owns the channel. `bigReads`: the socket reads
+   * into READ_BUFFER-sized buffers (for a file's bytes), handed on without a copy when a read
+   * filled much of one.
+   */
+  private open(
+    op: string,
+    fields: [string, string | number][] = [],
+    opts: { bigReads?: boolean } = {},
+  ): Promise<Channel> {
     const q = encodeRequest(this.addr.token, op, fields);
     return new Promise((resolve, reject) => {
-      const socket = connect({ host: this.addr.host, port: this.addr.port });
+      let ch: Channel | undefined;
+      let spare: Buffer | undefined;
+      const onread = {
+        buffer: (): Buffer => (spare ??= Buffer.allocUnsafe(READ_BUFFER)),
+        callback: (n: number, buf: Uint8Array): boolean => {
+          const b = buf as Buffer;
+          let chunk: Buffer;
+          if (n >= READ_KEEP_MIN) {
+            chunk = b.subarray(0, n);
+            spare = undefined; // handed on: the next read gets a new buffer
+          } else {
+            chunk = Buffer.allocUnsafe(n);
+            b.copy(chunk, 0, 0, n);
+          }
+          ch?.receive(chunk);
+          return true;
+        },
+      };
+      const socket = connect({
+        host: this.addr.host,
+        port: this.addr.port,
+        ...(opts.bigReads ? { onread } : {}),
+      });
       socket.setNoDelay(true);
       const timer = setTimeout(() => {
         socket.destroy();
@@ -566,7 +612,7 @@ export class AgentClient {
       socket.once('connect', () => {
         clearTimeout(timer);
         socket.off('error', failed);
-        const ch = new Channel(socket);
+        ch = new Channel(socket);
         ch.send('Q', q.subarray(5));
         resolve(ch);
       });
@@ -710,10 +756,14 @@ export class AgentClient {
   async read(path: string): Promise<{ size: number; stream: Readable }> {
     // raw=1: the agent may send a regular file's bytes unframed after its answer (an agent of
     // before raw reads ignores the field and frames them as always).
-    const ch = await this.open('read', [
-      ['path', path],
-      ['raw', 1],
-    ]);
+    const ch = await this.open(
+      'read',
+      [
+        ['path', path],
+        ['raw', 1],
+      ],
+      { bigReads: true },
+    );
     ch.holdAfterFrame();
     let size: number;
     let raw: boolean;
