@@ -1,6 +1,6 @@
 /**
  * `dormant checkpoint export --format oci`: a real CRIU dump becomes an OCI image layout whose
- * blobs verify, whose manifest carries CRI-O's checkpoint annotation, and whose one layer
+ * blobs verify, whose manifest carries CRI-O's and podman's checkpoint annotations, and whose one layer
  * unpacks to the podman archive layout (config.dump, spec.dump, checkpoint/ with the images).
  * The scan guard applies as for a podman export.
  */
@@ -12,7 +12,7 @@ import { mkdtemp, readFile, readdir, rm, stat, writeFile } from 'node:fs/promise
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { unpackImage } from '../runtime/image.js';
-import { CRIO_CHECKPOINT_NAME } from './oci.js';
+import { CRIO_CHECKPOINT_NAME, PODMAN_CHECKPOINT } from './oci.js';
 import { decryptLayer } from './testing/decrypt.js';
 import { dump, kill, shm, startPython } from './testing/fixtures.js';
 
@@ -86,6 +86,9 @@ test('export --format oci writes a verified OCI layout with the checkpoint annot
     await readFile(join(out, 'blobs', 'sha256', index.manifests[0]!.digest.slice(7)), 'utf8'),
   ) as { annotations: Record<string, string>; layers: { mediaType: string }[] };
   assert.equal(manifest.annotations[CRIO_CHECKPOINT_NAME], 'counter');
+  // podman restores from an image only when it names the runtime (config.dump's, runc).
+  assert.equal(manifest.annotations[`${PODMAN_CHECKPOINT}.runtime.name`], 'runc');
+  assert.equal(manifest.annotations[`${PODMAN_CHECKPOINT}.name`], 'counter');
   assert.equal(manifest.layers[0]!.mediaType, 'application/vnd.oci.image.layer.v1.tar');
   // dormant's own image reader verifies every digest and unpacks the layer.
   const img = await unpackImage(`${out}:latest`, join(work, 'cache'));

@@ -4,6 +4,12 @@
  * the image's root), and the manifest annotation CRI-O looks for to treat an image as a
  * checkpoint, `io.kubernetes.cri-o.annotations.checkpoint.name` (the container's name).
  *
+ * podman (4.x, `podman container restore IMAGE`) takes an image for a checkpoint only when its
+ * manifest carries `io.podman.annotations.checkpoint.runtime.name`, and only when that is the
+ * runtime podman itself runs; it then mounts the image and reads config.dump, spec.dump and
+ * checkpoint/ from its root, as from an archive. The podman annotations here come from the
+ * archive's own config.dump (name, runtime, base image), so the two never disagree.
+ *
  * Written into a new folder, blobs by their sha256, index.json last: a reader never sees a
  * layout whose index names a blob that is not there yet.
  */
@@ -14,10 +20,14 @@ import { arch } from 'node:os';
 import { join } from 'node:path';
 import type { KeyObject } from 'node:crypto';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
+import { MAX_METADATA_MEMBER_BYTES, tooLarge } from './archive.js';
 import { encryptLayer } from './encrypt.js';
+import { TarParser } from './tar.js';
 
 /** The annotation CRI-O reads to restore a container from a checkpoint image. */
 export const CRIO_CHECKPOINT_NAME = 'io.kubernetes.cri-o.annotations.checkpoint.name';
+/** podman's checkpoint image annotations (libpod's define package names them). */
+export const PODMAN_CHECKPOINT = 'io.podman.annotations.checkpoint';
 const REF_NAME = 'org.opencontainers.image.ref.name';
 const OCI_ARCH: Record<string, string> = { x64: 'amd64', arm64: 'arm64', ppc64: 'ppc64le', s390x: 's390x' };
 
@@ -36,6 +46,74 @@ async function putJson(blobs: string, value: unknown): Promise<{ digest: string;
   const hex = createHash('sha256').update(data).digest('hex');
   await writeFile(join(blobs, hex), data, { mode: 0o600 });
   return { digest: `sha256:${hex}`, size: data.length };
+}
+
+/**
+ * config.dump of an uncompressed podman-layout archive, read from the archive's start (dormant
+ * writes it first) and no further than it; undefined when the archive has none.
+ */
+async function readConfigDump(archiveTar: string): Promise<Record<string, unknown> | undefined> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let found = false;
+  let done = false;
+  const parser = new TarParser({
+    entry(h) {
+      if (h.type !== 'file' || h.name.replace(/^\.\//, '') !== 'config.dump') return undefined;
+      if (h.size > MAX_METADATA_MEMBER_BYTES) throw tooLarge('config.dump');
+      found = true;
+      return (c) => {
+        chunks.push(c);
+        size += c.length;
+      };
+    },
+    entryEnd() {
+      if (found) done = true;
+    },
+  });
+  const stream = createReadStream(archiveTar, { highWaterMark: 64 * 1024 });
+  try {
+    for await (const chunk of stream as AsyncIterable<Buffer>) {
+      parser.push(chunk);
+      if (done) break;
+    }
+  } finally {
+    stream.destroy();
+  }
+  if (!done) return undefined;
+  try {
+    const v: unknown = JSON.parse(Buffer.concat(chunks, size).toString('utf8'));
+    return typeof v === 'object' && v !== null ? (v as Record<string, unknown>) : undefined;
+  } catch (e) {
+    throw new DormantError(ErrorCode.CHECKPOINT_ARCHIVE_INVALID, 'config.dump in the archive is not JSON', {
+      cause: e,
+      hint: 'the archive is written by `dormant checkpoint export`; export the checkpoint again',
+    });
+  }
+}
+
+/**
+ * The manifest annotations podman reads from a checkpoint image. Only the runtime's name decides
+ * anything (podman's restore refuses an image without it, or made for another runtime); the
+ * rest is what `podman container checkpoint --create-image` records, where config.dump has it.
+ */
+function podmanAnnotations(
+  config: Record<string, unknown> | undefined,
+  name: string,
+): Record<string, string> {
+  const str = (k: string) => (typeof config?.[k] === 'string' ? config[k] : '');
+  const out: Record<string, string> = {
+    [`${PODMAN_CHECKPOINT}.name`]: str('name') || name,
+    // dormant dumps through runc; config.dump says so, and an older archive without it meant runc.
+    [`${PODMAN_CHECKPOINT}.runtime.name`]: str('runtime') || 'runc',
+    [`${PODMAN_CHECKPOINT}.host.arch`]: OCI_ARCH[arch()] ?? arch(),
+  };
+  if (str('rootfsImageID') !== '') out[`${PODMAN_CHECKPOINT}.rootfsImageID`] = str('rootfsImageID');
+  if (str('rootfsImageName') !== '') {
+    out[`${PODMAN_CHECKPOINT}.rootfsImageName`] = str('rootfsImageName');
+    out[`${PODMAN_CHECKPOINT}.rawImageName`] = str('rootfsImageName');
+  }
+  return out;
 }
 
 export interface OciCheckpointOptions {
@@ -108,7 +186,11 @@ export async function writeOciCheckpointImage(
       { created, created_by: `dormant checkpoint export --format oci${opts.encryptFor ? ' --encrypt' : ''}` },
     ],
   });
-  const annotations = { ...opts.annotations, [CRIO_CHECKPOINT_NAME]: opts.containerName };
+  const annotations = {
+    ...opts.annotations,
+    ...podmanAnnotations(await readConfigDump(archiveTar), opts.containerName),
+    [CRIO_CHECKPOINT_NAME]: opts.containerName,
+  };
   const manifest = await putJson(blobs, {
     schemaVersion: 2,
     mediaType: 'application/vnd.oci.image.manifest.v1+json',
