@@ -5,6 +5,7 @@
  * daemon with the local vault. Then a resume after the S3 node's pack cache is emptied: what
  * a resume on another node pays, reading every pack from the bucket.
  */
+import { readFileSync } from 'node:fs';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
@@ -22,6 +23,8 @@ import type { BenchRow, BenchSuite } from './harness.js';
 import { median } from './harness.js';
 
 const MIB = 256;
+/** The kernel's clock ticks per second (USER_HZ), as /proc reports CPU times in. */
+const TICKS_PER_S = 100;
 
 /**
  * Holds MIB MiB of random bytes (nothing for zstd or dedup to save). GET /refill writes new
@@ -133,6 +136,24 @@ function stepMedians(ts: OperationTimings[]): string {
   return [...byStep].map(([step, ms]) => `${step} ${Math.round(median(ms))}`).join(', ');
 }
 
+/** CPU time (user + system) of process `pid` so far, in ms; 0 when it cannot be read. */
+function cpuMsOf(pid: number | undefined): number {
+  if (pid === undefined) return 0;
+  try {
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_S;
+  } catch {
+    return 0;
+  }
+}
+
+/** This process's CPU time so far (the daemons, their seal workers), in ms. */
+function ownCpuMs(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
+}
+
 /** Empties a pack cache folder (the daemon notices missing files and fetches from the bucket). */
 async function clearCache(dir: string): Promise<void> {
   for (const e of await readdir(dir).catch(() => [] as string[]))
@@ -160,7 +181,15 @@ export const s3Suite: BenchSuite = {
       s3: { hibernate: [], resume: [], cold: [] },
     };
     /** Until the resume call returned (processes running, lazy pages still arriving). */
-    const callMs: Record<Side, number[]> = { local: [], s3: [] };
+    const callMs: Record<Side, Record<Op, number[]>> = {
+      local: { hibernate: [], resume: [], cold: [] },
+      s3: { hibernate: [], resume: [], cold: [] },
+    };
+    /** CPU ms of this process (the daemon) and of radosgw during each timed operation. */
+    const cpu: Record<Side, Record<Op, { own: number[]; rgw: number[] }>> = {
+      local: { hibernate: { own: [], rgw: [] }, resume: { own: [], rgw: [] }, cold: { own: [], rgw: [] } },
+      s3: { hibernate: { own: [], rgw: [] }, resume: { own: [], rgw: [] }, cold: { own: [], rgw: [] } },
+    };
     const steps: Record<Side, Record<Op, OperationTimings[]>> = {
       local: { hibernate: [], resume: [], cold: [] },
       s3: { hibernate: [], resume: [], cold: [] },
@@ -217,11 +246,14 @@ export const s3Suite: BenchSuite = {
       const hibernate = async (side: Side, op: Op | undefined): Promise<void> => {
         const d = daemons[side]!;
         const before = snapshot(tally);
+        const [own0, rgw0] = [ownCpuMs(), cpuMsOf(rgw?.pid())];
         const t0 = performance.now();
         await d.controller.hibernate(sb[side].id);
         const took = performance.now() - t0;
         if (op === undefined) return;
         ms[side][op].push(took);
+        cpu[side][op].own.push(ownCpuMs() - own0);
+        cpu[side][op].rgw.push(cpuMsOf(rgw?.pid()) - rgw0);
         const t = d.controller.lastTimings(sb[side].id, 'hibernate');
         if (t) steps[side][op].push(t);
         if (side === 's3') addRequests(op, delta(before, tally));
@@ -230,11 +262,14 @@ export const s3Suite: BenchSuite = {
       const resume = async (side: Side, op: Op): Promise<void> => {
         const d = daemons[side]!;
         const before = snapshot(tally);
+        const [own0, rgw0] = [ownCpuMs(), cpuMsOf(rgw?.pid())];
         const t0 = performance.now();
         await d.controller.resume(sb[side].id);
-        callMs[side].push(performance.now() - t0);
+        callMs[side][op].push(performance.now() - t0);
         const digest = await digestOf(sb[side].host);
         ms[side][op].push(performance.now() - t0);
+        cpu[side][op].own.push(ownCpuMs() - own0);
+        cpu[side][op].rgw.push(cpuMsOf(rgw?.pid()) - rgw0);
         if (digest !== sb[side].digest)
           throw new Error(
             `bench s3: the ${side} sandbox's memory changed across a resume (digest ${digest})`,
@@ -269,7 +304,10 @@ export const s3Suite: BenchSuite = {
         for (const side of sides) await settled(() => resume(side, 'cold'));
       }
       for (const side of sides) {
-        const ck = daemons[side]!.store.listCheckpoints({ sandboxId: sb[side].id })[0];
+        // The last fresh one (the other holds nothing new): the most stored.
+        const ck = daemons[side]!.store.listCheckpoints({ sandboxId: sb[side].id }).sort(
+          (a, b) => b.storedBytes - a.storedBytes,
+        )[0];
         if (ck)
           stored.push(
             `${side}: ${(ck.logicalBytes / 1024 ** 2).toFixed(0)} MiB logical, ${(ck.storedBytes / 1024 ** 2).toFixed(0)} MiB stored`,
@@ -301,9 +339,10 @@ export const s3Suite: BenchSuite = {
       `S3 time as a multiple of the local vault's (goal: at most 1.3x): ${rows.map(ratio).join('; ')}`,
       `the S3 server is ${rgwVersion} (radosgw) with its SQLite dbstore backend on loopback (src/vault/testing/rgw.ts). It gets ranged GETs and multipart uploads wrong, so the daemon's store works around both (docs/VAULT.md): one PUT per object instead of up to 4 parts at once, whole-object GETs instead of ranged ones, a new connection per request. The figures are that fallback's, on a server that shares the 2 cores with the daemon and the sandbox`,
       `every round: new random memory in both sandboxes, then hibernate local, hibernate S3, resume local, resume S3, hibernate both again (nothing new), empty the S3 node's pack cache (<dataDir>/vault/cache), resume local, resume S3; each operation after a 1 s pause. A resume is timed until the sandbox answers the SHA-256 of all its memory, the same digest as before the hibernate (checked every time)`,
-      `until the resume call returned (processes running, lazy pages behind), medians: local ${Math.round(median(callMs.local))} ms, S3 ${Math.round(median(callMs.s3))} ms`,
+      `until the resume call returned (processes running, lazy pages behind), medians: resume local ${Math.round(median(callMs.local.resume))} / S3 ${Math.round(median(callMs.s3.resume))} ms; cold local ${Math.round(median(callMs.local.cold))} / S3 ${Math.round(median(callMs.s3.cold))} ms`,
+      `CPU during each operation, medians (ms; the daemon is this process with its seal workers, CRIU and the sandbox not counted): ${(['hibernate', 'resume', 'cold'] as const).map((op) => `${op} daemon local ${Math.round(median(cpu.local[op].own))} / S3 ${Math.round(median(cpu.s3[op].own))}, radosgw ${Math.round(median(cpu.s3[op].rgw))}`).join('; ')}`,
       `raw times (ms): hibernate local ${round(ms.local.hibernate)} / S3 ${round(ms.s3.hibernate)}; resume local ${round(ms.local.resume)} / S3 ${round(ms.s3.resume)}; cold local ${round(ms.local.cold)} / S3 ${round(ms.s3.cold)}`,
-      ...(stored.length ? [`last checkpoint: ${stored.join('; ')}`] : []),
+      ...(stored.length ? [`a fresh checkpoint: ${stored.join('; ')}`] : []),
       ...(['hibernate', 'resume', 'cold'] as const).flatMap((op) => [
         `${op} steps, median ms: local ${stepMedians(steps.local[op])}; S3 ${stepMedians(steps.s3[op])}`,
         ...(requests[op]
