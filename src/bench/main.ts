@@ -21,6 +21,7 @@ import { templateSuite } from './template.js';
 import { e2bSuite } from './e2b.js';
 import { egressSuite } from './egress.js';
 import { runscSuite } from './runsc.js';
+import { s3Suite } from './s3.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -37,6 +38,7 @@ const SUITES: BenchSuite[] = [
   e2bSuite,
   egressSuite,
   runscSuite,
+  s3Suite,
 ];
 
 async function main(): Promise<void> {

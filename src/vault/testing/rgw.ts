@@ -33,6 +33,8 @@ export interface TestRgw {
   start(): Promise<void>;
   /** The server's log so far. */
   log(): Promise<string>;
+  /** The server's process id while it runs (a benchmark reads its CPU time). */
+  pid(): number | undefined;
   /** Ends the server and removes its folder. */
   stop(): Promise<void>;
 }
@@ -167,6 +169,7 @@ export async function startRgw(opts: { bucket?: string } = {}): Promise<TestRgw>
       halt,
       start,
       log: () => readFile(logFile, 'utf8'),
+      pid: () => child?.pid,
       stop,
     };
   } catch (e) {
