@@ -424,7 +424,10 @@ export class RuncRuntime extends RuncHost implements Runtime {
       try {
         r = await this.runc(id, [...args, id], { ...opts, timeoutMs }, DEFAULTS.checkpointMs);
       } catch (e) {
-        if (!(await this.retryCheckpoint(id, rec, e, attempt, opts.imagesDir, logPath)))
+        if (
+          opts.signal?.aborted === true ||
+          !(await this.retryCheckpoint(id, rec, e, attempt, opts.imagesDir, logPath))
+        )
           throw await this.checkpointError(id, rec, e, { logPath, offset, timeoutMs });
       }
     // runc removed the container; the rootfs is unmounted so the writable layer is at rest
