@@ -7,7 +7,7 @@
  * made to the API from this process, alternated.
  */
 import { spawn } from 'node:child_process';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -39,6 +39,8 @@ export const cliSuite: BenchSuite = {
   async run({ quick }) {
     const loadAtStart = loadavg()[0] ?? 0;
     const dir = await mkdtemp(join(tmpdir(), 'dormant-bench-cli-'));
+    // Searchable by the sandboxes' user namespace (the default), as a data folder's parents must be.
+    await chmod(dir, 0o711);
     const rootfs = join(dir, 'rootfs');
     await buildBusyboxRootfs(rootfs);
     const daemon = await startDaemon({

@@ -5,7 +5,7 @@
  * (POST /v1/sandboxes/ID/commands: an ndjson stream), alternated, into the same sandbox; and a
  * small file read both ways.
  */
-import { mkdtemp, rm, symlink } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, symlink } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startDaemon } from '../daemon/daemon.js';
@@ -22,6 +22,8 @@ export const e2bSuite: BenchSuite = {
     const { Sandbox } = await loadE2bSdk();
     const loadAtStart = loadavg()[0] ?? 0;
     const tmp = await mkdtemp(join(tmpdir(), 'dormant-bench-e2b-'));
+    // Searchable by the sandboxes' user namespace (the default), as a data folder's parents must be.
+    await chmod(tmp, 0o711);
     const rootfs = join(tmp, 'rootfs');
     await buildBusyboxRootfs(rootfs);
     await rm(join(rootfs, 'bin', 'bash'), { force: true });

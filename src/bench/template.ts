@@ -8,7 +8,7 @@
  */
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -68,6 +68,8 @@ export const templateSuite: BenchSuite = {
   async run({ quick }) {
     const loadAtStart = loadavg()[0] ?? 0;
     const tmp = await mkdtemp(join(tmpdir(), 'dormant-bench-template-'));
+    // Searchable by the sandboxes' user namespace (the default), as a data folder's parents must be.
+    await chmod(tmp, 0o711);
     const rootfs = join(tmp, 'rootfs');
     await buildBusyboxRootfs(rootfs);
     await writeFile(join(rootfs, 'srv', 'app.py'), APP_PY);
