@@ -20,17 +20,14 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Daemon } from '../daemon/daemon.js';
 import type { DormantClient } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { run } from '../sys/exec.js';
 import { startTestDaemon, tearDown } from './testing/daemon.js';
 import { eventually } from './testing/host.js';
+import { busyboxImage, installed, podman } from './testing/podman.js';
 
 const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'dormant');
 
-const hasPodman = await run('podman', ['--version'], { timeoutMs: 10_000 }).then(
-  () => true,
-  () => false,
-);
+const hasPodman = await installed('podman');
 
 /**
  * pid 1 waits for /tok, keeps its contents in memory only (the file is removed), then counts
@@ -49,17 +46,9 @@ describe('dormant exports for podman', { skip: hasPodman ? false : 'podman is no
   let daemon: Daemon;
   let client: DormantClient;
 
-  const podman = (args: string[], timeoutMs = 120_000) => run('podman', args, { timeoutMs });
-
   before(async () => {
     dir = await mkdtemp('/tmp/dormant-podman-export-');
-    const rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs);
-    await run('tar', ['-C', rootfs, '-cf', join(dir, 'rootfs.tar'), '.'], { timeoutMs: 60_000 });
-    await podman(['import', join(dir, 'rootfs.tar'), image]);
-    // The same image as an OCI layout, the form dormant takes a base image in.
-    layout = join(dir, 'layout');
-    await podman(['save', '--format', 'oci-dir', '-o', layout, image]);
+    layout = await busyboxImage(dir, image);
     ({ daemon, client } = await startTestDaemon({
       dataDir: join(dir, 'data'),
       proxy: false,

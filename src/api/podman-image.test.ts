@@ -24,19 +24,14 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Daemon } from '../daemon/daemon.js';
 import type { DormantClient } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { run } from '../sys/exec.js';
 import { startTestDaemon, tearDown } from './testing/daemon.js';
 import { eventually } from './testing/host.js';
+import { busyboxImage, installed, podman } from './testing/podman.js';
 
 const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'dormant');
 
-const has = (cmd: string) =>
-  run(cmd, ['--version'], { timeoutMs: 10_000 }).then(
-    () => true,
-    () => false,
-  );
-const missing = !(await has('podman')) ? 'podman' : !(await has('skopeo')) ? 'skopeo' : undefined;
+const missing = !(await installed('podman')) ? 'podman' : !(await installed('skopeo')) ? 'skopeo' : undefined;
 
 /** pid 1 reads /tok into memory, removes it, then counts into /count (see podman-export.test). */
 const COUNTER =
@@ -60,16 +55,9 @@ describe(
     let daemon: Daemon;
     let client: DormantClient;
 
-    const podman = (args: string[], timeoutMs = 120_000) => run('podman', args, { timeoutMs });
-
     before(async () => {
       dir = await mkdtemp('/tmp/dormant-podman-image-');
-      const rootfs = join(dir, 'rootfs');
-      await buildBusyboxRootfs(rootfs);
-      await run('tar', ['-C', rootfs, '-cf', join(dir, 'rootfs.tar'), '.'], { timeoutMs: 60_000 });
-      await podman(['import', join(dir, 'rootfs.tar'), base]);
-      layout = join(dir, 'layout');
-      await podman(['save', '--format', 'oci-dir', '-o', layout, base]);
+      layout = await busyboxImage(dir, base);
       ({ daemon, client } = await startTestDaemon({
         dataDir: join(dir, 'data'),
         proxy: false,

@@ -18,18 +18,15 @@ import { mkdir, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Daemon } from '../daemon/daemon.js';
 import { DormantClient } from '../sdk/client.js';
-import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
 import { run } from '../sys/exec.js';
 import { apiError, startTestDaemon, tearDown } from './testing/daemon.js';
 import { eventually, httpGet } from './testing/host.js';
+import { busyboxImage, installed, podman } from './testing/podman.js';
 import { connect } from 'node:net';
 import type { Field } from '../criu/images/proto.js';
 import { editSub, rewriteImage, rewriteMessage } from '../criu/images/write.js';
 
-const hasPodman = await run('podman', ['--version'], { timeoutMs: 10_000 }).then(
-  () => true,
-  () => false,
-);
+const hasPodman = await installed('podman');
 
 /** What a TCP listener sends on connect, until it closes. */
 function readAll(host: string, port: number): Promise<string> {
@@ -54,17 +51,9 @@ describe('podman checkpoints', { skip: hasPodman ? false : 'podman is not instal
   let client: DormantClient;
   let counterArchive: string | undefined;
 
-  const podman = (args: string[], timeoutMs = 120_000) => run('podman', args, { timeoutMs });
-
   before(async () => {
     dir = await mkdtemp('/tmp/dormant-podman-');
-    const rootfs = join(dir, 'rootfs');
-    await buildBusyboxRootfs(rootfs);
-    await run('tar', ['-C', rootfs, '-cf', join(dir, 'rootfs.tar'), '.'], { timeoutMs: 60_000 });
-    await podman(['import', join(dir, 'rootfs.tar'), image]);
-    // The same image as an OCI layout, the form dormant takes a base image in.
-    layout = join(dir, 'layout');
-    await podman(['save', '--format', 'oci-dir', '-o', layout, image]);
+    layout = await busyboxImage(dir, image);
     await run('ip', ['netns', 'add', netns], { timeoutMs: 10_000 });
     await run('ip', ['-n', netns, 'link', 'set', 'lo', 'up'], { timeoutMs: 10_000 });
     ({ daemon, client } = await startTestDaemon({
