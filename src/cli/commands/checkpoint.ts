@@ -170,10 +170,20 @@ export function registerCheckpoint(program: Command): void {
     .option('--json', 'print JSON')
     .action(async (ref, o) => {
       const r = (await isLocalRef(ref))
-        ? await withLocal(ref, async (c) => (await import('../../checkpoint/scan.js')).scanCheckpoint(c), {
-            // The scan reads the pages only through readPages: no copy of them in staging.
-            pagesInPlace: true,
-          })
+        ? await withLocal(
+            ref,
+            async (c) => {
+              const { scanCheckpoint } = await import('../../checkpoint/scan.js');
+              const { defaultScanWorkers } = await import('../../checkpoint/scan-pool.js');
+              // The workers keep a daemon's thread free; the CLI's has nothing else to do, and
+              // one worker alone scans slower than the calling thread (docs/BENCHMARKS.md).
+              return scanCheckpoint(c, defaultScanWorkers() > 1 ? {} : { workers: 0 });
+            },
+            {
+              // The scan reads the pages only through readPages: no copy of them in staging.
+              pagesInPlace: true,
+            },
+          )
         : ((await clientFromEnv().scanCheckpoint(ref)) as unknown as ScanReport);
       if (o.json) printJson(r);
       else printScan(r);
