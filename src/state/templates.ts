@@ -25,13 +25,13 @@ export interface TemplateRecord {
 
 export interface TemplateStore {
   /** Throws TEMPLATE_NAME_TAKEN when the tenant already has a template of that name. */
-  insertTemplate(t: TemplateRecord): void;
-  getTemplate(id: string): TemplateRecord | undefined;
+  insertTemplate(t: TemplateRecord): Promise<void>;
+  getTemplate(id: string): Promise<TemplateRecord | undefined>;
   /** The tenant's own and every public template (undefined: every template), oldest first. */
-  listTemplates(tenant?: string): TemplateRecord[];
-  setTemplatePublic(id: string, isPublic: boolean): void;
+  listTemplates(tenant?: string): Promise<TemplateRecord[]>;
+  setTemplatePublic(id: string, isPublic: boolean): Promise<void>;
   /** False when it was not there. */
-  deleteTemplate(id: string): boolean;
+  deleteTemplate(id: string): Promise<boolean>;
 }
 
 /** The table, appended to the store's migrations. */
