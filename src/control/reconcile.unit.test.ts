@@ -61,7 +61,7 @@ for (const sc of SCENARIOS) {
           await untilCrashed(w, op);
           await w.restart();
           await w.assertConsistent(what);
-          const id = sc.find ? sc.find(w) : source;
+          const id = sc.find ? await sc.find(w) : source;
           const s = id !== undefined ? w.db.getSandbox(id) : undefined;
           if (s && sc.from !== 'none')
             assert.notEqual(s.state, 'failed', `${what}: the sandbox is not failed (${String(s.lastError)})`);
