@@ -62,7 +62,7 @@ async function touchKeepingLease(controller: TrackingController, clock: Clock, i
   if (s.lastActiveAt < clock.now()) await controller.touch(id);
 }
 
-function wakeTarget(controller: TrackingController, store: StateStore, clock: Clock): WakeTarget {
+export function wakeTarget(controller: TrackingController, store: StateStore, clock: Clock): WakeTarget {
   // The proxy looks a sandbox up on every request, and a SQLite read costs tens of µs here:
   // what was read stays good until the store changes a sandbox, and is answered at once. A
   // store that other processes write too (no sandboxVersion) is read every time.

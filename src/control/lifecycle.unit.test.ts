@@ -92,7 +92,7 @@ async function happyCalls(sc: Scenario): Promise<string[]> {
   assert.equal(out.error, undefined, `${sc.name}: ${String(out.error?.stack)}`);
   // The operation's calls only, not those of the checks below.
   const calls = [...faults.calls];
-  const s = w.db.getSandbox(out.id!);
+  const s = await w.db.getSandbox(out.id!);
   assert.equal(s?.state ?? 'deleting', sc.to, `${sc.name}: ends ${sc.to}`);
   await w.assertConsistent(sc.name);
   await assertUserData(w, sc, source, out.id, sc.name);
@@ -116,7 +116,7 @@ for (const sc of SCENARIOS) {
           const source = await sc.setup(w);
           w.resetFaults().atCall(k);
           const out = await runOp(w, sc, source);
-          const s = out.id !== undefined ? w.db.getSandbox(out.id) : undefined;
+          const s = out.id !== undefined ? await w.db.getSandbox(out.id) : undefined;
           const state = s?.state ?? (sc.to === 'deleting' && out.error === undefined ? 'deleting' : 'none');
           if (out.error) {
             assert.ok(
@@ -187,11 +187,11 @@ describe('a failed checkpoint that ends the sandbox (as gVisor does)', () => {
     assert.equal(e.code, 'HIBERNATE_FAILED');
     assert.match(e.message, /the sandbox ended/);
     assert.match(e.message, new RegExp(`previous checkpoint ${ck1!}, which a resume restores`));
-    const after = w.controller.get(s.id);
+    const after = await w.controller.get(s.id);
     assert.equal(after.state, 'hibernated', 'not recorded running: its processes are gone');
     assert.equal(after.checkpointId, ck1);
     assert.match(after.lastError ?? '', /the sandbox ended/);
-    const last = w.db.transitions({ sandboxId: s.id }).at(-1)!;
+    const last = (await w.db.transitions({ sandboxId: s.id })).at(-1)!;
     assert.deepEqual(
       [last.from, last.to, last.reason],
       ['hibernating', 'hibernated', 'hibernate failed: the sandbox ended'],
@@ -214,12 +214,12 @@ describe('a failed checkpoint that ends the sandbox (as gVisor does)', () => {
     const e = await rejection(w.controller.hibernate(s.id));
     assert.equal(e.code, 'HIBERNATE_FAILED');
     assert.match(e.message, /the sandbox ended.*archived on its files/);
-    assert.equal(w.controller.get(s.id).state, 'archived');
+    assert.equal((await w.controller.get(s.id)).state, 'archived');
     await w.assertConsistent('after the ended hibernate');
 
     w.resetFaults();
     await w.controller.resume(s.id);
-    assert.equal(w.controller.get(s.id).state, 'running');
+    assert.equal((await w.controller.get(s.id)).state, 'running');
     assert.equal(await w.exec(s.id, 'cat', 'notes/a.txt'), 'file v1', 'its files kept');
   });
 });

@@ -511,7 +511,7 @@ describe('schema version guard', () => {
       for (const m of MIGRATIONS.slice(0, was)) o.exec(m);
       o.pragma(`user_version = ${was}`);
       o.close();
-      new SqliteStateStore(older).close();
+      await new SqliteStateStore(older).close();
       const bak = new Database(`${older}.v${was}.bak`, { readonly: true });
       assert.equal(
         bak.pragma('user_version', { simple: true }),
