@@ -60,13 +60,14 @@ function notFound(ref: string): DormantError {
 /**
  * The template `ref` (id or name) as `tenant` sees it: its own first, then a public one of
  * that name (a tenant's own name shadows a public one). An admin (tenant undefined) sees all.
+ * Read through `store` (a transaction's) when given.
  */
 export async function resolveTemplate(
   ctx: LifecycleContext,
   ref: string,
   tenant: string | undefined,
+  store: TemplateStore = templateStore(ctx),
 ): Promise<TemplateRecord> {
-  const store = templateStore(ctx);
   const visible = (t: TemplateRecord): boolean => tenant === undefined || t.tenant === tenant || t.public;
   if (TEMPLATE_ID.test(ref)) {
     const t = await store.getTemplate(ref);
@@ -88,12 +89,13 @@ export async function listTemplates(
 }
 
 /** A public name is one name for every tenant: two tenants' public templates never share it. */
-async function checkPublicName(ctx: LifecycleContext, name: string, exceptId?: string): Promise<void> {
-  if (
-    (await templateStore(ctx).listTemplates(undefined)).some(
-      (t) => t.public && t.name === name && t.id !== exceptId,
-    )
-  )
+async function checkPublicName(
+  ctx: LifecycleContext,
+  name: string,
+  exceptId?: string,
+  store: TemplateStore = templateStore(ctx),
+): Promise<void> {
+  if ((await store.listTemplates(undefined)).some((t) => t.public && t.name === name && t.id !== exceptId))
     throw new DormantError(ErrorCode.TEMPLATE_NAME_TAKEN, `a public template named ${name} already exists`);
 }
 
@@ -313,8 +315,14 @@ export async function publishTemplate(
   ref: string,
   isPublic: boolean,
 ): Promise<TemplateRecord> {
-  const tpl = await resolveTemplate(ctx, ref, undefined);
-  if (isPublic) await checkPublicName(ctx, tpl.name, tpl.id);
-  await templateStore(ctx).setTemplatePublic(tpl.id, isPublic);
-  return { ...tpl, public: isPublic };
+  templateStore(ctx); // TEMPLATES_UNAVAILABLE before the transaction
+  // The check and the change in one transaction: two templates of one name published at
+  // once must not both pass the check.
+  return ctx.store.atomically(async (tx) => {
+    const store = tx.templates();
+    const tpl = await resolveTemplate(ctx, ref, undefined, store);
+    if (isPublic) await checkPublicName(ctx, tpl.name, tpl.id, store);
+    await store.setTemplatePublic(tpl.id, isPublic);
+    return { ...tpl, public: isPublic };
+  });
 }
