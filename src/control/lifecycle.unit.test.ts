@@ -10,6 +10,7 @@ import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { World, rejection } from './testing/world.js';
+import { Crashed, Faults, InjectedFault, faultyStore, memoryStore } from './testing/fakes.js';
 import { SCENARIOS, assertUserData, runOp, type Scenario } from './testing/scenarios.js';
 
 /**
@@ -221,5 +222,38 @@ describe('a failed checkpoint that ends the sandbox (as gVisor does)', () => {
     await w.controller.resume(s.id);
     assert.equal((await w.controller.get(s.id)).state, 'running');
     assert.equal(await w.exec(s.id, 'cat', 'notes/a.txt'), 'file v1', 'its files kept');
+  });
+});
+
+describe("the fake store's transactions", () => {
+  test('a fault at a call inside atomically rolls back what the transaction wrote before it; a crash there too', async () => {
+    const db = memoryStore();
+    const faults = new Faults();
+    const store = faultyStore(db, faults);
+    // A sandbox record to write: one a world made.
+    const w = await World.make();
+    worlds.push(w);
+    const box = await w.createSandbox('model');
+    const copy = { ...box, id: 'sb-tx00000000000001', name: 'copy' };
+    faults.on('store.transition');
+    const e = await rejection(
+      store.atomically(async (tx) => {
+        await tx.insertSandbox(copy, 'create');
+        await tx.transition(copy.id, copy.state, 'paused', 'pause', 2);
+      }),
+    );
+    assert.ok(e instanceof InjectedFault, String(e));
+    assert.equal(await db.getSandbox(copy.id), undefined, 'the insert before the fault rolled back');
+    assert.deepEqual(faults.calls, ['store.atomically', 'store.insertSandbox', 'store.transition']);
+
+    faults.on('store.insertSandbox', { kind: 'crash' });
+    assert.ok(
+      (await rejection(store.atomically(async (tx) => tx.insertSandbox(copy, 'create')))) instanceof Crashed,
+    );
+    assert.equal(await db.getSandbox(copy.id), undefined, "a dead daemon's transaction does not commit");
+    // The same database serves the restarted daemon: no transaction was left open.
+    await db.insertSandbox(copy, 'create');
+    assert.equal((await db.getSandbox(copy.id))?.name, 'copy');
+    await db.close();
   });
 });
