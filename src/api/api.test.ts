@@ -143,7 +143,7 @@ describe('the HTTP API', () => {
     );
     assert.ok(!list.text.includes(alice), 'the token itself is never shown again');
     assert.ok(
-      !daemon.store.listTokens().some((t) => t.hash === alice || t.hash.includes(alice.slice(4))),
+      !(await daemon.store.listTokens()).some((t) => t.hash === alice || t.hash.includes(alice.slice(4))),
       'only a hash is stored',
     );
 

@@ -64,10 +64,7 @@ test('cost report on a real run agrees with the cgroups and with vault stats', a
   // Samples taken by the meter, compared with the cgroup read at the same moment.
   await daemon.meter.sample();
   const cg = await cgroupUsage(`/dormant/${sleeper.id}`);
-  const sampled = daemon.store
-    .samples()
-    .filter((s) => s.sandboxId === sleeper.id)
-    .at(-1)!;
+  const sampled = (await daemon.store.samples()).filter((s) => s.sandboxId === sleeper.id).at(-1)!;
   assert.ok(cg && cg.memoryBytes > 48 * 1024 * 1024);
   assert.ok(
     Math.abs(sampled.memoryBytes - cg.memoryBytes) / cg.memoryBytes < 0.05,
@@ -98,9 +95,10 @@ test('cost report on a real run agrees with the cgroups and with vault stats', a
   // Storage: what the report charges for is what the vault says it stores for the tenant.
   const stats = await daemon.vault.stats();
   const vaultStored = stats.total.storedBytes;
-  const recorded = daemon.store
-    .listCheckpoints({ sandboxId: sleeper.id })
-    .reduce((n, c) => n + c.storedBytes, 0);
+  const recorded = (await daemon.store.listCheckpoints({ sandboxId: sleeper.id })).reduce(
+    (n, c) => n + c.storedBytes,
+    0,
+  );
   assert.ok(vaultStored > 0);
   assert.ok(
     Math.abs(recorded - vaultStored) / vaultStored < 0.1,

@@ -183,7 +183,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
 
   /** Vault checkpoints with no database record: data nobody can reach or delete. */
   async function unrecorded(daemon: Daemon): Promise<string[]> {
-    const known = new Set(daemon.store.listCheckpoints({}).map((c) => c.id));
+    const known = new Set((await daemon.store.listCheckpoints({})).map((c) => c.id));
     return (await daemon.vault.listCheckpoints({})).map((c) => c.checkpointId).filter((id) => !known.has(id));
   }
 
@@ -283,7 +283,7 @@ describe('crash at every step: a restarted daemon loses nothing and leaves nothi
       assert.equal(s.state, 'hibernated', 'back to its checkpoint, not running on pages that never come');
       assert.equal(s.checkpointId, ck);
       assert.match(s.lastError ?? '', /lazy restore/);
-      const last = daemon.store.transitions({ sandboxId: sb.id }).at(-1)!;
+      const last = (await daemon.store.transitions({ sandboxId: sb.id })).at(-1)!;
       assert.equal(last.to, 'hibernated');
       assert.match(last.reason, /reconcile after restart: .*lazy restore/);
       assert.deepEqual(sandboxProcesses(sb.id), [], 'its processes were ended');

@@ -49,7 +49,8 @@ describe('egress changed after create, and on import', () => {
     return r.exitCode === 0;
   };
 
-  const events = (id: string): string[] => daemon!.store.transitions({ sandboxId: id }).map((t) => t.reason);
+  const events = async (id: string): Promise<string[]> =>
+    (await daemon!.store.transitions({ sandboxId: id })).map((t) => t.reason);
 
   test('a running sandbox follows a new policy at once: none closes it, internet opens it, a list that leaves the host out closes it', async () => {
     const sb = await client.createSandbox({ name: 'running', rootfs, command: LOOP, memory: '64M' });
@@ -69,7 +70,7 @@ describe('egress changed after create, and on import', () => {
       'api.egress.test',
     );
     assert.ok(await reaches(sb), 'a list with its name');
-    assert.ok(events(sb.id).includes('update: egress none'), events(sb.id).join('\n'));
+    assert.ok((await events(sb.id)).includes('update: egress none'), (await events(sb.id)).join('\n'));
     await client.remove(sb.id);
   });
 

@@ -84,7 +84,7 @@ describe('faults: a failed hibernate keeps the sandbox; a damaged checkpoint is 
 
   after(async () => {
     for (const d of daemons) {
-      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+      for (const s of await d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
     }
     // Unmount before the daemons wipe their staging folders (a mount point cannot be removed).
     for (const m of [...mounts].reverse())

@@ -159,9 +159,9 @@ describe('GPU sandboxes', () => {
     // Later passes look again but do not repeat the note.
     clock.t += 2 * M;
     await loop.tick();
-    const notes = daemon.store
-      .transitions({ sandboxId: held.id })
-      .filter((t) => t.from === 'running' && t.to === 'running');
+    const notes = (await daemon.store.transitions({ sandboxId: held.id })).filter(
+      (t) => t.from === 'running' && t.to === 'running',
+    );
     assert.equal(notes.length, 1);
     assert.match(notes[0]!.reason, /^policy: idle 15m; not hibernated: sandbox \S+ holds GPU state/);
     await client.remove(fsOnly.id);
@@ -224,7 +224,7 @@ describe('GPU sandboxes', () => {
     const h = await client.hibernate(s.id);
     assert.equal(h.state, 'hibernated');
     assert.deepEqual(steps, [`lock ${holder.pid}`, `checkpoint ${holder.pid}`]);
-    const ck = daemon.store.listCheckpoints({ sandboxId: s.id })[0]!;
+    const ck = (await daemon.store.listCheckpoints({ sandboxId: s.id }))[0]!;
     assert.deepEqual((ck.meta as { gpu: unknown }).gpu, { ...H200, nsPids: [holder.nsPid] });
 
     steps.length = 0;

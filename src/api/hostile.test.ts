@@ -127,7 +127,7 @@ describe('hostile input at the API edges', () => {
     // A fork's name: the source is looked up first (404), then the name is checked.
     const fork = await api('POST', '/v1/sandboxes/nope/fork', { name: '../x' });
     assert.ok([400, 404].includes(fork.status), `fork name: ${fork.status}`);
-    assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
+    assert.deepEqual(await daemon.controller.list(), [], 'no sandbox was created');
   });
 
   test("a tenant's rootfs and image paths outside the allowed folders are 403, bad ones 400", async () => {
@@ -173,7 +173,7 @@ describe('hostile input at the API edges', () => {
         re,
       );
     }
-    assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
+    assert.deepEqual(await daemon.controller.list(), [], 'no sandbox was created');
     // Inside the allowed folder a tenant's rootfs works; an admin may name any folder.
     const mine = await api('POST', '/v1/sandboxes', { rootfs, command: ['sleep', '1000'] }, tenantToken);
     assert.equal(mine.status, 201, mine.text);
@@ -211,7 +211,7 @@ describe('hostile input at the API edges', () => {
     // Not an archive at all: the archive reader's own error, nothing created.
     const r = await api('POST', '/v1/checkpoints/import', { archive: join(allowed, 'a-file') }, tenantToken);
     refused(r, 'a text file', 422, 'CHECKPOINT_ARCHIVE_INVALID');
-    assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
+    assert.deepEqual(await daemon.controller.list(), [], 'no sandbox was created');
   });
 
   test('NUL bytes in paths, arguments and environment are refused, not a 500', async (t) => {
@@ -239,7 +239,7 @@ describe('hostile input at the API edges', () => {
       );
     }
     // A create that failed in runc leaves a `failed` sandbox: remove it.
-    for (const x of daemon.controller.list()) await api('DELETE', `/v1/sandboxes/${x.id}`);
+    for (const x of await daemon.controller.list()) await api('DELETE', `/v1/sandboxes/${x.id}`);
   });
 
   test('a symlink inside an allowed folder that points outside it is refused', async (t) => {
@@ -320,7 +320,7 @@ describe('hostile input at the API edges', () => {
     assert.equal(errorOf(text).code, text.status === 415 ? 'UNSUPPORTED_MEDIA_TYPE' : 'INVALID_ARGUMENT');
     const exec = await api('POST', '/v1/sandboxes/nope/exec', { command: [] });
     assert.ok([400, 404].includes(exec.status), `exec with no command: ${exec.status}`);
-    assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
+    assert.deepEqual(await daemon.controller.list(), [], 'no sandbox was created');
     assert.equal((await api('GET', '/v1/health', undefined, undefined)).status, 200, 'still serving');
   });
 

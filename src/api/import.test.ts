@@ -162,7 +162,7 @@ describe('checkpoint import and export', () => {
     await nothingLeft(before);
     const c = await client.importCheckpoint({ archive: exported, name: 'from-held-image' });
     assert.equal(c.state, 'hibernated');
-    const src = daemon.controller.get(c.id).spec.source;
+    const src = (await daemon.controller.get(c.id)).spec.source;
     assert.equal(src.kind === 'image' ? src.path : '', layout, 'the image the source sandbox was made from');
     await client.remove(c.id);
   });
@@ -375,7 +375,7 @@ describe('checkpoint import and export', () => {
     // An imported checkpoint is checked again before it is restored (one imported before the
     // check existed): the same edit made to a copy of it in the vault is refused at resume,
     // the sandbox stays hibernated, nothing of the attempt is left running.
-    const good = daemon.store.getCheckpoint(daemon.controller.get(ok.id).checkpointId!)!;
+    const good = (await daemon.store.getCheckpoint((await daemon.controller.get(ok.id)).checkpointId!))!;
     const copy = join(dir, 'vault-copy');
     await daemon.vault.restoreCheckpoint({ tenant: good.tenant, checkpointId: good.id, destDir: copy });
     await writeFile(join(copy, 'core-1.img'), allCapsNoNewPrivs(await readFile(join(copy, 'core-1.img'))));
@@ -388,7 +388,7 @@ describe('checkpoint import and export', () => {
       meta: Object.fromEntries(Object.entries(good.meta).map(([k, v]) => [k, String(v)])),
     });
     await rm(copy, { recursive: true, force: true });
-    daemon.store.insertCheckpoint({ ...good, id: badId, ...put });
+    await daemon.store.insertCheckpoint({ ...good, id: badId, ...put });
     // What a hibernated sandbox keeps on the host (its network, its log collector).
     const kept = leftovers(ok.id)
       .map((l) => l.replace(/^process \d+: /, 'process: '))
@@ -399,7 +399,7 @@ describe('checkpoint import and export', () => {
     );
     assert.ok(isDormantError(atResume, 'CHECKPOINT_OUTSIDE_PROFILE'), String(atResume));
     assert.match(atResume.message, /CAP_SYS_ADMIN/);
-    assert.equal(daemon.controller.get(ok.id).state, 'hibernated');
+    assert.equal((await daemon.controller.get(ok.id)).state, 'hibernated');
     assert.deepEqual(
       leftovers(ok.id)
         .map((l) => l.replace(/^process \d+: /, 'process: '))

@@ -290,7 +290,7 @@ test('a daemon shut down while pages stream in from the vault waits for them: th
   assert.deepEqual(lazyPagesOf(sb.id), [], 'the lazy-pages daemon finished before the daemon closed');
   assert.equal(await serve(sb), `2 ${digest}`, 'memory intact');
   const { daemon: again } = await open({ dataDir: data, pagesFromVaultAboveBytes: 0 });
-  assert.equal(again.controller.get(sb.id).state, 'running');
+  assert.equal((await again.controller.get(sb.id)).state, 'running');
   await again.controller.remove(sb.id);
 });
 
@@ -323,7 +323,7 @@ test('the lazy-pages daemon dies while pages stream in: the sandbox goes back to
   }
   assert.ok(back, 'the lazy-pages daemon was caught copying in one of three resumes');
   assert.match(back.lastError ?? '', /lazy restore failed/);
-  const last = daemon.store.transitions({ sandboxId: sb.id }).at(-1)!;
+  const last = (await daemon.store.transitions({ sandboxId: sb.id })).at(-1)!;
   assert.deepEqual([last.from, last.to], ['running', 'hibernated']);
   assert.match(last.reason, /lazy restore failed, back to its checkpoint/);
   assert.deepEqual(sandboxProcesses(sb.id), [], 'its processes, waiting on pages, were ended');

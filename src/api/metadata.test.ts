@@ -171,7 +171,7 @@ describe('sandbox metadata through the daemon', () => {
     assert.deepEqual(await listed({ label: 'tier=gold' }), []);
     assert.deepEqual(await listed({ label: 'tier=silver' }), [gold.id]);
     assert.equal(s.state, 'running');
-    const events = daemon.store.transitions({ sandboxId: gold.id }).map((t) => t.reason);
+    const events = (await daemon.store.transitions({ sandboxId: gold.id })).map((t) => t.reason);
     assert.ok(
       events.some((r) => /^update: .*labels \+tier -app\.example\.com\/part/.test(r)),
       events.join('\n'),
@@ -193,7 +193,7 @@ describe('sandbox metadata through the daemon', () => {
     assert.equal(s.policy.hibernateAfterMs, 1000);
     const slept = await untilState(client, plain.id, 'hibernated', 30_000);
     assert.ok(slept.checkpointId, 'hibernated by the policy loop, with a checkpoint');
-    const reasons = daemon.store.transitions({ sandboxId: plain.id }).map((t) => t.reason);
+    const reasons = (await daemon.store.transitions({ sandboxId: plain.id })).map((t) => t.reason);
     assert.ok(reasons.includes('update: idle 1s'), reasons.join('\n'));
     assert.deepEqual((await client.updateSandbox(plain.id, { idle: null })).policy, {});
   });

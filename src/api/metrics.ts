@@ -48,9 +48,9 @@ export function registerMetrics(app: FastifyInstance, opts: MetricsOptions): Reg
     help: 'Sandboxes by state',
     labelNames: ['state'] as const,
     registers: [registry],
-    collect() {
+    async collect() {
       const counts = new Map<string, number>(STATES.map((s) => [s, 0]));
-      for (const s of store.listSandboxes()) counts.set(s.state, (counts.get(s.state) ?? 0) + 1);
+      for (const s of await store.listSandboxes()) counts.set(s.state, (counts.get(s.state) ?? 0) + 1);
       for (const [state, n] of counts) this.set({ state }, n);
     },
   });
@@ -60,7 +60,7 @@ export function registerMetrics(app: FastifyInstance, opts: MetricsOptions): Reg
     registers: [registry],
     async collect() {
       let total = 0;
-      for (const s of store.listSandboxes()) {
+      for (const s of await store.listSandboxes()) {
         if (s.state !== 'running' && s.state !== 'paused') continue;
         // A sandbox that stops or goes between the list and the read holds nothing: 0 is right.
         total += (await controller.usage(s.id).catch(() => undefined))?.memoryBytes ?? 0;
@@ -98,12 +98,16 @@ export function registerMetrics(app: FastifyInstance, opts: MetricsOptions): Reg
     buckets: DURATION_BUCKETS,
     registers: [registry],
   });
-  let cursor = store.transitions({ limit: 1_000_000 }).at(-1)?.id ?? 0;
+  // Transitions since the daemon started: counted from after the newest one on record then.
+  const start = store.transitions({ limit: 1_000_000 }).then((all) => all.at(-1)?.id ?? 0);
+  start.catch(() => undefined); // told by the first scrape, which waits for it
+  let cursor: number | undefined;
   /** When each sandbox entered its current in-between state (hibernating, resuming). */
   const entered = new Map<string, number>();
-  const fold = (): void => {
+  const foldOnce = async (): Promise<void> => {
+    cursor ??= await start;
     for (;;) {
-      const batch = store.transitions({ sinceId: cursor, limit: 1000 });
+      const batch = await store.transitions({ sinceId: cursor, limit: 1000 });
       for (const t of batch) {
         cursor = t.id;
         transitions.inc({ from: t.from ?? 'none', to: t.to });
@@ -117,6 +121,13 @@ export function registerMetrics(app: FastifyInstance, opts: MetricsOptions): Reg
       }
       if (batch.length < 1000) return;
     }
+  };
+  // One fold at a time: two scrapes folding the same batch would count it twice.
+  let folded: Promise<void> = Promise.resolve();
+  const fold = (): Promise<void> => {
+    const run = folded.then(foldOnce);
+    folded = run.catch(() => undefined);
+    return run;
   };
 
   const requests = new Counter({
@@ -141,7 +152,7 @@ export function registerMetrics(app: FastifyInstance, opts: MetricsOptions): Reg
 
   app.get('/metrics', async (req, reply) => {
     requireAdmin(req, 'reading metrics');
-    fold();
+    await fold();
     const text = await registry.metrics();
     return reply.type(registry.contentType).send(text);
   });

@@ -26,7 +26,7 @@ export function registerCheckpointRoutes(app: FastifyInstance, opts: CheckpointR
     const p = Params.safeParse(req.params);
     if (!p.success) throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'bad checkpoint id');
     const id = p.data.id;
-    const c = opts.store.getCheckpoint(id);
+    const c = await opts.store.getCheckpoint(id);
     if (!c || (!req.principal.admin && c.tenant !== req.principal.tenant))
       throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no checkpoint ${id}`);
     if (c.kind !== 'memory')

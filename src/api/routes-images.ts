@@ -30,12 +30,12 @@ export function registerImageRoutes(app: FastifyInstance, images: ImageService):
   });
 
   app.get('/v1/registries', async (req) => ({
-    registries: images.logins(req.principal.admin ? undefined : req.principal.tenant).map(loginView),
+    registries: (await images.logins(req.principal.admin ? undefined : req.principal.tenant)).map(loginView),
   }));
 
   app.delete('/v1/registries/:host', async (req, reply) => {
     const { host } = parse(RegistryHostParams, req.params, 'path');
-    images.logout(req.principal.tenant, host);
+    await images.logout(req.principal.tenant, host);
     return reply.status(204).send();
   });
 

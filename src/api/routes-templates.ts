@@ -21,8 +21,11 @@ import { parse, sourceAndLimits } from './validate.js';
 
 const Params = z.object({ id: z.string().min(1).max(128) });
 
-export function templateView(t: TemplateRecord, store: Pick<StateStore, 'getCheckpoint'>): TemplateView {
-  const ck = store.getCheckpoint(t.checkpointId);
+export async function templateView(
+  t: TemplateRecord,
+  store: Pick<StateStore, 'getCheckpoint'>,
+): Promise<TemplateView> {
+  const ck = await store.getCheckpoint(t.checkpointId);
   return {
     id: t.id,
     name: t.name,
@@ -75,22 +78,24 @@ export function registerTemplateRoutes(
           }
         : {}),
     });
-    return reply.status(201).send(templateView(t, store));
+    return reply.status(201).send(await templateView(t, store));
   });
 
   app.get('/v1/templates', async (req) => ({
-    templates: controller.listTemplates(scope(req)).map((t) => templateView(t, store)),
+    templates: await Promise.all(
+      (await controller.listTemplates(scope(req))).map((t) => templateView(t, store)),
+    ),
   }));
 
   app.get('/v1/templates/:id', async (req) =>
-    templateView(controller.getTemplate(ref(req), scope(req)), store),
+    templateView(await controller.getTemplate(ref(req), scope(req)), store),
   );
 
   app.patch('/v1/templates/:id', async (req) => {
     if (!req.principal.admin)
       throw new DormantError(ErrorCode.FORBIDDEN, 'only an admin token publishes a template to every tenant');
     const b = parse(PublishTemplateBody, req.body, 'request body');
-    return templateView(controller.publishTemplate(ref(req), b.public), store);
+    return templateView(await controller.publishTemplate(ref(req), b.public), store);
   });
 
   // Idempotent, as DELETE /v1/sandboxes/{id}: a template already gone is what was asked for.

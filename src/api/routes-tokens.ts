@@ -41,34 +41,38 @@ export function registerTokenRoutes(app: FastifyInstance, opts: TokenRouteOption
     // An E2B-format key (`e2b_` + hex) for E2B's SDK: the same token otherwise (e2b/front.ts).
     const token = b.e2b ? newE2bKey() : newToken();
     const row: TokenRow = { hash: hashToken(token), tenant: b.tenant, admin: b.admin, createdAt: Date.now() };
-    store.insertToken(row);
+    await store.insertToken(row);
     return reply.status(201).send({ ...tokenView(row), token });
   });
 
   app.get('/v1/tokens', async (req) => {
     requireAdmin(req, 'listing tokens');
-    return { tokens: store.listTokens().map(tokenView) };
+    return { tokens: (await store.listTokens()).map(tokenView) };
   });
 
   app.delete('/v1/tokens/:id', async (req) => {
     requireAdmin(req, 'revoking a token');
     const { id } = parse(TokenIdParams, req.params, 'path');
-    const all = store.listTokens();
-    const matches = all.filter((t) => t.hash.startsWith(id.toLowerCase()));
-    if (matches.length === 0) throw new DormantError(ErrorCode.TOKEN_NOT_FOUND, `no token ${id}`);
-    if (matches.length > 1)
-      throw new DormantError(ErrorCode.INVALID_ARGUMENT, `token id ${id} is ambiguous`, {
-        hint: `give more of the id (${TOKEN_ID_LENGTH} hex digits)`,
-      });
-    const t = matches[0]!;
-    if (
-      t.admin &&
-      t.revokedAt === undefined &&
-      all.filter((x) => x.admin && x.revokedAt === undefined).length === 1
-    )
-      throw new DormantError(ErrorCode.LAST_ADMIN_TOKEN, `token ${id} is the last admin token`);
-    // Revoking twice is not an error: the token is revoked either way.
-    store.revokeToken(t.hash, Date.now());
-    return tokenView(store.listTokens().find((x) => x.hash === t.hash) ?? t);
+    // The check and the revoke in one transaction: two admins revoked at once must not both
+    // pass the last-admin check.
+    return store.atomically(async (tx) => {
+      const all = await tx.listTokens();
+      const matches = all.filter((t) => t.hash.startsWith(id.toLowerCase()));
+      if (matches.length === 0) throw new DormantError(ErrorCode.TOKEN_NOT_FOUND, `no token ${id}`);
+      if (matches.length > 1)
+        throw new DormantError(ErrorCode.INVALID_ARGUMENT, `token id ${id} is ambiguous`, {
+          hint: `give more of the id (${TOKEN_ID_LENGTH} hex digits)`,
+        });
+      const t = matches[0]!;
+      if (
+        t.admin &&
+        t.revokedAt === undefined &&
+        all.filter((x) => x.admin && x.revokedAt === undefined).length === 1
+      )
+        throw new DormantError(ErrorCode.LAST_ADMIN_TOKEN, `token ${id} is the last admin token`);
+      // Revoking twice is not an error: the token is revoked either way.
+      await tx.revokeToken(t.hash, Date.now());
+      return tokenView((await tx.listTokens()).find((x) => x.hash === t.hash) ?? t);
+    });
   });
 }

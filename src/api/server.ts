@@ -230,7 +230,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   app.addHook('onRequest', async (req) => {
     const path = req.url.split('?')[0] ?? '';
     if (unauthenticated.has(path) || isDashboardPath(path)) return;
-    const p = authenticate(req.headers.authorization, store.listTokens());
+    const p = authenticate(req.headers.authorization, await store.listTokens());
     Object.defineProperty(req, 'principal', { value: p });
   });
 
@@ -239,8 +239,8 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     req.principal.admin ? undefined : req.principal.tenant;
 
   /** The sandbox id of a route's :id, which may also be the sandbox's name. 404 if not visible. */
-  const sandboxId = (req: FastifyRequest): string =>
-    controller.get(parse(IdParams, req.params, 'path').id, scope(req)).id;
+  const sandboxId = async (req: FastifyRequest): Promise<string> =>
+    (await controller.get(parse(IdParams, req.params, 'path').id, scope(req))).id;
 
   app.get('/v1/health', async () => ({ ok: true, version: opts.version ?? '0.1.0' }));
   registerMetrics(app, { store, controller });
@@ -259,7 +259,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     const found =
       own !== undefined && q.tenant !== undefined && q.tenant !== own
         ? []
-        : store.querySandboxes({
+        : await store.querySandboxes({
             ...(tenant !== undefined ? { tenant } : {}),
             ...(q.state !== undefined ? { states: q.state } : {}),
             ...(q.name !== undefined ? { name: q.name } : {}),
@@ -301,12 +301,12 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   app.get('/v1/sandboxes/:id', async (req) => {
-    const id = sandboxId(req);
-    return view(controller.get(id, scope(req)));
+    const id = await sandboxId(req);
+    return view(await controller.get(id, scope(req)));
   });
 
   app.patch('/v1/sandboxes/:id', async (req) => {
-    const id = sandboxId(req);
+    const id = await sandboxId(req);
     const b = parse(UpdateSandboxBody, req.body ?? {}, 'request body');
     const policy = {
       ...(b.idle !== undefined ? { hibernateAfterMs: b.idle } : {}),
@@ -316,10 +316,14 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     };
     // The labels checked first (patchLabels throws on a bad one), then the egress, the part
     // that can fail late (a bad policy): a refused request changes nothing.
-    if (b.labels !== undefined) patchLabels(controller.get(id, scope(req)).spec.labels ?? {}, b.labels);
+    if (b.labels !== undefined)
+      patchLabels((await controller.get(id, scope(req))).spec.labels ?? {}, b.labels);
     if (b.egress !== undefined) await controller.updateEgress(id, scope(req), b.egress);
     return view(
-      controller.update(id, scope(req), { ...(b.labels !== undefined ? { labels: b.labels } : {}), policy }),
+      await controller.update(id, scope(req), {
+        ...(b.labels !== undefined ? { labels: b.labels } : {}),
+        policy,
+      }),
     );
   });
 
@@ -327,7 +331,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   // the caller asked for, so a retried or doubled delete succeeds too.
   app.delete('/v1/sandboxes/:id', async (req, reply) => {
     try {
-      await controller.remove(sandboxId(req), scope(req));
+      await controller.remove(await sandboxId(req), scope(req));
     } catch (e) {
       if (!isDormantError(e, 'SANDBOX_NOT_FOUND')) throw e;
     }
@@ -335,21 +339,23 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   app.get('/v1/sandboxes/:id/metrics', async (req) => {
-    const id = sandboxId(req);
+    const id = await sandboxId(req);
     const q = parse(MetricsQuery, req.query, 'query');
     const since = q.since ?? Date.now() - 3_600_000;
-    return { samples: metricPoints(store.sandboxSamples(id, { since, limit: MAX_METRIC_POINTS }), since) };
+    return {
+      samples: metricPoints(await store.sandboxSamples(id, { since, limit: MAX_METRIC_POINTS }), since),
+    };
   });
 
   for (const op of ['pause', 'hibernate', 'archive'] as const) {
     app.post(`/v1/sandboxes/:id/${op}`, async (req) => {
-      const id = sandboxId(req);
+      const id = await sandboxId(req);
       return view(await controller[op](id, scope(req)));
     });
   }
 
   app.post('/v1/sandboxes/:id/resume', async (req) => {
-    const id = sandboxId(req);
+    const id = await sandboxId(req);
     const b = parse(ResumeBody, req.body ?? undefined, 'request body');
     return view(
       await controller.resume(id, scope(req), 'resume', b?.from !== undefined ? { from: b.from } : {}),
@@ -357,7 +363,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   app.post('/v1/sandboxes/:id/fork', async (req, reply) => {
-    const id = sandboxId(req);
+    const id = await sandboxId(req);
     const b = parse(ForkBody, req.body ?? undefined, 'request body');
     const s = await controller.fork(id, scope(req), {
       ...(b?.name !== undefined ? { name: b.name } : {}),
@@ -367,7 +373,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   });
 
   app.post('/v1/sandboxes/:id/exec', { bodyLimit: execBodyLimit }, async (req, reply) => {
-    const id = sandboxId(req);
+    const id = await sandboxId(req);
     const b = parse(ExecBody, req.body, 'request body');
     if (b.stdin !== undefined && b.stdinBase64 !== undefined) {
       throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'give stdin or stdinBase64, not both');
@@ -398,14 +404,14 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   registerTemplateRoutes(app, { controller, store });
 
   app.post('/v1/sandboxes/:id/keepalive', async (req) => {
-    const id = sandboxId(req);
+    const id = await sandboxId(req);
     const b = parse(KeepaliveBody, req.body ?? undefined, 'request body');
     const forMs = b?.for ?? 30 * 60_000;
     return view(await controller.keepalive(id, scope(req), Date.now() + forMs));
   });
 
   app.get('/v1/sandboxes/:id/logs', async (req, reply) => {
-    const id = sandboxId(req);
+    const id = await sandboxId(req);
     const { follow, restore } = parse(LogsQuery, req.query, 'query');
     if (restore) {
       if (follow)
@@ -430,9 +436,9 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       if (size === 0) return reply.type('text/plain; charset=utf-8').send('');
       return reply.type('text/plain; charset=utf-8').send(createReadStream(path));
     }
-    return followLog(reply, path, () => {
+    return followLog(reply, path, async () => {
       try {
-        return controller.get(id, scope(req)).state !== 'deleting';
+        return (await controller.get(id, scope(req))).state !== 'deleting';
       } catch {
         // Not found: the sandbox was deleted, which ends the follow like `deleting` does.
         return false;
@@ -443,14 +449,14 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   app.get('/v1/checkpoints', async (req) => {
     const q = parse(CheckpointsQuery, req.query, 'query');
     const t = scope(req);
-    if (q.sandbox !== undefined) controller.get(q.sandbox, t);
+    if (q.sandbox !== undefined) await controller.get(q.sandbox, t);
     return {
-      checkpoints: store
-        .listCheckpoints({
+      checkpoints: (
+        await store.listCheckpoints({
           ...(q.sandbox !== undefined ? { sandboxId: q.sandbox } : {}),
           ...(t !== undefined ? { tenant: t } : {}),
         })
-        .map(checkpointView),
+      ).map(checkpointView),
     };
   });
 
@@ -513,7 +519,7 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
 
   app.get('/v1/checkpoints/:id', async (req) => {
     const { id } = parse(IdParams, req.params, 'path');
-    const c = store.getCheckpoint(id);
+    const c = await store.getCheckpoint(id);
     const t = scope(req);
     if (!c || (t !== undefined && c.tenant !== t)) {
       throw new DormantError(ErrorCode.CHECKPOINT_NOT_FOUND, `no checkpoint ${id}`);
@@ -525,7 +531,9 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
     const t = scope(req);
     const { since } = parse(EventsQuery, req.query, 'query');
     const last = Number(req.headers['last-event-id'] ?? since ?? NaN);
-    let cursor = Number.isFinite(last) ? last : (store.transitions({ limit: 1_000_000 }).at(-1)?.id ?? 0);
+    let cursor = Number.isFinite(last)
+      ? last
+      : ((await store.transitions({ limit: 1_000_000 })).at(-1)?.id ?? 0);
     reply.hijack();
     reply.raw.writeHead(200, {
       'content-type': 'text/event-stream',
@@ -533,20 +541,40 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
       connection: 'keep-alive',
     });
     reply.raw.write(': dormant events\n\n');
-    const tick = (): void => {
-      for (const tr of store.transitions({ sinceId: cursor, limit: 500 })) {
-        cursor = tr.id;
-        if (t !== undefined && tr.tenant !== t) continue;
-        reply.raw.write(`id: ${tr.id}\nevent: transition\ndata: ${JSON.stringify(transitionView(tr))}\n\n`);
+    let closed = false;
+    let reading = false;
+    const tick = async (): Promise<void> => {
+      // One read at a time: two from the same cursor would send the same events twice.
+      if (reading) return;
+      reading = true;
+      try {
+        for (const tr of await store.transitions({ sinceId: cursor, limit: 500 })) {
+          if (closed) return;
+          cursor = tr.id;
+          if (t !== undefined && tr.tenant !== t) continue;
+          reply.raw.write(`id: ${tr.id}\nevent: transition\ndata: ${JSON.stringify(transitionView(tr))}\n\n`);
+        }
+      } finally {
+        reading = false;
       }
     };
-    tick();
-    const timer = setInterval(tick, 250);
-    const ping = setInterval(() => reply.raw.write(': ping\n\n'), 15_000);
-    req.raw.on('close', () => {
+    const stop = (): void => {
+      closed = true;
       clearInterval(timer);
       clearInterval(ping);
-    });
+    };
+    // Not awaited (a timer's pass): a failed read ends the stream, and the client comes back
+    // with Last-Event-ID.
+    const pass = (): void => {
+      tick().catch(() => {
+        stop();
+        reply.raw.end();
+      });
+    };
+    const timer = setInterval(pass, 250);
+    const ping = setInterval(() => reply.raw.write(': ping\n\n'), 15_000);
+    pass();
+    req.raw.on('close', stop);
   });
 
   return app;
@@ -560,7 +588,7 @@ function fastifyCode(statusCode: number): ErrorCode {
 }
 
 /** Streams a log file as it grows, until the client goes away or the sandbox is deleted. */
-function followLog(reply: FastifyReply, path: string, stillThere: () => boolean): void {
+function followLog(reply: FastifyReply, path: string, stillThere: () => Promise<boolean>): void {
   reply.hijack();
   reply.raw.writeHead(200, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-cache' });
   let offset = 0;
@@ -583,7 +611,7 @@ function followLog(reply: FastifyReply, path: string, stillThere: () => boolean)
         });
         offset = size;
       }
-      if (!stillThere()) stop();
+      if (!(await stillThere())) stop();
     } catch {
       // The log went with its sandbox, or the client left: either way the follow is over.
       stop();

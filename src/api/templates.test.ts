@@ -270,7 +270,7 @@ describe('templates through the daemon', () => {
     const other = await alice.createSandbox({ rootfs, command: ['sleep', 'infinity'] });
     const rec = await alice.createTemplate({ name: 'unrecorded', from: other.id });
     await alice.remove(other.id);
-    daemon.store.deleteCheckpoint(rec.checkpointId);
+    await daemon.store.deleteCheckpoint(rec.checkpointId);
     const before2 = (await admin.listSandboxes()).length;
     const e2 = await apiError(alice.createSandbox({ template: 'unrecorded' }));
     assert.equal(e2.code, 'TEMPLATE_DAMAGED');

@@ -64,7 +64,7 @@ describe('tenant tokens on a daemon with no allowed folders', () => {
       assert.match(e.message, /cannot name host paths/);
       assert.match(e.hint ?? '', /--allow-root/);
     }
-    assert.deepEqual(daemon.controller.list(), [], 'no sandbox was created');
+    assert.deepEqual(await daemon.controller.list(), [], 'no sandbox was created');
   });
 
   test('the daemon does not open the file a tenant names', async () => {

@@ -83,8 +83,9 @@ describe('idle policy and wake proxy through the daemon', () => {
       req.end();
     });
 
-  const resumes = (): number =>
-    daemon.store.transitions({ sandboxId: sb.id, limit: 100_000 }).filter((t) => t.to === 'resuming').length;
+  const resumes = async (): Promise<number> =>
+    (await daemon.store.transitions({ sandboxId: sb.id, limit: 100_000 })).filter((t) => t.to === 'resuming')
+      .length;
 
   const state = async (): Promise<string> => (await client.getSandbox(sb.id)).state;
 
@@ -124,19 +125,21 @@ describe('idle policy and wake proxy through the daemon', () => {
     last = Number(first.body.split(' ')[0]);
     expectNext(await viaProxy());
     await untilState('hibernated');
-    const hib = daemon.store
-      .transitions({ sandboxId: sb.id, limit: 1000 })
-      .filter((t) => t.to === 'hibernated');
+    const hib = (await daemon.store.transitions({ sandboxId: sb.id, limit: 1000 })).filter(
+      (t) => t.to === 'hibernated',
+    );
     assert.deepEqual(
       hib.map((t) => t.reason),
       ['policy: idle 3s'],
     );
-    const before = resumes();
+    const before = await resumes();
     const t0 = Date.now();
     expectNext(await viaProxy());
     process.stderr.write(`wake from hibernated through the proxy: ${Date.now() - t0} ms\n`);
-    assert.equal(resumes() - before, 1);
-    const r = daemon.store.transitions({ sandboxId: sb.id, limit: 1000 }).filter((t) => t.to === 'resuming');
+    assert.equal((await resumes()) - before, 1);
+    const r = (await daemon.store.transitions({ sandboxId: sb.id, limit: 1000 })).filter(
+      (t) => t.to === 'resuming',
+    );
     assert.equal(r.at(-1)?.reason, 'proxy: GET request on port 8080');
   });
 
@@ -157,7 +160,7 @@ describe('idle policy and wake proxy through the daemon', () => {
 
   test('100 concurrent requests to a hibernated sandbox all succeed and cause one resume', async () => {
     await untilState('hibernated');
-    const before = resumes();
+    const before = await resumes();
     const all = await Promise.all(Array.from({ length: 100 }, () => viaProxy()));
     assert.deepEqual(
       all.map((r) => r.status),
@@ -170,7 +173,7 @@ describe('idle policy and wake proxy through the daemon', () => {
     );
     assert.ok(all.every((r) => r.body.endsWith(memToken)));
     last += 100;
-    assert.equal(resumes() - before, 1, 'exactly one resume');
+    assert.equal((await resumes()) - before, 1, 'exactly one resume');
   });
 
   test('a long keepalive prevents hibernation', async () => {
@@ -195,7 +198,7 @@ describe('idle policy and wake proxy through the daemon', () => {
     await client.hibernate(sb.id);
     const { tcp } = await client.sandboxUrl(sb.id, 8080);
     const [host, port] = tcp!.split(':');
-    const before = resumes();
+    const before = await resumes();
     const answer = await new Promise<string>((resolve, reject) => {
       const s = connect({ host: host!, port: Number(port) });
       let got = '';
@@ -207,7 +210,7 @@ describe('idle policy and wake proxy through the daemon', () => {
     });
     assert.match(answer, /^HTTP\/1\.0 200/);
     expectNext({ status: 200, body: answer.split('\r\n\r\n')[1] ?? '', retryAfter: undefined });
-    assert.equal(resumes() - before, 1);
+    assert.equal((await resumes()) - before, 1);
   });
 
   test('after a restart, a wake longer than the bound answers 503 with Retry-After, then serves', async () => {

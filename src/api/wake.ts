@@ -52,37 +52,39 @@ export interface WakeServices {
  * Activity never shortens a lease: `dormant keepalive` sets lastActiveAt in the future, and a
  * request in the meantime must not pull it back to now.
  */
-function touchKeepingLease(controller: TrackingController, clock: Clock, id: string): void {
+async function touchKeepingLease(controller: TrackingController, clock: Clock, id: string): Promise<void> {
   let s: Sandbox;
   try {
-    s = controller.get(id);
+    s = await controller.get(id);
   } catch {
     return; // removed meanwhile
   }
-  if (s.lastActiveAt < clock.now()) controller.touch(id);
+  if (s.lastActiveAt < clock.now()) await controller.touch(id);
 }
 
-function wakeTarget(controller: TrackingController, store: StateStore, clock: Clock): WakeTarget {
+export function wakeTarget(controller: TrackingController, store: StateStore, clock: Clock): WakeTarget {
   // The proxy looks a sandbox up on every request, and a SQLite read costs tens of µs here:
-  // what was read stays good until the store changes a sandbox.
+  // what was read stays good until the store changes a sandbox, and is answered at once. A
+  // store that other processes write too (no sandboxVersion) is read every time.
   const found = new Map<string, { version: number; boxes: ProxiedSandbox[] }>();
+  const read = async (ref: string): Promise<ProxiedSandbox[]> => {
+    const byId = await store.getSandbox(ref);
+    return byId ? [proxied(byId)] : (await store.listSandboxes()).filter((s) => s.name === ref).map(proxied);
+  };
   return {
     find: (ref) => {
+      // Taken before the read: a change during it leaves the entry stale, and so unused.
       const version = store.sandboxVersion;
+      if (version === undefined) return read(ref);
       const hit = found.get(ref);
       if (hit?.version === version) return hit.boxes;
-      const byId = store.getSandbox(ref);
-      const boxes = byId
-        ? [byId].map(proxied)
-        : store
-            .listSandboxes()
-            .filter((s) => s.name === ref)
-            .map(proxied);
-      if (found.size >= 1000) found.clear();
-      found.set(ref, { version, boxes });
-      return boxes;
+      return read(ref).then((boxes) => {
+        if (found.size >= 1000) found.clear();
+        found.set(ref, { version, boxes });
+        return boxes;
+      });
     },
-    list: () => controller.list().map(proxied),
+    list: async () => (await controller.list()).map(proxied),
     wake: async (id, reason) => {
       const s = await controller.resume(id, undefined, reason);
       if (s.state !== 'running' || s.address === undefined) {
@@ -92,9 +94,10 @@ function wakeTarget(controller: TrackingController, store: StateStore, clock: Cl
     },
     touch: (id) => touchKeepingLease(controller, clock, id),
     listening: (id, port) => controller.listensOn(id, port),
-    authenticate: (token) => {
+    authenticate: async (token) => {
+      const tokens = await store.listTokens();
       try {
-        return authenticate(`Bearer ${token}`, store.listTokens());
+        return authenticate(`Bearer ${token}`, tokens);
       } catch (e) {
         if (isDormantError(e, 'UNAUTHORIZED')) return undefined;
         throw e;
@@ -201,7 +204,7 @@ function registerUrlRoute(
       throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'invalid query: port must be 1-65535');
     }
     const tenant = req.principal.admin ? undefined : req.principal.tenant;
-    const s = controller.get(params.id ?? '', tenant);
+    const s = await controller.get(params.id ?? '', tenant);
     if (!proxy) {
       throw new DormantError(ErrorCode.PROXY_DISABLED, 'this daemon runs no wake proxy');
     }

@@ -108,7 +108,7 @@ describe('an agent-like workload', () => {
     const logs = await client.logs(sb.id);
     assert.match(logs, /serving/, 'what the agent printed before it slept');
     assert.match(logs, /reconnecting databases\n\[dormant\] on-resume hook exited 0/);
-    const last = daemon.store.transitions({ sandboxId: sb.id }).at(-1);
+    const last = (await daemon.store.transitions({ sandboxId: sb.id })).at(-1);
     assert.equal(last?.to, 'running');
     assert.match(last?.reason ?? '', /on-resume hook exited 0/);
   });

@@ -41,7 +41,12 @@ export const e2bSuite: BenchSuite = {
     const rounds = quick ? 20 : 100;
     try {
       const key = newE2bKey();
-      d.store.insertToken({ hash: hashToken(key), tenant: 'bench', admin: false, createdAt: Date.now() });
+      await d.store.insertToken({
+        hash: hashToken(key),
+        tenant: 'bench',
+        admin: false,
+        createdAt: Date.now(),
+      });
       process.env.E2B_API_URL = d.e2b!.url;
       process.env.E2B_SANDBOX_URL = d.e2b!.url;
       process.env.E2B_API_KEY = key;
@@ -104,7 +109,7 @@ export const e2bSuite: BenchSuite = {
       };
     } finally {
       process.env = saved;
-      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+      for (const s of await d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
       await d.close();
       await rm(tmp, { recursive: true, force: true });
     }

@@ -72,6 +72,7 @@ async function main(): Promise<void> {
         wake: () => Promise.resolve('127.0.0.1'),
         touch: () => {
           touches++;
+          return undefined;
         },
         authenticate: (t) => (t === 'dmt_micro' ? { tenant: 'default', admin: true } : undefined),
       },

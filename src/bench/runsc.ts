@@ -115,7 +115,7 @@ export const runscSuite: BenchSuite = {
           const answer = await eventually('holder', () => httpGet(sb.address!, 8080), 60_000);
           if (answer.trim() !== String(mib * 1024 * 1024))
             throw new Error(`${runtime} ${mib} MiB: the holder answered ${answer}`);
-          const ck = d.store.listCheckpoints({ sandboxId: sb.id })[0];
+          const ck = (await d.store.listCheckpoints({ sandboxId: sb.id }))[0];
           notes.push(
             `${mib} MiB on ${runtime}: checkpoint ${((ck?.logicalBytes ?? 0) / 1024 ** 2).toFixed(0)} MiB logical, ${((ck?.storedBytes ?? 0) / 1024 ** 2).toFixed(0)} MiB stored.`,
           );
@@ -201,7 +201,7 @@ export const runscSuite: BenchSuite = {
         `Each exec-timed row is the median of ${reps} and includes one \`runsc exec\` / \`runc exec\` (a few hundred ms on runsc's ptrace platform).`,
       );
     } finally {
-      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+      for (const s of await d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
       await d.close();
       await rm(dir, { recursive: true, force: true });
     }

@@ -305,7 +305,7 @@ export const s3Suite: BenchSuite = {
       }
       for (const side of sides) {
         // The last fresh one (the other holds nothing new): the most stored.
-        const ck = daemons[side]!.store.listCheckpoints({ sandboxId: sb[side].id }).sort(
+        const ck = (await daemons[side]!.store.listCheckpoints({ sandboxId: sb[side].id })).sort(
           (a, b) => b.storedBytes - a.storedBytes,
         )[0];
         if (ck)

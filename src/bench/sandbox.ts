@@ -104,7 +104,7 @@ export const sandboxSuite: BenchSuite = {
         await lazy.pause(sb.id);
         await lazy.resume(sb.id);
         const lazySteps = lazy.lastTimings(sb.id, 'resume');
-        const ck = d.store.listCheckpoints({ sandboxId: sb.id })[0];
+        const ck = (await d.store.listCheckpoints({ sandboxId: sb.id }))[0];
         rows.push(
           {
             name: `hibernate, ${mib} MiB resident`,
@@ -143,7 +143,7 @@ export const sandboxSuite: BenchSuite = {
         await d.controller.remove(sb.id);
       }
     } finally {
-      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+      for (const s of await d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
       await d.close();
       await rm(dir, { recursive: true, force: true });
     }

@@ -76,7 +76,7 @@ export const toolboxSuite: BenchSuite = {
     const fileRounds = quick ? 3 : 5;
     const size = 100 * 1024 * 1024;
     try {
-      const sb = d.controller.get(
+      const sb = await d.controller.get(
         (
           await d.controller.create({
             tenant: 'bench',
@@ -168,7 +168,7 @@ export const toolboxSuite: BenchSuite = {
         ],
       };
     } finally {
-      for (const s of d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
+      for (const s of await d.controller.list()) await d.controller.remove(s.id).catch(() => undefined);
       await d.close();
       await rm(tmp, { recursive: true, force: true });
     }

@@ -33,7 +33,7 @@ export class TrackingController extends SandboxController {
     tenant: string | undefined,
     fn: (agent: AgentClient, s: Sandbox) => Promise<T>,
   ): Promise<T> {
-    const id = this.get(ref, tenant).id;
+    const id = (await this.get(ref, tenant)).id;
     this.execs.begin(id);
     try {
       return await super.toolbox(ref, tenant, fn);

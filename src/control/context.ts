@@ -45,6 +45,9 @@ async function insideRoots(path: string, roots: readonly string[]): Promise<bool
   return realRoots.some((r) => path === r || path.startsWith(`${r.replace(/\/$/, '')}/`));
 }
 
+/** What `get` reads a sandbox through: the store, or a transaction's `tx`. */
+type SandboxReader = Pick<StatePort, 'getSandbox' | 'listSandboxes'>;
+
 export function invalid(message: string, hint?: string): DormantError {
   return new DormantError(ErrorCode.INVALID_ARGUMENT, message, { ...(hint ? { hint } : {}) });
 }
@@ -105,13 +108,16 @@ export class LifecycleContext {
     }
   }
 
-  /** The sandbox, if the tenant may see it (an admin passes undefined). Else SANDBOX_NOT_FOUND. */
-  get(id: string, tenant?: string): Sandbox {
+  /**
+   * The sandbox, if the tenant may see it (an admin passes undefined). Else SANDBOX_NOT_FOUND.
+   * Read through `via`: inside a transaction, its `tx`.
+   */
+  async get(id: string, tenant?: string, via: SandboxReader = this.store): Promise<Sandbox> {
     // An id, or a name within the tenant (names are unique per tenant; an admin, who sees every
     // tenant, may meet the same name twice, and is then told which sandboxes bear it).
-    let s = this.store.getSandbox(id);
+    let s = await via.getSandbox(id);
     if (!s && !ID_PATTERN.test(id)) {
-      const named = this.store.listSandboxes(tenant).filter((x) => x.name === id);
+      const named = (await via.listSandboxes(tenant)).filter((x) => x.name === id);
       if (named.length > 1)
         throw new DormantError(
           'SANDBOX_NAME_AMBIGUOUS',
@@ -130,10 +136,15 @@ export class LifecycleContext {
     return s;
   }
 
-  /** Activity now; a lease (lastActiveAt in the future, from keepalive) is never shortened. */
-  markActive(id: string): void {
-    const cur = this.store.getSandbox(id);
-    if (cur) this.store.updateSandbox(id, { lastActiveAt: Math.max(cur.lastActiveAt, this.clock.now()) });
+  /**
+   * Activity now; a lease (lastActiveAt in the future, from keepalive) is never shortened. Read
+   * and write in one transaction: a keepalive landing between them would be undone.
+   */
+  async markActive(id: string): Promise<void> {
+    await this.store.atomically(async (tx) => {
+      const cur = await tx.getSandbox(id);
+      if (cur) await tx.updateSandbox(id, { lastActiveAt: Math.max(cur.lastActiveAt, this.clock.now()) });
+    });
   }
 
   /** The environment as the database keeps it: values sealed when secrets are configured. */
@@ -231,13 +242,13 @@ export class LifecycleContext {
 
   async pruneCheckpoints(id: string, tenant: string): Promise<void> {
     const keep = this.opts.keepCheckpoints ?? 2;
-    const all = this.store.listCheckpoints({ sandboxId: id });
+    const all = await this.store.listCheckpoints({ sandboxId: id });
     const memory = all.filter((c) => c.kind === 'memory');
     // An archive's diff is superseded by the first memory checkpoint after it.
     const stale = all.filter((c) => c.kind === 'filesystem' && memory.length > 0);
     for (const old of [...memory.slice(keep), ...stale]) {
       await this.vault.deleteCheckpoint({ tenant, checkpointId: old.id });
-      this.store.deleteCheckpoint(old.id, this.clock.now());
+      await this.store.deleteCheckpoint(old.id, this.clock.now());
     }
   }
 
@@ -284,10 +295,15 @@ export class LifecycleContext {
   }
 
   /** CHECKPOINT_DAMAGED for checkpoint `used` of sandbox `id`, naming an older one to resume from. */
-  damaged(id: string, used: string | undefined, e: DormantError, outcome: string): DormantError {
-    const older = this.store
-      .listCheckpoints({ sandboxId: id })
-      .find((c) => c.kind === 'memory' && c.id !== used);
+  async damaged(
+    id: string,
+    used: string | undefined,
+    e: DormantError,
+    outcome: string,
+  ): Promise<DormantError> {
+    const older = (await this.store.listCheckpoints({ sandboxId: id })).find(
+      (c) => c.kind === 'memory' && c.id !== used,
+    );
     return new DormantError(
       'CHECKPOINT_DAMAGED',
       `checkpoint ${used ?? '?'} of sandbox ${id} cannot be read (${e.code}): ${e.message.split('\n')[0] ?? ''}; ${outcome}`,

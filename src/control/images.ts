@@ -29,7 +29,7 @@ import { chmod, mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises
 import { join } from 'node:path';
 import { DormantError, ErrorCode, isDormantError } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
-import type { RegistryCredentialRow } from '../state/sqlite.js';
+import type { StateStore } from '../state/store.js';
 import {
   listUnpacked,
   manifestBlobs,
@@ -53,12 +53,10 @@ import { KeyedMutex } from './mutex.js';
 import type { EnvSecrets } from './options.js';
 
 /** The part of the state store images need: the sandboxes (what is in use) and the logins. */
-export interface ImageStore {
-  listSandboxes(): Sandbox[];
-  putRegistryCredential(r: RegistryCredentialRow): void;
-  listRegistryCredentials(tenant?: string): RegistryCredentialRow[];
-  deleteRegistryCredential(tenant: string, host: string): boolean;
-}
+export type ImageStore = Pick<
+  StateStore,
+  'listSandboxes' | 'putRegistryCredential' | 'listRegistryCredentials' | 'deleteRegistryCredential'
+>;
 
 export interface ImageServiceOptions {
   store: ImageStore;
@@ -208,25 +206,28 @@ export class ImageService {
     );
     const sealed = (await secrets.seal(tenant, CREDENTIAL_SCOPE, { [host]: password }))[host]!;
     const row = { tenant, host, username, sealed, createdAt: Date.now() };
-    this.o.store.putRegistryCredential(row);
+    await this.o.store.putRegistryCredential(row);
     return { tenant, host, username, createdAt: row.createdAt };
   }
 
-  logout(tenant: string, hostText: string): void {
+  async logout(tenant: string, hostText: string): Promise<void> {
     const host = checkRegistryHost(hostText);
-    if (!this.o.store.deleteRegistryCredential(tenant, host))
+    if (!(await this.o.store.deleteRegistryCredential(tenant, host)))
       throw new DormantError(ErrorCode.REGISTRY_CREDENTIALS_NOT_FOUND, `no login to ${host} for this tenant`);
   }
 
   /** The logins of a tenant (every tenant's when undefined): never a password. */
-  logins(tenant?: string): RegistryLogin[] {
-    return this.o.store
-      .listRegistryCredentials(tenant)
-      .map((r) => ({ tenant: r.tenant, host: r.host, username: r.username, createdAt: r.createdAt }));
+  async logins(tenant?: string): Promise<RegistryLogin[]> {
+    return (await this.o.store.listRegistryCredentials(tenant)).map((r) => ({
+      tenant: r.tenant,
+      host: r.host,
+      username: r.username,
+      createdAt: r.createdAt,
+    }));
   }
 
   private async credentials(tenant: string, host: string): Promise<PullOptions['credentials']> {
-    const row = this.o.store.listRegistryCredentials(tenant).find((r) => r.host === host);
+    const row = (await this.o.store.listRegistryCredentials(tenant)).find((r) => r.host === host);
     if (!row || !this.o.secrets) return undefined;
     const open = await this.o.secrets.open(tenant, CREDENTIAL_SCOPE, { [host]: row.sealed });
     return { username: row.username, password: open[host]! };
@@ -311,11 +312,11 @@ export class ImageService {
 
   // ---- the cache and its collector ----
 
-  private inUse(): Map<string, Sandbox[]> {
+  private async inUse(): Promise<Map<string, Sandbox[]>> {
     const used = new Map<string, Sandbox[]>();
     // Every sandbox the store holds, in any state: a hibernated or archived one's checkpoint
     // is restored over the same lower layer.
-    for (const s of this.o.store.listSandboxes()) {
+    for (const s of await this.o.store.listSandboxes()) {
       if (s.spec.source.kind !== 'image') continue;
       const list = used.get(s.spec.source.digest) ?? [];
       list.push(s);
@@ -325,7 +326,7 @@ export class ImageService {
   }
 
   async list(): Promise<CachedImageView[]> {
-    const used = this.inUse();
+    const used = await this.inUse();
     return (await listUnpacked(this.o.cacheDir)).map((c) => {
       const users = used.get(c.digest) ?? [];
       return {
@@ -343,7 +344,10 @@ export class ImageService {
    */
   async prune(): Promise<PruneResult> {
     return this.gate.write(async () => {
-      const keep = new Set([...this.inUse().keys(), ...this.pins.keys()]);
+      // The pins before the sandboxes: no pin is taken during the write gate, and a create
+      // records its sandbox before it lets go of its pin, so one or the other names its image.
+      const pinned = [...this.pins.keys()];
+      const keep = new Set([...(await this.inUse()).keys(), ...pinned]);
       const images: string[] = [];
       for (const c of await listUnpacked(this.o.cacheDir)) {
         if (keep.has(c.digest)) continue;

@@ -10,6 +10,7 @@ import { after, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { World, rejection } from './testing/world.js';
+import { Crashed, Faults, InjectedFault, faultyStore, memoryStore } from './testing/fakes.js';
 import { SCENARIOS, assertUserData, runOp, type Scenario } from './testing/scenarios.js';
 
 /**
@@ -92,7 +93,7 @@ async function happyCalls(sc: Scenario): Promise<string[]> {
   assert.equal(out.error, undefined, `${sc.name}: ${String(out.error?.stack)}`);
   // The operation's calls only, not those of the checks below.
   const calls = [...faults.calls];
-  const s = w.db.getSandbox(out.id!);
+  const s = await w.db.getSandbox(out.id!);
   assert.equal(s?.state ?? 'deleting', sc.to, `${sc.name}: ends ${sc.to}`);
   await w.assertConsistent(sc.name);
   await assertUserData(w, sc, source, out.id, sc.name);
@@ -116,7 +117,7 @@ for (const sc of SCENARIOS) {
           const source = await sc.setup(w);
           w.resetFaults().atCall(k);
           const out = await runOp(w, sc, source);
-          const s = out.id !== undefined ? w.db.getSandbox(out.id) : undefined;
+          const s = out.id !== undefined ? await w.db.getSandbox(out.id) : undefined;
           const state = s?.state ?? (sc.to === 'deleting' && out.error === undefined ? 'deleting' : 'none');
           if (out.error) {
             assert.ok(
@@ -187,11 +188,11 @@ describe('a failed checkpoint that ends the sandbox (as gVisor does)', () => {
     assert.equal(e.code, 'HIBERNATE_FAILED');
     assert.match(e.message, /the sandbox ended/);
     assert.match(e.message, new RegExp(`previous checkpoint ${ck1!}, which a resume restores`));
-    const after = w.controller.get(s.id);
+    const after = await w.controller.get(s.id);
     assert.equal(after.state, 'hibernated', 'not recorded running: its processes are gone');
     assert.equal(after.checkpointId, ck1);
     assert.match(after.lastError ?? '', /the sandbox ended/);
-    const last = w.db.transitions({ sandboxId: s.id }).at(-1)!;
+    const last = (await w.db.transitions({ sandboxId: s.id })).at(-1)!;
     assert.deepEqual(
       [last.from, last.to, last.reason],
       ['hibernating', 'hibernated', 'hibernate failed: the sandbox ended'],
@@ -214,12 +215,45 @@ describe('a failed checkpoint that ends the sandbox (as gVisor does)', () => {
     const e = await rejection(w.controller.hibernate(s.id));
     assert.equal(e.code, 'HIBERNATE_FAILED');
     assert.match(e.message, /the sandbox ended.*archived on its files/);
-    assert.equal(w.controller.get(s.id).state, 'archived');
+    assert.equal((await w.controller.get(s.id)).state, 'archived');
     await w.assertConsistent('after the ended hibernate');
 
     w.resetFaults();
     await w.controller.resume(s.id);
-    assert.equal(w.controller.get(s.id).state, 'running');
+    assert.equal((await w.controller.get(s.id)).state, 'running');
     assert.equal(await w.exec(s.id, 'cat', 'notes/a.txt'), 'file v1', 'its files kept');
+  });
+});
+
+describe("the fake store's transactions", () => {
+  test('a fault at a call inside atomically rolls back what the transaction wrote before it; a crash there too', async () => {
+    const db = memoryStore();
+    const faults = new Faults();
+    const store = faultyStore(db, faults);
+    // A sandbox record to write: one a world made.
+    const w = await World.make();
+    worlds.push(w);
+    const box = await w.createSandbox('model');
+    const copy = { ...box, id: 'sb-tx00000000000001', name: 'copy' };
+    faults.on('store.transition');
+    const e = await rejection(
+      store.atomically(async (tx) => {
+        await tx.insertSandbox(copy, 'create');
+        await tx.transition(copy.id, copy.state, 'paused', 'pause', 2);
+      }),
+    );
+    assert.ok(e instanceof InjectedFault, String(e));
+    assert.equal(await db.getSandbox(copy.id), undefined, 'the insert before the fault rolled back');
+    assert.deepEqual(faults.calls, ['store.atomically', 'store.insertSandbox', 'store.transition']);
+
+    faults.on('store.insertSandbox', { kind: 'crash' });
+    assert.ok(
+      (await rejection(store.atomically(async (tx) => tx.insertSandbox(copy, 'create')))) instanceof Crashed,
+    );
+    assert.equal(await db.getSandbox(copy.id), undefined, "a dead daemon's transaction does not commit");
+    // The same database serves the restarted daemon: no transaction was left open.
+    await db.insertSandbox(copy, 'create');
+    assert.equal((await db.getSandbox(copy.id))?.name, 'copy');
+    await db.close();
   });
 });

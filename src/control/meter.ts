@@ -11,7 +11,7 @@ import { asError } from '../domain/errors.js';
 import type { Clock } from './options.js';
 
 export interface MeterSource {
-  list(): { id: string; state: string }[];
+  list(): Promise<{ id: string; state: string }[]>;
   usage(id: string): Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
   /** Bytes used on the sandbox's writable layer, when that is cheap to know (one statfs). */
   diskUsage?(id: string): Promise<number | undefined>;
@@ -104,10 +104,14 @@ export class Meter {
   private readonly egress = new Map<string, { total: number; counter: number }>();
 
   /** The running egress total of `id` given its counter now: increases add, a reset starts over. */
-  private egressTotal(id: string, counter: number, at: number): { total: number; counter: number } {
+  private async egressTotal(
+    id: string,
+    counter: number,
+    at: number,
+  ): Promise<{ total: number; counter: number }> {
     let prev = this.egress.get(id);
     if (prev === undefined) {
-      const last = this.opts.store.sandboxSamples(id, { since: at + 1, limit: 0 })[0];
+      const last = (await this.opts.store.sandboxSamples(id, { since: at + 1, limit: 0 }))[0];
       prev =
         last?.egressBytes !== undefined && last.egressCounter !== undefined
           ? { total: last.egressBytes, counter: last.egressCounter }
@@ -151,7 +155,7 @@ export class Meter {
     // One read of every counter per pass; a failure leaves this pass's samples without egress.
     const counters = await this.opts.source.egressBytes?.().catch(() => undefined);
     const live = new Set<string>();
-    for (const s of this.opts.source.list()) {
+    for (const s of await this.opts.source.list()) {
       if (s.state !== 'running' && s.state !== 'paused') continue;
       const u = await this.opts.source.usage(s.id);
       if (!u) continue;
@@ -159,7 +163,7 @@ export class Meter {
       const disk = await this.opts.source.diskUsage?.(s.id).catch(() => undefined);
       live.add(s.id);
       const counter = counters?.get(s.id);
-      const egress = counter !== undefined ? this.egressTotal(s.id, counter, at) : undefined;
+      const egress = counter !== undefined ? await this.egressTotal(s.id, counter, at) : undefined;
       out.push({
         sandboxId: s.id,
         at,
@@ -171,7 +175,7 @@ export class Meter {
     }
     // Hibernated ones keep theirs (read back from the store anyway); removed ones go.
     for (const id of this.egress.keys()) if (!live.has(id) && !counters?.has(id)) this.egress.delete(id);
-    this.opts.store.insertSamples(out);
+    await this.opts.store.insertSamples(out);
     return out.length;
   }
 
@@ -197,24 +201,24 @@ export class Meter {
     CostReport & { capacity: Capacity; series: { at: number; spent: number; alwaysWarm: number }[] }
   > {
     const until = this.opts.clock.now();
-    const transitions = this.opts.store
-      .transitions({ limit: Number.MAX_SAFE_INTEGER })
-      .filter((t) => opts.tenant === undefined || t.tenant === opts.tenant);
+    const transitions = (await this.opts.store.transitions({ limit: Number.MAX_SAFE_INTEGER })).filter(
+      (t) => opts.tenant === undefined || t.tenant === opts.tenant,
+    );
     const ids = new Set(transitions.map((t) => t.sandboxId));
     // All time starts with the first transition on record.
     const since =
       opts.sinceMs !== undefined ? until - opts.sinceMs : Math.min(until, transitions[0]?.at ?? until);
     // Samples just before the window tell what was held at its start.
-    const samples = this.opts.store
-      .samples({ since: Math.max(0, since - 3_600_000), until })
-      .filter((x) => ids.has(x.sandboxId));
+    const samples = (await this.opts.store.samples({ since: Math.max(0, since - 3_600_000), until })).filter(
+      (x) => ids.has(x.sandboxId),
+    );
     // Live checkpoints are charged what they occupy now, shared chunks split among their users;
     // deleted ones what they added when they were written.
     const attributed = new Map<string, number>();
     // Without the vault's split (it failed), each checkpoint is counted at its own stored bytes.
     for (const a of (await this.opts.attribution?.().catch(() => [])) ?? [])
       attributed.set(a.checkpointId, a.storedBytes);
-    const history = this.opts.store.checkpointHistory().filter((c) => ids.has(c.sandboxId));
+    const history = (await this.opts.store.checkpointHistory()).filter((c) => ids.has(c.sandboxId));
     const bytesOf = (c: { id: string; storedBytes: number; deletedAt?: number }): number =>
       c.deletedAt === undefined ? (attributed.get(c.id) ?? c.storedBytes) : c.storedBytes;
     const checkpoints = history.map((c) => ({
@@ -239,7 +243,7 @@ export class Meter {
       });
       series.push({ at, spent: r.totals.spent, alwaysWarm: r.totals.alwaysWarm });
     }
-    const live = this.opts.source.list().filter((s) => ids.has(s.id));
+    const live = (await this.opts.source.list()).filter((s) => ids.has(s.id));
     const resident: number[] = [];
     for (const s of live) {
       if (s.state !== 'running' && s.state !== 'paused') continue;

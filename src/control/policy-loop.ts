@@ -19,17 +19,17 @@ import type { Clock } from './options.js';
 
 /** What the loop needs of the controller (SandboxController implements it). */
 export interface PolicyTarget {
-  list(): Sandbox[];
-  /** Throws when the sandbox is gone. */
-  get(id: string): Sandbox;
+  list(): Promise<Sandbox[]>;
+  /** Rejects when the sandbox is gone. */
+  get(id: string): Promise<Sandbox>;
   pause(id: string, tenant?: string, reason?: string): Promise<unknown>;
   hibernate(id: string, tenant?: string, reason?: string): Promise<unknown>;
   archive(id: string, tenant?: string, reason?: string): Promise<unknown>;
   remove(id: string, tenant?: string): Promise<unknown>;
   usage(id: string): Promise<{ cpuUsageUsec: number } | undefined>;
-  touch(id: string): void;
+  touch(id: string): Promise<void>;
   /** Records an event on the sandbox without changing its state (why a step was skipped). */
-  note?(id: string, reason: string): void;
+  note?(id: string, reason: string): Promise<void>;
 }
 
 export interface PolicyLoopOptions {
@@ -132,12 +132,12 @@ export class PolicyLoop {
   private async lookOnce(): Promise<Promise<PolicyStep | undefined>[]> {
     const started: Promise<PolicyStep | undefined>[] = [];
     const seen = new Set<string>();
-    for (const s of this.opts.target.list()) {
+    for (const s of await this.opts.target.list()) {
       seen.add(s.id);
       if (this.closed) break;
       if (this.inFlight.has(s.id)) continue;
       await this.sampleCpu(s);
-      const d = this.decideNow(s.id);
+      const d = await this.decideNow(s.id);
       if (!d || d.action === 'none') continue;
       const b = this.backoff.get(s.id);
       if (b && this.clock.now() < b.until) continue;
@@ -150,10 +150,10 @@ export class PolicyLoop {
   }
 
   /** Decides on fresh state (the sandbox may have moved while the loop looked at others). */
-  private decideNow(id: string): PolicyDecision | undefined {
+  private async decideNow(id: string): Promise<PolicyDecision | undefined> {
     let s: Sandbox;
     try {
-      s = this.opts.target.get(id);
+      s = await this.opts.target.get(id);
     } catch {
       return undefined; // removed meanwhile
     }
@@ -178,7 +178,7 @@ export class PolicyLoop {
     // A restored sandbox has a new cgroup whose counter starts again: take a new baseline.
     if (!prev || u.cpuUsageUsec < prev.usec || now <= prev.at) return;
     const share = (u.cpuUsageUsec - prev.usec) / ((now - prev.at) * 1000);
-    if (share > (this.opts.cpuActiveShare ?? 0.05)) this.opts.target.touch(s.id);
+    if (share > (this.opts.cpuActiveShare ?? 0.05)) await this.opts.target.touch(s.id);
   }
 
   private async slot(): Promise<() => void> {
@@ -214,7 +214,7 @@ export class PolicyLoop {
         const why = `${step.reason}; not hibernated: ${e.message}`;
         if (this.noted.get(id) !== e.code) {
           this.noted.set(id, e.code);
-          t.note?.(id, why);
+          await t.note?.(id, why);
         }
         this.backoff.set(id, { until: this.clock.now() + (this.opts.retryAfterMs ?? 60_000), failures: 0 });
         return;
@@ -231,7 +231,7 @@ export class PolicyLoop {
       try {
         if (this.closed) return undefined;
         // Decide again now that a slot is ours: a request may have woken or touched it.
-        const d = this.decideNow(id);
+        const d = await this.decideNow(id);
         if (!d || d.action !== first) return undefined;
         const step: PolicyStep = { sandboxId: id, action: d.action, reason: d.reason, at: this.clock.now() };
         const t = this.opts.target;

@@ -154,10 +154,14 @@ class FakeTarget implements PolicyTarget {
   add(s: Sandbox): void {
     this.boxes.set(s.id, s);
   }
-  list(): Sandbox[] {
+  async list(): Promise<Sandbox[]> {
     return [...this.boxes.values()].map((s) => structuredClone(s));
   }
-  get(id: string): Sandbox {
+  async get(id: string): Promise<Sandbox> {
+    return this.peek(id);
+  }
+  /** The sandbox now, for the test's checks. */
+  peek(id: string): Sandbox {
     const s = this.boxes.get(id);
     if (!s) throw new Error(`no sandbox ${id}`);
     return structuredClone(s);
@@ -191,7 +195,7 @@ class FakeTarget implements PolicyTarget {
     const u = this.cpuUsec.get(id);
     return Promise.resolve(u === undefined ? undefined : { cpuUsageUsec: u });
   }
-  touch(id: string): void {
+  async touch(id: string): Promise<void> {
     this.boxes.get(id)!.lastActiveAt = this.clock.now();
   }
 }
@@ -295,7 +299,7 @@ describe('policy loop', () => {
     target.cpuUsec.set(s.id, 30e6);
     clock.t = T0 + 10 * M;
     assert.deepEqual(await loop.tick(), []);
-    assert.equal(target.get(s.id).lastActiveAt, T0 + 10 * M, 'the idle clock restarted');
+    assert.equal(target.peek(s.id).lastActiveAt, T0 + 10 * M, 'the idle clock restarted');
     // Quiet: 3 s in 10 minutes is 0.5%.
     target.cpuUsec.set(s.id, 33e6);
     clock.t = T0 + 20 * M;
@@ -365,9 +369,9 @@ describe('policy loop', () => {
     await until('the second sandbox was hibernated meanwhile', () =>
       target.transitions.some((t) => t.id === 'sb-aaaaaaaaaaaaaaa2'),
     );
-    assert.equal(target.get('sb-aaaaaaaaaaaaaaa1').state, 'running', 'the first is still in flight');
+    assert.equal(target.peek('sb-aaaaaaaaaaaaaaa1').state, 'running', 'the first is still in flight');
     open();
-    await until('the first finished', () => target.get('sb-aaaaaaaaaaaaaaa1').state === 'hibernated');
+    await until('the first finished', () => target.peek('sb-aaaaaaaaaaaaaaa1').state === 'hibernated');
     await loop.close();
     assert.equal(target.transitions.length, 2);
   });

@@ -61,8 +61,8 @@ for (const sc of SCENARIOS) {
           await untilCrashed(w, op);
           await w.restart();
           await w.assertConsistent(what);
-          const id = sc.find ? sc.find(w) : source;
-          const s = id !== undefined ? w.db.getSandbox(id) : undefined;
+          const id = sc.find ? await sc.find(w) : source;
+          const s = id !== undefined ? await w.db.getSandbox(id) : undefined;
           if (s && sc.from !== 'none')
             assert.notEqual(s.state, 'failed', `${what}: the sandbox is not failed (${String(s.lastError)})`);
           await assertUserData(w, sc, source, id, what);
@@ -134,7 +134,7 @@ describe('lazy restore', () => {
     const s = await w.controller.resume(id);
     assert.equal(s.state, 'running', 'answered as soon as the processes are back');
     await w.controller.settle();
-    const back = w.controller.get(id);
+    const back = await w.controller.get(id);
     assert.equal(back.state, 'hibernated');
     assert.match(back.lastError ?? '', /lazy restore failed, back to its checkpoint/);
     await w.assertConsistent('after failed pages');
@@ -152,7 +152,11 @@ describe('lazy restore', () => {
     await w.controller.hibernate(id);
     w.host.lazyPages = 'hang';
     await w.controller.resume(id);
-    assert.equal(w.db.getSandbox(id)?.lazyRestoreOf, w.db.getSandbox(id)?.checkpointId, 'marked mid-restore');
+    assert.equal(
+      (await w.db.getSandbox(id))?.lazyRestoreOf,
+      (await w.db.getSandbox(id))?.checkpointId,
+      'marked mid-restore',
+    );
     const changes = await w.restart();
     assert.deepEqual(
       changes.map((c) => [c.from, c.to]),

@@ -71,12 +71,12 @@ export class SandboxController {
   }
 
   /** The sandbox, if the tenant may see it (an admin passes undefined). Else SANDBOX_NOT_FOUND. */
-  get(id: string, tenant?: string): Sandbox {
-    return this.ctx.get(id, tenant);
+  async get(id: string, tenant?: string): Promise<Sandbox> {
+    return await this.ctx.get(id, tenant);
   }
 
-  list(tenant?: string): Sandbox[] {
-    return this.ctx.store.listSandboxes(tenant);
+  async list(tenant?: string): Promise<Sandbox[]> {
+    return await this.ctx.store.listSandboxes(tenant);
   }
 
   /** The sandbox with `memoryBytes` read from its cgroup now (0 unless running or paused). */
@@ -95,8 +95,8 @@ export class SandboxController {
   }
 
   /** Records activity on the sandbox (API call, proxied traffic): the idle clock restarts. */
-  touch(id: string): void {
-    this.ctx.markActive(id);
+  async touch(id: string): Promise<void> {
+    await this.ctx.markActive(id);
   }
 
   /**
@@ -123,12 +123,12 @@ export class SandboxController {
   }
 
   /** The templates `tenant` sees (its own and the public ones); an admin passes undefined. */
-  listTemplates(tenant?: string): TemplateRecord[] {
+  async listTemplates(tenant?: string): Promise<TemplateRecord[]> {
     return listTemplates(this.ctx, tenant);
   }
 
   /** The template `ref` (id or name) as `tenant` sees it, or TEMPLATE_NOT_FOUND. */
-  getTemplate(ref: string, tenant?: string): TemplateRecord {
+  async getTemplate(ref: string, tenant?: string): Promise<TemplateRecord> {
     return resolveTemplate(this.ctx, ref, tenant);
   }
 
@@ -137,7 +137,7 @@ export class SandboxController {
   }
 
   /** Every tenant sees the template (admin only), or only its own tenant again. */
-  publishTemplate(ref: string, isPublic: boolean): TemplateRecord {
+  async publishTemplate(ref: string, isPublic: boolean): Promise<TemplateRecord> {
     return publishTemplate(this.ctx, ref, isPublic);
   }
 
@@ -157,11 +157,11 @@ export class SandboxController {
     } catch (e) {
       // A runtime without an agent (gVisor): the sandbox is awake now; its runtime runs it.
       if (!agentNotSupported(e)) throw e;
-      const s = this.ctx.get(id, tenant);
+      const s = await this.ctx.get(id, tenant);
       try {
         return await execThroughRuntime(this.ctx, s.id, args, opts);
       } finally {
-        this.ctx.markActive(s.id);
+        await this.ctx.markActive(s.id);
       }
     }
   }
@@ -183,7 +183,7 @@ export class SandboxController {
         return fn(agent, s);
       });
     } finally {
-      if (sid !== undefined) this.ctx.markActive(sid);
+      if (sid !== undefined) await this.ctx.markActive(sid);
     }
   }
 
@@ -192,7 +192,7 @@ export class SandboxController {
    * when no restore of it has failed (or the runtime keeps no such log).
    */
   async restoreLog(id: string, tenant?: string, maxBytes = 4 << 20): Promise<string | undefined> {
-    this.ctx.get(id, tenant);
+    await this.ctx.get(id, tenant);
     const path = this.ctx.runtime.restoreLogPath?.(id);
     if (path === undefined) return undefined;
     let fh;
@@ -215,7 +215,7 @@ export class SandboxController {
 
   /** The sandbox's output log, across hibernations. */
   async logPath(id: string, tenant?: string): Promise<string> {
-    this.ctx.get(id, tenant);
+    await this.ctx.get(id, tenant);
     return (await this.ctx.runtime.state(id)).logPath;
   }
 
@@ -259,8 +259,8 @@ export class SandboxController {
   }
 
   /** Records an event on the sandbox without changing its state (why the idle policy skipped it). */
-  note(id: string, reason: string): void {
-    this.ctx.store.note(id, reason, this.ctx.clock.now());
+  async note(id: string, reason: string): Promise<void> {
+    await this.ctx.store.note(id, reason, this.ctx.clock.now());
   }
 
   /**
@@ -360,14 +360,17 @@ export class SandboxController {
   }
 
   async keepalive(id: string, tenant: string | undefined, untilMs: number): Promise<Sandbox> {
-    const s = this.ctx.get(id, tenant);
-    assertLegal('keepalive', s.state, id);
-    this.ctx.store.updateSandbox(id, { lastActiveAt: Math.max(this.ctx.clock.now(), untilMs) });
-    return this.ctx.get(id);
+    // The state checked is the state the lease is written against (one transaction).
+    return await this.ctx.store.atomically(async (tx) => {
+      const s = await this.ctx.get(id, tenant, tx);
+      assertLegal('keepalive', s.state, s.id);
+      await tx.updateSandbox(s.id, { lastActiveAt: Math.max(this.ctx.clock.now(), untilMs) });
+      return await this.ctx.get(s.id, undefined, tx);
+    });
   }
 
   /** New labels and idle policy values (ops/update.ts); the policy loop acts on them at once. */
-  update(id: string, tenant: string | undefined, u: SandboxUpdate): Sandbox {
+  async update(id: string, tenant: string | undefined, u: SandboxUpdate): Promise<Sandbox> {
     return updateSandbox(this.ctx, id, tenant, u);
   }
 
@@ -390,7 +393,7 @@ export class SandboxController {
    * when the answer cannot be the layer's (it is larger than the quota: not mounted).
    */
   async diskUsage(id: string): Promise<number | undefined> {
-    const quota = this.ctx.store.getSandbox(id)?.spec.diskBytes;
+    const quota = (await this.ctx.store.getSandbox(id))?.spec.diskBytes;
     if (quota === undefined) return undefined;
     let dir = this.upperDirs.get(id);
     if (dir === undefined) {

@@ -319,8 +319,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   await chmod(dataDir, opts.userNamespace === true ? 0o701 : 0o700);
   const store = new SqliteStateStore(join(dataDir, 'state.db'));
   const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
-  if (!store.listTokens().some((t) => t.hash === hashToken(admin.token))) {
-    store.insertToken({
+  if (!(await store.listTokens()).some((t) => t.hash === hashToken(admin.token))) {
+    await store.insertToken({
       hash: hashToken(admin.token),
       tenant: ADMIN_TENANT,
       admin: true,
@@ -416,7 +416,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   const controller = new TrackingController(controllerOpts);
   // Rows from before sealing: their values sealed now, and the database rewritten so the old
   // pages and WAL frames holding them in clear are gone from its files.
-  if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) store.compact();
+  if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) await store.compact();
   const reconciled = await controller.reconcile();
   const serverOpts: ServerOptions = {
     controller,
@@ -522,7 +522,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       await images.close();
       await vault.close();
       s3?.destroy();
-      store.close();
+      await store.close();
       secrets.close();
       await releaseStaging(stagingDir);
       // Empty unless containers still run (their configs stay for runc exec after a restart).

@@ -35,10 +35,12 @@ class FakeTarget implements WakeTarget {
     s.address = '127.0.0.1';
     return s.address;
   }
-  touch(): void {
+  touch(): undefined {
     this.touches++;
+    return undefined;
   }
-  authenticate(token: string) {
+  // Asynchronous, as the daemon's (a database read): requests route after a turn.
+  async authenticate(token: string) {
     if (token === TOKEN_A) return { tenant: 'a', admin: false };
     if (token === TOKEN_B) return { tenant: 'b', admin: false };
     return undefined;

@@ -15,7 +15,7 @@ import { formatDurationMs } from '../domain/units.js';
 import { ErrorCode, asError, errnoCode } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
 import { TOKEN_COOKIE, hostFor, parseHost, type Credentials, type Route } from './routing.js';
-import { HttpRelay, ProxyError, errorResponse, reusedReads, type RelayHost } from './relay.js';
+import { HttpRelay, ProxyError, errorResponse, reusedReads, type RelayHost, type Routed } from './relay.js';
 
 /** A sandbox as the proxy needs it. */
 export type ProxiedSandbox = Pick<Sandbox, 'id' | 'name' | 'tenant' | 'state' | 'address'> & {
@@ -27,16 +27,22 @@ export interface ProxyPrincipal {
   admin: boolean;
 }
 
-/** What the proxy needs of the rest of dormant. */
+/** A value at once, or a promise of it: what a target has at hand it answers without a turn of the event loop. */
+export type Answer<T> = T | Promise<T>;
+
+/**
+ * What the proxy needs of the rest of dormant. Lookups may answer at once (from a cache) or
+ * later (the database): a request whose route is known at once is relayed without waiting.
+ */
 export interface WakeTarget {
   /** Sandboxes whose id or name is `ref` (a name is unique within a tenant only). */
-  find(ref: string): ProxiedSandbox[];
+  find(ref: string): Answer<ProxiedSandbox[]>;
   /** Every sandbox (for the TCP listeners). */
-  list(): ProxiedSandbox[];
+  list(): Answer<ProxiedSandbox[]>;
   /** Brings the sandbox to running (one resume however often it is called); its address. */
   wake(id: string, reason: string): Promise<string>;
-  /** Records activity now. */
-  touch(id: string): void;
+  /** Records activity now; a promise that rejects is a sandbox removed meanwhile. */
+  touch(id: string): Promise<void> | undefined;
   /**
    * Whether the sandbox listens on `port`, found without connecting (undefined: cannot tell).
    * Optional: without it the proxy connects once to find out, which spends one of the server's
@@ -44,7 +50,7 @@ export interface WakeTarget {
    */
   listening?(id: string, port: number): Promise<boolean | undefined>;
   /** The principal of an API token; undefined when unknown or revoked. */
-  authenticate(token: string): ProxyPrincipal | undefined;
+  authenticate(token: string): Answer<ProxyPrincipal | undefined>;
 }
 
 export interface ProxyOptions {
@@ -130,7 +136,7 @@ export class WakeProxy {
     this.relayHost = {
       route: (host, creds) => this.resolve(host, creds),
       ready: (s, port, via) => this.ready(s, port, via),
-      find: (id) => this.target.find(id).find((x) => x.id === id),
+      find: async (id) => (await this.target.find(id)).find((x) => x.id === id),
       begin: (id) => this.begin(id),
       touch: (id) => this.touch(id),
       track: (s) => this.track(s),
@@ -297,8 +303,8 @@ export class WakeProxy {
   }
 
   /**
-   * Records activity, at most once per `touchEveryMs` per sandbox (each is a database write,
-   * and the database is synchronous); activity inside the window is written once it closes,
+   * Records activity, at most once per `touchEveryMs` per sandbox (each is a database write);
+   * activity inside the window is written once it closes,
    * so the last request's time is never lost.
    */
   private touch(id: string): void {
@@ -324,21 +330,29 @@ export class WakeProxy {
   }
 
   private writeTouch(id: string): void {
+    // Not waited for: activity is written beside the traffic, never in its way. A failure is
+    // a sandbox removed while a connection to it was open.
     try {
-      this.target.touch(id);
+      void this.target.touch(id)?.catch(() => undefined);
     } catch {
-      // The sandbox was removed while a connection to it was open.
+      // The same, told at once.
     }
   }
 
-  private principal(token: string): ProxyPrincipal | undefined {
+  private principal(token: string): Answer<ProxyPrincipal | undefined> {
     const now = Date.now();
     const hit = this.auth.get(token);
     if (hit && now - hit.at < (this.opts.authCacheMs ?? 5000)) return hit.p;
     if (this.auth.size > 10_000) this.auth.clear();
     const p = this.target.authenticate(token);
-    this.auth.set(token, { p, at: now });
-    return p;
+    if (!(p instanceof Promise)) {
+      this.auth.set(token, { p, at: now });
+      return p;
+    }
+    return p.then((v) => {
+      this.auth.set(token, { p: v, at: now });
+      return v;
+    });
   }
 
   /** parseHost, remembered: a keep-alive connection sends the same Host on every request. */
@@ -352,8 +366,11 @@ export class WakeProxy {
     return route;
   }
 
-  /** The sandbox and port a request is for, if the caller may reach it. Throws ProxyError. */
-  private resolve(hostHeader: string | undefined, creds: Credentials): { s: ProxiedSandbox; port: number } {
+  /**
+   * The sandbox and port a request is for, if the caller may reach it: at once when the token
+   * and the sandbox are at hand, else a promise. Throws (or rejects with) ProxyError.
+   */
+  private resolve(hostHeader: string | undefined, creds: Credentials): Answer<Routed> {
     const route = this.route(hostHeader);
     if (!route) {
       throw new ProxyError(
@@ -363,10 +380,21 @@ export class WakeProxy {
       );
     }
     const p = creds.token === undefined ? undefined : this.principal(creds.token);
+    if (p instanceof Promise) return p.then((known) => this.resolveFor(route, creds, known));
+    return this.resolveFor(route, creds, p);
+  }
+
+  private resolveFor(route: Route, creds: Credentials, p: ProxyPrincipal | undefined): Answer<Routed> {
     if (creds.token !== undefined && !p) {
       throw new ProxyError(ErrorCode.UNAUTHORIZED, 'unknown or revoked dormant token');
     }
-    const withPort = this.target.find(route.ref).filter((s) => s.ports.some((x) => x.port === route.port));
+    const found = this.target.find(route.ref);
+    if (found instanceof Promise) return found.then((boxes) => this.pick(route, p, boxes));
+    return this.pick(route, p, found);
+  }
+
+  private pick(route: Route, p: ProxyPrincipal | undefined, found: readonly ProxiedSandbox[]): Routed {
+    const withPort = found.filter((s) => s.ports.some((x) => x.port === route.port));
     const mine = p ? withPort.filter((s) => p.admin || s.tenant === p.tenant) : [];
     const pub = withPort.filter((s) => s.ports.some((x) => x.port === route.port && x.public));
     const pick = mine.length > 0 ? mine : pub;
@@ -470,7 +498,7 @@ export class WakeProxy {
     const mode = this.tcpMode;
     const want = new Map<string, { id: string; port: number }>();
     if (mode !== 'off') {
-      for (const s of this.target.list()) {
+      for (const s of await this.target.list()) {
         if (s.state === 'deleting' || s.state === 'failed') continue;
         for (const p of s.ports)
           if (mode === 'all' || p.public) want.set(`${s.id}:${p.port}`, { id: s.id, port: p.port });
@@ -527,7 +555,7 @@ export class WakeProxy {
   private async onTcp(id: string, port: number, client: Socket): Promise<void> {
     this.track(client);
     client.on('error', () => client.destroy());
-    const s = this.target.find(id).find((x) => x.id === id);
+    const s = (await this.target.find(id)).find((x) => x.id === id);
     if (!s) {
       client.destroy();
       return;

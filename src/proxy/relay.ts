@@ -39,14 +39,23 @@ export class ProxyError extends DormantError {
   }
 }
 
+/** Where a request goes. */
+export interface Routed {
+  s: ProxiedSandbox;
+  port: number;
+}
+
 /** What a relay needs of the proxy. */
 export interface RelayHost {
-  /** The sandbox and port a request is for, if the caller may reach it. Throws ProxyError. */
-  route(host: string | undefined, creds: Credentials): { s: ProxiedSandbox; port: number };
+  /**
+   * The sandbox and port a request is for, if the caller may reach it: at once when the proxy
+   * has it at hand, else a promise. Throws (or rejects with) ProxyError.
+   */
+  route(host: string | undefined, creds: Credentials): Routed | Promise<Routed>;
   /** The sandbox's address once it runs (waking it). Throws ProxyError. */
   ready(s: ProxiedSandbox, port: number, via: string): Promise<string>;
   /** The sandbox as it is now. */
-  find(id: string): ProxiedSandbox | undefined;
+  find(id: string): Promise<ProxiedSandbox | undefined>;
   /** Counts a request in flight or an open tunnel; the returned function ends it. */
   begin(id: string): () => void;
   touch(id: string): void;
@@ -374,7 +383,34 @@ export class HttpRelay {
 
   private request(req: RequestHead): void {
     const creds = extractCredentials(req.target, credentialHeaders(req));
-    const { s, port } = this.host.route(req.host, creds);
+    const routed = this.host.route(req.host, creds);
+    if (!(routed instanceof Promise)) {
+      this.routed(req, creds, routed);
+      return;
+    }
+    // Looked up in the database: what the client sends meanwhile waits in inbuf (pump
+    // stops while busy), and is relayed in order once this request is.
+    this.busy = true;
+    routed.then(
+      (r) => {
+        this.busy = false;
+        if (this.done) return;
+        try {
+          this.routed(req, creds, r);
+        } catch (e) {
+          this.refuse(e);
+          return;
+        }
+        this.pump();
+      },
+      (e: unknown) => {
+        this.busy = false;
+        this.refuse(e);
+      },
+    );
+  }
+
+  private routed(req: RequestHead, creds: Credentials, { s, port }: Routed): void {
     if (req.method === 'CONNECT')
       throw new ProxyError(ErrorCode.METHOD_NOT_ALLOWED, 'CONNECT is not proxied');
     const key = `${s.id}:${port}:${s.address ?? ''}`;
@@ -437,7 +473,7 @@ export class HttpRelay {
         this.attach(up, `${s.id}:${port}:${address}`, s.id, port);
         return;
       } catch (e) {
-        const now = this.host.find(s.id);
+        const now = await this.host.find(s.id);
         if (attempt > 0 || !RETRYABLE.has(errnoCode(e) ?? '') || !now || now.state === 'running') {
           throw new ProxyError(ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
         }
@@ -654,7 +690,7 @@ export class HttpRelay {
     const wasReused = this.upReused;
     const port = this.upPort;
     try {
-      const s = this.host.find(this.upId);
+      const s = await this.host.find(this.upId);
       if (!s) throw new ProxyError(ErrorCode.SANDBOX_NOT_FOUND, `sandbox ${this.upId} is gone`);
       let address = s.address;
       if (s.state !== 'running' || address === undefined) {

@@ -1,10 +1,11 @@
-import { after, describe, test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { DEFAULT_POLICY, type Sandbox } from '../domain/sandbox.js';
 import { MIGRATIONS, SqliteStateStore } from './sqlite.js';
+import type { StateStore } from './store.js';
 
 function sandbox(id: string, tenant = 't1', name = id): Sandbox {
   return {
@@ -39,12 +40,12 @@ describe('SqliteStateStore', () => {
     dirs.push(dir);
     const file = join(dir, 'state.db');
     let db = new SqliteStateStore(file);
-    db.insertSandbox(sandbox('sb-a'), 'created');
+    await db.insertSandbox(sandbox('sb-a'), 'created');
     assert.equal(
-      db.transition('sb-a', 'creating', 'running', 'started', 2000, { address: '10.88.0.2' }),
+      await db.transition('sb-a', 'creating', 'running', 'started', 2000, { address: '10.88.0.2' }),
       true,
     );
-    db.insertCheckpoint({
+    await db.insertCheckpoint({
       id: 'ck-1',
       sandboxId: 'sb-a',
       tenant: 't1',
@@ -54,51 +55,51 @@ describe('SqliteStateStore', () => {
       storedBytes: 40,
       meta: { arch: 'x86_64' },
     });
-    db.close();
+    await db.close();
 
     db = new SqliteStateStore(file);
-    const s = db.getSandbox('sb-a');
+    const s = await db.getSandbox('sb-a');
     assert.equal(s?.state, 'running');
     assert.equal(s?.stateSince, 2000);
     assert.equal(s?.address, '10.88.0.2');
     assert.deepEqual(s?.spec.command, ['sh', '-c', 'sleep 1000']);
     assert.deepEqual(
-      db.transitions({ sandboxId: 'sb-a' }).map((t) => [t.from, t.to, t.reason]),
+      (await db.transitions({ sandboxId: 'sb-a' })).map((t) => [t.from, t.to, t.reason]),
       [
         [null, 'creating', 'created'],
         ['creating', 'running', 'started'],
       ],
     );
-    assert.equal(db.listCheckpoints({ sandboxId: 'sb-a' })[0]?.storedBytes, 40);
-    db.close();
+    assert.equal((await db.listCheckpoints({ sandboxId: 'sb-a' }))[0]?.storedBytes, 40);
+    await db.close();
   });
 
-  test('a transition from a state the sandbox has left changes nothing', () => {
+  test('a transition from a state the sandbox has left changes nothing', async () => {
     const db = new SqliteStateStore(':memory:');
-    db.insertSandbox(sandbox('sb-b'), 'created');
-    assert.equal(db.transition('sb-b', 'creating', 'running', 'started', 2), true);
-    assert.equal(db.transition('sb-b', 'creating', 'failed', 'late', 3), false);
-    assert.equal(db.getSandbox('sb-b')?.state, 'running');
-    assert.equal(db.transitions({ sandboxId: 'sb-b' }).length, 2);
-    db.close();
+    await db.insertSandbox(sandbox('sb-b'), 'created');
+    assert.equal(await db.transition('sb-b', 'creating', 'running', 'started', 2), true);
+    assert.equal(await db.transition('sb-b', 'creating', 'failed', 'late', 3), false);
+    assert.equal((await db.getSandbox('sb-b'))?.state, 'running');
+    assert.equal((await db.transitions({ sandboxId: 'sb-b' })).length, 2);
+    await db.close();
   });
 
-  test('names are unique per tenant, not across tenants', () => {
+  test('names are unique per tenant, not across tenants', async () => {
     const db = new SqliteStateStore(':memory:');
-    db.insertSandbox(sandbox('sb-c', 't1', 'web'), 'created');
-    db.insertSandbox(sandbox('sb-d', 't2', 'web'), 'created');
-    assert.throws(() => db.insertSandbox(sandbox('sb-e', 't1', 'web'), 'created'), /UNIQUE/);
+    await db.insertSandbox(sandbox('sb-c', 't1', 'web'), 'created');
+    await db.insertSandbox(sandbox('sb-d', 't2', 'web'), 'created');
+    await assert.rejects(db.insertSandbox(sandbox('sb-e', 't1', 'web'), 'created'), /UNIQUE/);
     assert.deepEqual(
-      db.listSandboxes('t1').map((s) => s.id),
+      (await db.listSandboxes('t1')).map((s) => s.id),
       ['sb-c'],
     );
-    db.close();
+    await db.close();
   });
 
-  test('deleting a sandbox removes its checkpoints and records the end', () => {
+  test('deleting a sandbox removes its checkpoints and records the end', async () => {
     const db = new SqliteStateStore(':memory:');
-    db.insertSandbox(sandbox('sb-f'), 'created');
-    db.insertCheckpoint({
+    await db.insertSandbox(sandbox('sb-f'), 'created');
+    await db.insertCheckpoint({
       id: 'ck-2',
       sandboxId: 'sb-f',
       tenant: 't1',
@@ -108,11 +109,141 @@ describe('SqliteStateStore', () => {
       storedBytes: 1,
       meta: {},
     });
-    db.deleteSandbox('sb-f', 'rm', 5);
-    assert.equal(db.getSandbox('sb-f'), undefined);
-    assert.equal(db.getCheckpoint('ck-2'), undefined);
-    assert.equal(db.transitions({ sandboxId: 'sb-f' }).at(-1)?.to, 'deleting');
-    db.close();
+    await db.deleteSandbox('sb-f', 'rm', 5);
+    assert.equal(await db.getSandbox('sb-f'), undefined);
+    assert.equal(await db.getCheckpoint('ck-2'), undefined);
+    assert.equal((await db.transitions({ sandboxId: 'sb-f' })).at(-1)?.to, 'deleting');
+    await db.close();
+  });
+});
+
+describe('transactions (atomically)', () => {
+  /** Lets every pending callback and timer run. */
+  const quiet = () => new Promise((r) => setTimeout(r, 20));
+  const isInternal = (e: unknown) => (e as { code?: string }).code === 'INTERNAL';
+
+  test('a throw after awaits rolls back every write of the callback', async () => {
+    const db = new SqliteStateStore(':memory:');
+    await db.insertSandbox(sandbox('sb-keep'), 'created');
+    await assert.rejects(
+      db.atomically(async (tx) => {
+        await tx.insertSandbox(sandbox('sb-gone'), 'created');
+        await quiet();
+        await tx.transition('sb-keep', 'creating', 'running', 'started', 2);
+        await tx.templates().insertTemplate({
+          id: 'tp-1',
+          tenant: 't1',
+          name: 'tpl',
+          public: false,
+          checkpointId: 'ck-1',
+          spec: sandbox('x').spec,
+          origin: 'test',
+          createdAt: 1,
+        });
+        await quiet();
+        throw new Error('changed my mind');
+      }),
+      /changed my mind/,
+    );
+    assert.equal(await db.getSandbox('sb-gone'), undefined);
+    assert.equal((await db.getSandbox('sb-keep'))?.state, 'creating');
+    assert.equal(await db.templates().getTemplate('tp-1'), undefined);
+    assert.equal((await db.transitions()).length, 1, 'only the first insert is recorded');
+    // And a callback that returns commits, its value passed on.
+    const got = await db.atomically(async (tx) => {
+      await tx.transition('sb-keep', 'creating', 'running', 'started', 2);
+      return (await tx.getSandbox('sb-keep'))?.state;
+    });
+    assert.equal(got, 'running');
+    assert.equal((await db.getSandbox('sb-keep'))?.state, 'running');
+    await db.close();
+  });
+
+  test("another caller's calls wait for the open transaction: its write lands after it, not inside it", async () => {
+    const db = new SqliteStateStore(':memory:');
+    let release = (): void => undefined;
+    const held = new Promise<void>((r) => (release = r));
+    let opened = (): void => undefined;
+    const open = new Promise<void>((r) => (opened = r));
+    const tx = db.atomically(async (t) => {
+      await t.insertSandbox(sandbox('sb-in-tx'), 'created');
+      opened();
+      await held;
+      throw new Error('rolled back');
+    });
+    await open;
+    // A second caller, outside the callback: it must not see the uncommitted row, nor write into
+    // the transaction (whose rollback would take its write with it).
+    const order: string[] = [];
+    const read = db.getSandbox('sb-in-tx').then((s) => order.push(`read ${s ? 'seen' : 'none'}`));
+    const write = db.insertSandbox(sandbox('sb-outside'), 'created').then(() => order.push('write'));
+    await quiet();
+    assert.deepEqual(order, [], 'both wait while the transaction is open');
+    release();
+    await assert.rejects(tx, /rolled back/);
+    await Promise.all([read, write]);
+    assert.deepEqual(order, ['read none', 'write']);
+    assert.equal(await db.getSandbox('sb-in-tx'), undefined, 'rolled back');
+    assert.equal((await db.getSandbox('sb-outside'))?.id, 'sb-outside', 'landed after the rollback');
+    // Two transactions from two callers run one after the other.
+    const log: string[] = [];
+    await Promise.all(
+      ['a', 'b'].map((k) =>
+        db.atomically(async (t) => {
+          log.push(`${k} begins`);
+          await quiet();
+          await t.note('sb-outside', k, 1);
+          log.push(`${k} ends`);
+        }),
+      ),
+    );
+    assert.deepEqual(log, ['a begins', 'a ends', 'b begins', 'b ends']);
+    await db.close();
+  });
+
+  test('the store itself called inside its callback (not the tx) is refused with INTERNAL, not a deadlock', async () => {
+    const db = new SqliteStateStore(':memory:');
+    await assert.rejects(
+      db.atomically(async (tx) => {
+        await tx.insertSandbox(sandbox('sb-x'), 'created');
+        await db.getSandbox('sb-x');
+      }),
+      (e) => isInternal(e) && /must use the tx it is handed/.test((e as Error).message),
+    );
+    await assert.rejects(
+      db.atomically(() => db.atomically(async () => undefined)),
+      isInternal,
+      'a nested atomically on the store, too',
+    );
+    assert.equal(await db.getSandbox('sb-x'), undefined, 'the transaction rolled back');
+    // A tx kept past its transaction's end is refused too.
+    let kept: StateStore | undefined;
+    await db.atomically(async (tx) => {
+      kept = tx;
+    });
+    await assert.rejects(kept!.listSandboxes(), isInternal);
+    await db.close();
+  });
+
+  test('atomically on the tx runs in the same transaction; its throw undoes only its own writes', async () => {
+    const db = new SqliteStateStore(':memory:');
+    await db.atomically(async (tx) => {
+      await tx.insertSandbox(sandbox('sb-outer'), 'created');
+      await tx
+        .atomically(async (inner) => {
+          await inner.insertSandbox(sandbox('sb-inner'), 'created');
+          throw new Error('inner fails');
+        })
+        .catch(() => undefined);
+      await tx.atomically(async (inner) => inner.note('sb-outer', 'nested', 2));
+    });
+    assert.ok(await db.getSandbox('sb-outer'));
+    assert.equal(await db.getSandbox('sb-inner'), undefined);
+    assert.deepEqual(
+      (await db.transitions({ sandboxId: 'sb-outer' })).map((t) => t.reason),
+      ['created', 'nested'],
+    );
+    await db.close();
   });
 });
 
@@ -123,13 +254,13 @@ describe('metering facts in SQLite', () => {
     try {
       const file = join(dir, 'state.db');
       let db = new SqliteStateStore(file);
-      db.insertSandbox({ ...sandbox('sb-m'), createdAt: 0, stateSince: 0 }, 'created');
-      db.transition('sb-m', 'creating', 'running', 'started', 1000);
-      db.insertSamples([
+      await db.insertSandbox({ ...sandbox('sb-m'), createdAt: 0, stateSince: 0 }, 'created');
+      await db.transition('sb-m', 'creating', 'running', 'started', 1000);
+      await db.insertSamples([
         { sandboxId: 'sb-m', at: 1000, memoryBytes: 1024 ** 3, cpuUsageUsec: 0 },
         { sandboxId: 'sb-m', at: 61_000, memoryBytes: 1024 ** 3, cpuUsageUsec: 2_000_000 },
       ]);
-      db.insertCheckpoint({
+      await db.insertCheckpoint({
         id: 'ck-m',
         sandboxId: 'sb-m',
         tenant: 't1',
@@ -139,9 +270,9 @@ describe('metering facts in SQLite', () => {
         storedBytes: 1024 ** 3,
         meta: {},
       });
-      db.transition('sb-m', 'running', 'hibernated', 'policy', 62_000);
-      db.deleteCheckpoint('ck-m', 100_000);
-      assert.equal(db.getCheckpoint('ck-m'), undefined, 'a deleted checkpoint is not listed');
+      await db.transition('sb-m', 'running', 'hibernated', 'policy', 62_000);
+      await db.deleteCheckpoint('ck-m', 100_000);
+      assert.equal(await db.getCheckpoint('ck-m'), undefined, 'a deleted checkpoint is not listed');
       const prices = {
         currency: 'USD',
         nodeCostPerHour: 1,
@@ -150,11 +281,11 @@ describe('metering facts in SQLite', () => {
         cpuShare: 0.5,
         storagePerGiBMonth: 1,
       };
-      const report = () =>
+      const report = async () =>
         computeCost({
-          transitions: db.transitions(),
-          samples: db.samples(),
-          checkpoints: db.checkpointHistory().map((c) => ({
+          transitions: await db.transitions(),
+          samples: await db.samples(),
+          checkpoints: (await db.checkpointHistory()).map((c) => ({
             sandboxId: c.sandboxId,
             createdAt: c.createdAt,
             storedBytes: c.storedBytes,
@@ -164,10 +295,10 @@ describe('metering facts in SQLite', () => {
           since: 0,
           until: 200_000,
         });
-      const before = report();
-      db.close();
+      const before = await report();
+      await db.close();
       db = new SqliteStateStore(file);
-      const after = report();
+      const after = await report();
       assert.deepEqual(after, before);
       const s = after.sandboxes[0]!;
       assert.equal(s.cpuSeconds, 2);
@@ -176,7 +307,7 @@ describe('metering facts in SQLite', () => {
         Math.abs(s.storageGiBMonths - 39 / (30 * 86400)) < 1e-12,
         'storage only while the checkpoint existed',
       );
-      db.close();
+      await db.close();
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -215,26 +346,26 @@ describe('GPU columns', () => {
       old.close();
 
       const db = new SqliteStateStore(file);
-      const got = db.getSandbox('sb-old');
+      const got = await db.getSandbox('sb-old');
       assert.equal(got?.state, 'running');
       assert.equal(got.gpuPolicy, 'keep-running');
       assert.equal(got.gpus, undefined);
-      db.insertSandbox({ ...sandbox('sb-gpu'), gpus: '0,1', gpuPolicy: 'filesystem-only' }, 'create');
+      await db.insertSandbox({ ...sandbox('sb-gpu'), gpus: '0,1', gpuPolicy: 'filesystem-only' }, 'create');
       assert.deepEqual(
-        [db.getSandbox('sb-gpu')?.gpus, db.getSandbox('sb-gpu')?.gpuPolicy],
+        [(await db.getSandbox('sb-gpu'))?.gpus, (await db.getSandbox('sb-gpu'))?.gpuPolicy],
         ['0,1', 'filesystem-only'],
       );
-      db.updateSandbox('sb-gpu', { gpuPolicy: 'checkpoint' });
-      assert.equal(db.getSandbox('sb-gpu')?.gpuPolicy, 'checkpoint');
+      await db.updateSandbox('sb-gpu', { gpuPolicy: 'checkpoint' });
+      assert.equal((await db.getSandbox('sb-gpu'))?.gpuPolicy, 'checkpoint');
       // A note is an event without a state change.
-      db.note('sb-old', 'policy: not hibernated (GPU)', 5);
-      const last = db.transitions({ sandboxId: 'sb-old' }).at(-1);
+      await db.note('sb-old', 'policy: not hibernated (GPU)', 5);
+      const last = (await db.transitions({ sandboxId: 'sb-old' })).at(-1);
       assert.deepEqual(
         [last?.from, last?.to, last?.reason],
         ['running', 'running', 'policy: not hibernated (GPU)'],
       );
-      assert.equal(db.getSandbox('sb-old')?.stateSince, 1, 'a note does not restart the state clock');
-      db.close();
+      assert.equal((await db.getSandbox('sb-old'))?.stateSince, 1, 'a note does not restart the state clock');
+      await db.close();
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -247,18 +378,22 @@ describe('the lazy-restore marker', () => {
     try {
       const file = join(dir, 'state.db');
       let db = new SqliteStateStore(file);
-      db.insertSandbox(sandbox('sb-a'), 'created');
-      assert.equal(db.getSandbox('sb-a')?.lazyRestoreOf, undefined, 'none on a new sandbox');
-      db.updateSandbox('sb-a', { lazyRestoreOf: 'ck-1' });
-      db.close();
+      await db.insertSandbox(sandbox('sb-a'), 'created');
+      assert.equal((await db.getSandbox('sb-a'))?.lazyRestoreOf, undefined, 'none on a new sandbox');
+      await db.updateSandbox('sb-a', { lazyRestoreOf: 'ck-1' });
+      await db.close();
       db = new SqliteStateStore(file);
-      assert.equal(db.getSandbox('sb-a')?.lazyRestoreOf, 'ck-1', 'durable: a restarted daemon sees it');
-      db.transition('sb-a', 'creating', 'hibernated', 'back to its checkpoint', 3000, {
+      assert.equal(
+        (await db.getSandbox('sb-a'))?.lazyRestoreOf,
+        'ck-1',
+        'durable: a restarted daemon sees it',
+      );
+      await db.transition('sb-a', 'creating', 'hibernated', 'back to its checkpoint', 3000, {
         lazyRestoreOf: undefined,
       });
-      assert.equal(db.getSandbox('sb-a')?.lazyRestoreOf, undefined);
-      assert.equal(db.getSandbox('sb-a')?.state, 'hibernated');
-      db.close();
+      assert.equal((await db.getSandbox('sb-a'))?.lazyRestoreOf, undefined);
+      assert.equal((await db.getSandbox('sb-a'))?.state, 'hibernated');
+      await db.close();
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -267,7 +402,7 @@ describe('the lazy-restore marker', () => {
 
 describe('the sandbox query (GET /v1/sandboxes)', () => {
   const store = new SqliteStateStore(':memory:');
-  const add = (
+  const add = async (
     id: string,
     o: { tenant?: string; at: number; state?: Sandbox['state']; labels?: Record<string, string> },
   ) => {
@@ -275,26 +410,28 @@ describe('the sandbox query (GET /v1/sandboxes)', () => {
     s.createdAt = o.at;
     s.state = o.state ?? 'running';
     if (o.labels) s.spec.labels = o.labels;
-    store.insertSandbox(s, 'create');
+    await store.insertSandbox(s, 'create');
   };
-  add('sb-c', { at: 2, labels: { team: 'search', tier: 'gold' } });
-  add('sb-a', { at: 2, state: 'paused', labels: { team: 'search' } });
-  add('sb-b', { at: 1, tenant: 't2', labels: { team: 'ads' } });
-  add('sb-d', { at: 3, state: 'hibernated' });
-  const ids = (q: Partial<Parameters<typeof store.querySandboxes>[0]>) =>
-    store.querySandboxes({ limit: 100, ...q }).map((s) => s.id);
+  before(async () => {
+    await add('sb-c', { at: 2, labels: { team: 'search', tier: 'gold' } });
+    await add('sb-a', { at: 2, state: 'paused', labels: { team: 'search' } });
+    await add('sb-b', { at: 1, tenant: 't2', labels: { team: 'ads' } });
+    await add('sb-d', { at: 3, state: 'hibernated' });
+  });
+  const ids = async (q: Partial<Parameters<typeof store.querySandboxes>[0]>) =>
+    (await store.querySandboxes({ limit: 100, ...q })).map((s) => s.id);
 
-  test('filters by tenant, state, name and labels (value or presence), all together', () => {
-    assert.deepEqual(ids({}), ['sb-b', 'sb-a', 'sb-c', 'sb-d'], 'created first, then by id');
-    assert.deepEqual(ids({ tenant: 't1' }), ['sb-a', 'sb-c', 'sb-d']);
-    assert.deepEqual(ids({ states: ['running'] }), ['sb-b', 'sb-c']);
-    assert.deepEqual(ids({ states: ['paused', 'hibernated'] }), ['sb-a', 'sb-d']);
-    assert.deepEqual(ids({ states: [] }), [], 'no state given: none matches');
-    assert.deepEqual(ids({ name: 'sb-d' }), ['sb-d']);
-    assert.deepEqual(ids({ labels: [['team', 'search']] }), ['sb-a', 'sb-c']);
-    assert.deepEqual(ids({ labels: [['team']] }), ['sb-b', 'sb-a', 'sb-c']);
+  test('filters by tenant, state, name and labels (value or presence), all together', async () => {
+    assert.deepEqual(await ids({}), ['sb-b', 'sb-a', 'sb-c', 'sb-d'], 'created first, then by id');
+    assert.deepEqual(await ids({ tenant: 't1' }), ['sb-a', 'sb-c', 'sb-d']);
+    assert.deepEqual(await ids({ states: ['running'] }), ['sb-b', 'sb-c']);
+    assert.deepEqual(await ids({ states: ['paused', 'hibernated'] }), ['sb-a', 'sb-d']);
+    assert.deepEqual(await ids({ states: [] }), [], 'no state given: none matches');
+    assert.deepEqual(await ids({ name: 'sb-d' }), ['sb-d']);
+    assert.deepEqual(await ids({ labels: [['team', 'search']] }), ['sb-a', 'sb-c']);
+    assert.deepEqual(await ids({ labels: [['team']] }), ['sb-b', 'sb-a', 'sb-c']);
     assert.deepEqual(
-      ids({
+      await ids({
         labels: [
           ['team', 'search'],
           ['tier', 'gold'],
@@ -303,7 +440,7 @@ describe('the sandbox query (GET /v1/sandboxes)', () => {
       ['sb-c'],
     );
     assert.deepEqual(
-      ids({
+      await ids({
         labels: [
           ['team', 'search'],
           ['tier', 'silver'],
@@ -311,14 +448,14 @@ describe('the sandbox query (GET /v1/sandboxes)', () => {
       }),
       [],
     );
-    assert.deepEqual(ids({ labels: [['team', 'search']], states: ['paused'], tenant: 't1' }), ['sb-a']);
+    assert.deepEqual(await ids({ labels: [['team', 'search']], states: ['paused'], tenant: 't1' }), ['sb-a']);
   });
 
-  test('pages: after a place in the order, at most limit, nothing twice', () => {
+  test('pages: after a place in the order, at most limit, nothing twice', async () => {
     const seen: string[] = [];
     let after: { createdAt: number; id: string } | undefined;
     for (;;) {
-      const page = store.querySandboxes({ limit: 1, ...(after ? { after } : {}) });
+      const page = await store.querySandboxes({ limit: 1, ...(after ? { after } : {}) });
       if (page.length === 0) break;
       seen.push(...page.map((s) => s.id));
       after = { createdAt: page[0]!.createdAt, id: page[0]!.id };
@@ -326,14 +463,14 @@ describe('the sandbox query (GET /v1/sandboxes)', () => {
     assert.deepEqual(seen, ['sb-b', 'sb-a', 'sb-c', 'sb-d']);
   });
 
-  test("one sandbox's samples from a time on, led by the one before, with the disk's use", () => {
-    store.insertSamples([
+  test("one sandbox's samples from a time on, led by the one before, with the disk's use", async () => {
+    await store.insertSamples([
       { sandboxId: 'sb-a', at: 10, memoryBytes: 1, cpuUsageUsec: 100 },
       { sandboxId: 'sb-c', at: 15, memoryBytes: 9, cpuUsageUsec: 900 },
       { sandboxId: 'sb-a', at: 20, memoryBytes: 2, cpuUsageUsec: 200, diskBytes: 4096 },
       { sandboxId: 'sb-a', at: 30, memoryBytes: 3, cpuUsageUsec: 300, diskBytes: 8192 },
     ]);
-    const got = store.sandboxSamples('sb-a', { since: 20, limit: 10 });
+    const got = await store.sandboxSamples('sb-a', { since: 20, limit: 10 });
     assert.deepEqual(
       got.map((x) => [x.at, x.diskBytes]),
       [
@@ -343,7 +480,7 @@ describe('the sandbox query (GET /v1/sandboxes)', () => {
       ],
     );
     assert.deepEqual(
-      store.sandboxSamples('sb-a', { since: 0, limit: 10 }).map((x) => x.at),
+      (await store.sandboxSamples('sb-a', { since: 0, limit: 10 })).map((x) => x.at),
       [10, 20, 30],
     );
   });
@@ -374,7 +511,7 @@ describe('schema version guard', () => {
       for (const m of MIGRATIONS.slice(0, was)) o.exec(m);
       o.pragma(`user_version = ${was}`);
       o.close();
-      new SqliteStateStore(older).close();
+      await new SqliteStateStore(older).close();
       const bak = new Database(`${older}.v${was}.bak`, { readonly: true });
       assert.equal(
         bak.pragma('user_version', { simple: true }),

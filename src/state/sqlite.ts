@@ -9,7 +9,15 @@ import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/s
 import type { MeterSample } from '../domain/cost.js';
 import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
-import type { CheckpointRecord, SandboxQuery, StateStore, StoredSample, TokenRow } from './store.js';
+import { AsyncLocalStorage } from 'node:async_hooks';
+import type {
+  CheckpointRecord,
+  RegistryCredentialRow,
+  SandboxQuery,
+  StateStore,
+  StoredSample,
+  TokenRow,
+} from './store.js';
 import { SqliteTemplateStore, TEMPLATES_MIGRATION, type TemplateStore } from './templates.js';
 
 export const MIGRATIONS: string[] = [
@@ -88,15 +96,6 @@ export const MIGRATIONS: string[] = [
   `ALTER TABLE samples ADD COLUMN egress_bytes INTEGER;
    ALTER TABLE samples ADD COLUMN egress_counter INTEGER;`,
 ];
-
-/** A tenant's login to a registry: `sealed` is the password sealed with the tenant's key. */
-export interface RegistryCredentialRow {
-  tenant: string;
-  host: string;
-  username: string;
-  sealed: string;
-  createdAt: number;
-}
 
 interface SandboxRow {
   id: string;
@@ -216,8 +215,14 @@ function makePrivate(file: string): void {
   }
 }
 
-export class SqliteStateStore implements StateStore {
-  private readonly db: Database.Database;
+/**
+ * The rows, read and written synchronously (better-sqlite3 answers at once). The port's
+ * promises, and the gate that keeps other callers out of an open transaction, are
+ * SqliteStateStore's below.
+ */
+class SqliteRows {
+  readonly db: Database.Database;
+  /** StateStore.sandboxVersion. */
   sandboxVersion = 0;
 
   constructor(file: string) {
@@ -380,11 +385,6 @@ export class SqliteStateStore implements StateStore {
       this.recordTransition(id, cur.tenant, from, to, reason, at);
       return true;
     })();
-  }
-
-  /** Runs `fn` as one transaction: all of its writes land, or none. */
-  atomically<T>(fn: () => T): T {
-    return this.db.transaction(fn)();
   }
 
   updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): void {
@@ -629,12 +629,222 @@ export class SqliteStateStore implements StateStore {
     this.db.pragma('wal_checkpoint(TRUNCATE)');
   }
 
-  /** The templates, in the same database (state/templates.ts). */
-  templates(): TemplateStore {
-    return new SqliteTemplateStore(this.db);
-  }
-
   close(): void {
     this.db.close();
+  }
+}
+
+/** A sync read or write of the rows as the port's promise (a throw becomes its rejection). */
+async function answer<T>(f: () => T): Promise<T> {
+  return f();
+}
+
+function internal(message: string): DormantError {
+  return new DormantError(ErrorCode.INTERNAL, message, {
+    hint: 'a bug in dormant: please report it with the daemon log',
+  });
+}
+
+/** The port over the rows; how a call reaches them (at once, or after the open transaction) is the subclass's. */
+abstract class SqlitePort implements StateStore {
+  constructor(protected readonly rows: SqliteRows) {}
+
+  get sandboxVersion(): number {
+    return this.rows.sandboxVersion;
+  }
+
+  /** Runs `f` on the rows when this store may: its result or throw as a promise. */
+  protected abstract run<T>(f: () => T): Promise<T>;
+  abstract atomically<T>(fn: (tx: StateStore) => Promise<T>): Promise<T>;
+  abstract close(): Promise<void>;
+
+  insertToken(t: TokenRow): Promise<void> {
+    return this.run(() => this.rows.insertToken(t));
+  }
+  listTokens(): Promise<TokenRow[]> {
+    return this.run(() => this.rows.listTokens());
+  }
+  revokeToken(hash: string, at: number): Promise<boolean> {
+    return this.run(() => this.rows.revokeToken(hash, at));
+  }
+  insertSandbox(s: Sandbox, reason: string): Promise<void> {
+    return this.run(() => this.rows.insertSandbox(s, reason));
+  }
+  getSandbox(id: string): Promise<Sandbox | undefined> {
+    return this.run(() => this.rows.getSandbox(id));
+  }
+  listSandboxes(tenant?: string): Promise<Sandbox[]> {
+    return this.run(() => this.rows.listSandboxes(tenant));
+  }
+  querySandboxes(q: SandboxQuery): Promise<Sandbox[]> {
+    return this.run(() => this.rows.querySandboxes(q));
+  }
+  transition(
+    id: string,
+    from: SandboxState,
+    to: SandboxState,
+    reason: string,
+    at: number,
+    patch?: Partial<Sandbox>,
+  ): Promise<boolean> {
+    return this.run(() => this.rows.transition(id, from, to, reason, at, patch));
+  }
+  updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): Promise<void> {
+    return this.run(() => this.rows.updateSandbox(id, patch));
+  }
+  deleteSandbox(id: string, reason: string, at: number): Promise<void> {
+    return this.run(() => this.rows.deleteSandbox(id, reason, at));
+  }
+  note(id: string, reason: string, at: number): Promise<void> {
+    return this.run(() => this.rows.note(id, reason, at));
+  }
+  transitions(opts?: { sinceId?: number; sandboxId?: string; limit?: number }): Promise<Transition[]> {
+    return this.run(() => this.rows.transitions(opts));
+  }
+  insertCheckpoint(c: CheckpointRecord): Promise<void> {
+    return this.run(() => this.rows.insertCheckpoint(c));
+  }
+  getCheckpoint(id: string): Promise<CheckpointRecord | undefined> {
+    return this.run(() => this.rows.getCheckpoint(id));
+  }
+  listCheckpoints(opts?: { sandboxId?: string; tenant?: string }): Promise<CheckpointRecord[]> {
+    return this.run(() => this.rows.listCheckpoints(opts));
+  }
+  deleteCheckpoint(id: string, at?: number): Promise<void> {
+    return this.run(() => this.rows.deleteCheckpoint(id, at));
+  }
+  checkpointHistory(): Promise<(CheckpointRecord & { deletedAt?: number })[]> {
+    return this.run(() => this.rows.checkpointHistory());
+  }
+  insertSamples(samples: readonly StoredSample[]): Promise<void> {
+    return this.run(() => this.rows.insertSamples(samples));
+  }
+  samples(opts?: { since?: number; until?: number }): Promise<MeterSample[]> {
+    return this.run(() => this.rows.samples(opts));
+  }
+  sandboxSamples(sandboxId: string, opts: { since: number; limit: number }): Promise<StoredSample[]> {
+    return this.run(() => this.rows.sandboxSamples(sandboxId, opts));
+  }
+  putRegistryCredential(r: RegistryCredentialRow): Promise<void> {
+    return this.run(() => this.rows.putRegistryCredential(r));
+  }
+  listRegistryCredentials(tenant?: string): Promise<RegistryCredentialRow[]> {
+    return this.run(() => this.rows.listRegistryCredentials(tenant));
+  }
+  deleteRegistryCredential(tenant: string, host: string): Promise<boolean> {
+    return this.run(() => this.rows.deleteRegistryCredential(tenant, host));
+  }
+  /** The templates, in the same database (state/templates.ts), reached as this store is. */
+  templates(): TemplateStore {
+    return new SqliteTemplateStore(this.rows.db, (f) => this.run(f));
+  }
+  compact(): Promise<void> {
+    return this.run(() => this.rows.compact());
+  }
+}
+
+/**
+ * The store a transaction's callback is handed: its calls go straight to the database, inside
+ * the transaction. Refuses to be used once the transaction has ended (a call the callback
+ * started and did not wait for).
+ */
+class SqliteTransaction extends SqlitePort {
+  ended = false;
+  /** Savepoints of nested `atomically` calls, for their names. */
+  private depth = 0;
+
+  protected run<T>(f: () => T): Promise<T> {
+    if (this.ended)
+      return Promise.reject(internal('a store bound to a transaction was used after the transaction ended'));
+    return answer(f);
+  }
+
+  /** The same transaction; a throw undoes the inner callback's writes (a savepoint) and goes on up. */
+  async atomically<T>(fn: (tx: StateStore) => Promise<T>): Promise<T> {
+    if (this.ended) throw internal('a store bound to a transaction was used after the transaction ended');
+    const name = `nested_${++this.depth}`;
+    this.rows.db.exec(`SAVEPOINT ${name}`);
+    try {
+      const out = await fn(this);
+      this.rows.db.exec(`RELEASE ${name}`);
+      return out;
+    } catch (e) {
+      this.rows.db.exec(`ROLLBACK TO ${name}`);
+      this.rows.db.exec(`RELEASE ${name}`);
+      throw e;
+    } finally {
+      this.depth--;
+    }
+  }
+
+  close(): Promise<void> {
+    return Promise.reject(internal("a transaction's store cannot close the database: close the store"));
+  }
+}
+
+/**
+ * SQLite as the state port: every call answers at once, except while a transaction is open
+ * (`atomically`): better-sqlite3 has one connection, so a call made then by anyone but the
+ * transaction's callback would read its uncommitted rows or land its writes inside it. Such a
+ * call waits until the transaction has ended. The callback itself must use the `tx` it is
+ * handed: a call on this store from inside it would wait for itself, and throws INTERNAL
+ * instead (told by the async context the callback runs in).
+ */
+export class SqliteStateStore extends SqlitePort {
+  /** The transaction open now, if any, and a promise that settles when it has ended. */
+  private open: { tx: SqliteTransaction; ended: Promise<void> } | undefined;
+  private readonly inside = new AsyncLocalStorage<SqliteTransaction>();
+
+  constructor(file: string) {
+    super(new SqliteRows(file));
+  }
+
+  protected run<T>(f: () => T): Promise<T> {
+    // No transaction open (nearly always): straight to the rows, one promise.
+    if (this.open === undefined) return answer(f);
+    if (this.inside.getStore() === this.open.tx) return Promise.reject(this.misuse());
+    return this.open.ended.then(() => this.run(f));
+  }
+
+  private misuse(): DormantError {
+    return internal(
+      "the state store was called inside its own transaction's callback, which would wait for that transaction forever: the callback must use the tx it is handed",
+    );
+  }
+
+  /**
+   * BEGIN IMMEDIATE (the write lock at once, so the transaction never fails half-way on a
+   * lock), `fn(tx)`, COMMIT; ROLLBACK when `fn` throws.
+   */
+  async atomically<T>(fn: (tx: StateStore) => Promise<T>): Promise<T> {
+    while (this.open !== undefined) {
+      if (this.inside.getStore() === this.open.tx) throw this.misuse();
+      await this.open.ended;
+    }
+    const db = this.rows.db;
+    const tx = new SqliteTransaction(this.rows);
+    let end = (): void => undefined;
+    this.open = { tx, ended: new Promise<void>((resolve) => (end = resolve)) };
+    try {
+      db.exec('BEGIN IMMEDIATE');
+      const out = await this.inside.run(tx, () => fn(tx));
+      db.exec('COMMIT');
+      return out;
+    } catch (e) {
+      if (db.inTransaction) db.exec('ROLLBACK');
+      throw e;
+    } finally {
+      tx.ended = true;
+      this.open = undefined;
+      end();
+    }
+  }
+
+  async close(): Promise<void> {
+    while (this.open !== undefined) {
+      if (this.inside.getStore() === this.open.tx) throw this.misuse();
+      await this.open.ended;
+    }
+    this.rows.close();
   }
 }

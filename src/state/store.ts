@@ -1,9 +1,11 @@
 /**
  * The database of record: sandboxes, their transitions, and their checkpoints. One port,
- * with SQLite as the embedded implementation (PostgreSQL for a fleet can follow).
+ * with SQLite as the embedded implementation (state/sqlite.ts) and PostgreSQL for a fleet
+ * (state/postgres.ts).
  */
 import type { MeterSample } from '../domain/cost.js';
 import type { Sandbox, SandboxState, Transition } from '../domain/sandbox.js';
+import type { TemplateStore } from './templates.js';
 
 export interface CheckpointRecord {
   id: string;
@@ -48,25 +50,46 @@ export interface SandboxQuery {
  */
 export type StoredSample = MeterSample & { diskBytes?: number; egressBytes?: number; egressCounter?: number };
 
+/** A tenant's login to a registry: `sealed` is the password sealed with the tenant's key. */
+export interface RegistryCredentialRow {
+  tenant: string;
+  host: string;
+  username: string;
+  sealed: string;
+  createdAt: number;
+}
+
+/**
+ * The port every implementation answers asynchronously: SQLite (embedded, one node) answers at
+ * once, PostgreSQL (a fleet) over the network. Writes that must land together go through
+ * `atomically`, whose callback is handed a store bound to the transaction.
+ */
 export interface StateStore {
   /**
-   * Goes up with every change to a sandbox made through this store (the daemon's only writer):
-   * a reader in the same process may keep what it read while this stays the same.
+   * Goes up with every change to a sandbox made through this store, for a reader in the same
+   * process that keeps what it read while this stays the same. Undefined where other
+   * processes write the same database (PostgreSQL shared by nodes): nothing may be kept.
    */
-  readonly sandboxVersion: number;
-  insertToken(t: TokenRow): void;
-  listTokens(): TokenRow[];
-  revokeToken(hash: string, at: number): boolean;
-  insertSandbox(s: Sandbox, reason: string): void;
-  getSandbox(id: string): Sandbox | undefined;
-  listSandboxes(tenant?: string): Sandbox[];
+  readonly sandboxVersion: number | undefined;
+  insertToken(t: TokenRow): Promise<void>;
+  listTokens(): Promise<TokenRow[]>;
+  revokeToken(hash: string, at: number): Promise<boolean>;
+  insertSandbox(s: Sandbox, reason: string): Promise<void>;
+  getSandbox(id: string): Promise<Sandbox | undefined>;
+  listSandboxes(tenant?: string): Promise<Sandbox[]>;
   /** The sandboxes `q` selects, in a stable order: createdAt, then id. */
-  querySandboxes(q: SandboxQuery): Sandbox[];
-  /** Runs `fn` as one transaction: all of its writes land, or none. */
-  atomically<T>(fn: () => T): T;
+  querySandboxes(q: SandboxQuery): Promise<Sandbox[]>;
+  /**
+   * Runs `fn` as one transaction: all of its writes land, or none (a throw rolls back). `fn`
+   * works through `tx`, a store bound to the transaction; other callers of this store wait
+   * (SQLite) or see the rows as before until it commits (PostgreSQL). Calling `atomically` on
+   * `tx` runs the inner callback in the same transaction.
+   */
+  atomically<T>(fn: (tx: StateStore) => Promise<T>): Promise<T>;
   /**
    * Moves a sandbox from `from` to `to` and records the transition, atomically; returns false
-   * (changing nothing) when the sandbox is no longer in `from`.
+   * (changing nothing) when the sandbox is no longer in `from`. Two callers racing on the same
+   * sandbox and `from`: exactly one gets true, also across processes sharing the database.
    */
   transition(
     id: string,
@@ -75,28 +98,40 @@ export interface StateStore {
     reason: string,
     at: number,
     patch?: Partial<Sandbox>,
-  ): boolean;
-  updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): void;
-  deleteSandbox(id: string, reason: string, at: number): void;
+  ): Promise<boolean>;
+  updateSandbox(id: string, patch: Partial<Omit<Sandbox, 'id' | 'state'>>): Promise<void>;
+  deleteSandbox(id: string, reason: string, at: number): Promise<void>;
   /**
    * Records something that happened to a sandbox without changing its state (the idle policy
    * skipped it, and why): a transition from its state to the same state, seen in the events.
    */
-  note(id: string, reason: string, at: number): void;
-  transitions(opts?: { sinceId?: number; sandboxId?: string; limit?: number }): Transition[];
-  insertCheckpoint(c: CheckpointRecord): void;
-  getCheckpoint(id: string): CheckpointRecord | undefined;
-  listCheckpoints(opts?: { sandboxId?: string; tenant?: string }): CheckpointRecord[];
+  note(id: string, reason: string, at: number): Promise<void>;
+  transitions(opts?: { sinceId?: number; sandboxId?: string; limit?: number }): Promise<Transition[]>;
+  insertCheckpoint(c: CheckpointRecord): Promise<void>;
+  getCheckpoint(id: string): Promise<CheckpointRecord | undefined>;
+  listCheckpoints(opts?: { sandboxId?: string; tenant?: string }): Promise<CheckpointRecord[]>;
   /** Marks the checkpoint deleted at `at` (kept for metering; no longer listed). */
-  deleteCheckpoint(id: string, at?: number): void;
+  deleteCheckpoint(id: string, at?: number): Promise<void>;
   /** Every checkpoint ever recorded, with its deletion time if deleted. */
-  checkpointHistory(): (CheckpointRecord & { deletedAt?: number })[];
-  insertSamples(samples: readonly StoredSample[]): void;
-  samples(opts?: { since?: number; until?: number }): MeterSample[];
+  checkpointHistory(): Promise<(CheckpointRecord & { deletedAt?: number })[]>;
+  insertSamples(samples: readonly StoredSample[]): Promise<void>;
+  samples(opts?: { since?: number; until?: number }): Promise<MeterSample[]>;
   /**
    * One sandbox's samples from `since` on, oldest first, at most `limit`, preceded by the last
    * one before `since` if any (a rate needs the sample before).
    */
-  sandboxSamples(sandboxId: string, opts: { since: number; limit: number }): StoredSample[];
-  close(): void;
+  sandboxSamples(sandboxId: string, opts: { since: number; limit: number }): Promise<StoredSample[]>;
+  putRegistryCredential(r: RegistryCredentialRow): Promise<void>;
+  /** One tenant's logins (every tenant's when undefined), by host. */
+  listRegistryCredentials(tenant?: string): Promise<RegistryCredentialRow[]>;
+  /** False when it was not there. */
+  deleteRegistryCredential(tenant: string, host: string): Promise<boolean>;
+  /** The templates, in the same database (state/templates.ts); bound to the transaction on a `tx`. */
+  templates(): TemplateStore;
+  /**
+   * Rewrites the storage so nothing overwritten stays readable in it (SQLite: VACUUM and an
+   * emptied WAL). Absent where the database manages that itself.
+   */
+  compact?(): Promise<void>;
+  close(): Promise<void>;
 }

@@ -25,13 +25,13 @@ export interface TemplateRecord {
 
 export interface TemplateStore {
   /** Throws TEMPLATE_NAME_TAKEN when the tenant already has a template of that name. */
-  insertTemplate(t: TemplateRecord): void;
-  getTemplate(id: string): TemplateRecord | undefined;
+  insertTemplate(t: TemplateRecord): Promise<void>;
+  getTemplate(id: string): Promise<TemplateRecord | undefined>;
   /** The tenant's own and every public template (undefined: every template), oldest first. */
-  listTemplates(tenant?: string): TemplateRecord[];
-  setTemplatePublic(id: string, isPublic: boolean): void;
+  listTemplates(tenant?: string): Promise<TemplateRecord[]>;
+  setTemplatePublic(id: string, isPublic: boolean): Promise<void>;
   /** False when it was not there. */
-  deleteTemplate(id: string): boolean;
+  deleteTemplate(id: string): Promise<boolean>;
 }
 
 /** The table, appended to the store's migrations. */
@@ -69,53 +69,69 @@ const toTemplate = (r: TemplateRow): TemplateRecord => ({
   createdAt: r.created_at,
 });
 
+/**
+ * The templates table of the state store's SQLite database. `run` is how the store reaches its
+ * rows (after an open transaction, or inside it for a transaction's store): each call goes
+ * through it.
+ */
 export class SqliteTemplateStore implements TemplateStore {
-  constructor(private readonly db: Database.Database) {}
+  constructor(
+    private readonly db: Database.Database,
+    private readonly run: <T>(f: () => T) => Promise<T>,
+  ) {}
 
-  insertTemplate(t: TemplateRecord): void {
-    try {
-      this.db
-        .prepare(
-          'INSERT INTO templates (id, tenant, name, public, checkpoint_id, spec, origin, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-        )
-        .run(
-          t.id,
-          t.tenant,
-          t.name,
-          t.public ? 1 : 0,
-          t.checkpointId,
-          JSON.stringify(t.spec),
-          t.origin,
-          t.createdAt,
-        );
-    } catch (e) {
-      if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_UNIQUE')
-        throw new DormantError(ErrorCode.TEMPLATE_NAME_TAKEN, `a template named ${t.name} already exists`);
-      throw e;
-    }
+  insertTemplate(t: TemplateRecord): Promise<void> {
+    return this.run(() => {
+      try {
+        this.db
+          .prepare(
+            'INSERT INTO templates (id, tenant, name, public, checkpoint_id, spec, origin, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+          )
+          .run(
+            t.id,
+            t.tenant,
+            t.name,
+            t.public ? 1 : 0,
+            t.checkpointId,
+            JSON.stringify(t.spec),
+            t.origin,
+            t.createdAt,
+          );
+      } catch (e) {
+        if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_UNIQUE')
+          throw new DormantError(ErrorCode.TEMPLATE_NAME_TAKEN, `a template named ${t.name} already exists`);
+        throw e;
+      }
+    });
   }
 
-  getTemplate(id: string): TemplateRecord | undefined {
-    const r = this.db.prepare('SELECT * FROM templates WHERE id = ?').get(id) as TemplateRow | undefined;
-    return r && toTemplate(r);
+  getTemplate(id: string): Promise<TemplateRecord | undefined> {
+    return this.run(() => {
+      const r = this.db.prepare('SELECT * FROM templates WHERE id = ?').get(id) as TemplateRow | undefined;
+      return r && toTemplate(r);
+    });
   }
 
-  listTemplates(tenant?: string): TemplateRecord[] {
-    const rows = (
-      tenant === undefined
-        ? this.db.prepare('SELECT * FROM templates ORDER BY created_at, id').all()
-        : this.db
-            .prepare('SELECT * FROM templates WHERE tenant = ? OR public = 1 ORDER BY created_at, id')
-            .all(tenant)
-    ) as TemplateRow[];
-    return rows.map(toTemplate);
+  listTemplates(tenant?: string): Promise<TemplateRecord[]> {
+    return this.run(() => {
+      const rows = (
+        tenant === undefined
+          ? this.db.prepare('SELECT * FROM templates ORDER BY created_at, id').all()
+          : this.db
+              .prepare('SELECT * FROM templates WHERE tenant = ? OR public = 1 ORDER BY created_at, id')
+              .all(tenant)
+      ) as TemplateRow[];
+      return rows.map(toTemplate);
+    });
   }
 
-  setTemplatePublic(id: string, isPublic: boolean): void {
-    this.db.prepare('UPDATE templates SET public = ? WHERE id = ?').run(isPublic ? 1 : 0, id);
+  setTemplatePublic(id: string, isPublic: boolean): Promise<void> {
+    return this.run(() => {
+      this.db.prepare('UPDATE templates SET public = ? WHERE id = ?').run(isPublic ? 1 : 0, id);
+    });
   }
 
-  deleteTemplate(id: string): boolean {
-    return this.db.prepare('DELETE FROM templates WHERE id = ?').run(id).changes > 0;
+  deleteTemplate(id: string): Promise<boolean> {
+    return this.run(() => this.db.prepare('DELETE FROM templates WHERE id = ?').run(id).changes > 0);
   }
 }

@@ -162,9 +162,9 @@ describe('E2B front: the real E2B SDK', () => {
 
     // ---- refusals ----
     // A wrong key: E2B's AuthenticationError, nothing made.
-    const before = daemon.controller.list().length;
+    const before = (await daemon.controller.list()).length;
     await assert.rejects(Sandbox.create('base', { apiKey: 'e2b_0123456789abcdef' }), e2b.AuthenticationError);
-    assert.equal(daemon.controller.list().length, before);
+    assert.equal((await daemon.controller.list()).length, before);
     // Another tenant's sandbox id: not found, as if it were not there; it is not killed.
     await assert.rejects(Sandbox.connect(id, { apiKey: otherKey }), e2b.NotFoundError);
     assert.equal(await Sandbox.kill(id, { apiKey: otherKey }), false);

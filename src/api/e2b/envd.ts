@@ -39,7 +39,7 @@ import { readMultipart } from './multipart.js';
 export interface EnvdDeps {
   controller: SandboxController;
   /** The sandbox of an envd request, its access token checked; throws otherwise. */
-  sandboxOf(req: FastifyRequest): Sandbox;
+  sandboxOf(req: FastifyRequest): Promise<Sandbox>;
   /** Largest multipart upload read into memory (an octet-stream one is streamed). */
   maxMultipartBytes: number;
 }
@@ -197,11 +197,11 @@ async function streamEvents(reply: FastifyReply, h: ProcessHandle, pty: boolean,
 /** Registers envd's routes on `app` (the E2B front's own server). */
 export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
   const { controller } = deps;
-  const withAgent = <T>(
+  const withAgent = async <T>(
     req: FastifyRequest,
     fn: (agent: AgentClient, s: Sandbox) => Promise<T>,
   ): Promise<T> => {
-    const s = deps.sandboxOf(req);
+    const s = await deps.sandboxOf(req);
     return controller.toolbox(s.id, s.tenant, fn);
   };
 
@@ -382,10 +382,11 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
   // Polling watchers (the Python SDK's synchronous watch_dir): the same watch, its events kept
   // until asked for. Bounded in number and in events kept; one not polled for a while ends.
   const watchers = new Map<string, PolledWatcher>();
-  const watcherOf = (b: Json, req: FastifyRequest): PolledWatcher => {
+  const watcherOf = async (b: Json, req: FastifyRequest): Promise<PolledWatcher> => {
     const w = watchers.get(str(b.watcherId, 'watcherId')!);
     // Another sandbox's watcher is as unknown as one never made.
-    if (!w || w.sandboxId !== deps.sandboxOf(req).id) throw new ConnectError('not_found', 'no such watcher');
+    if (!w || w.sandboxId !== (await deps.sandboxOf(req)).id)
+      throw new ConnectError('not_found', 'no such watcher');
     w.polledAt = Date.now();
     return w;
   };
@@ -409,12 +410,12 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
   );
 
   unary('/filesystem.Filesystem/GetWatcherEvents', async (b, req) => {
-    const w = watcherOf(b, req);
+    const w = await watcherOf(b, req);
     return { events: w.events.splice(0) };
   });
 
   unary('/filesystem.Filesystem/RemoveWatcher', async (b, req) => {
-    const w = watcherOf(b, req);
+    const w = await watcherOf(b, req);
     w.close();
     watchers.delete(str(b.watcherId, 'watcherId')!);
     return {};
@@ -479,7 +480,7 @@ export function registerEnvd(app: FastifyInstance, deps: EnvdDeps): void {
   // The SDK's probe after a dropped connection: a sandbox that sleeps is woken by the next
   // call, so any sandbox still there is healthy.
   app.get('/health', async (req, reply) => {
-    deps.sandboxOf(req);
+    await deps.sandboxOf(req);
     return reply.status(204).send();
   });
 }

@@ -82,13 +82,13 @@ export async function startE2bFront(opts: E2bFrontOptions): Promise<E2bFront> {
     }
   };
 
-  const principalOf = (req: FastifyRequest): Principal => {
+  const principalOf = async (req: FastifyRequest): Promise<Principal> => {
     const key = req.headers['x-api-key'];
     if (typeof key !== 'string' || key === '') throw new Unauthorized('no API key (X-API-Key)');
-    return authenticate(`Bearer ${key}`, store.listTokens());
+    return authenticate(`Bearer ${key}`, await store.listTokens());
   };
 
-  const sandboxOf = (req: FastifyRequest): Sandbox => {
+  const sandboxOf = async (req: FastifyRequest): Promise<Sandbox> => {
     const id = req.headers['e2b-sandbox-id'];
     const token = req.headers['x-access-token'];
     if (typeof id !== 'string' || id === '' || id.length > 200)
@@ -97,7 +97,7 @@ export async function startE2bFront(opts: E2bFrontOptions): Promise<E2bFront> {
     const got = Buffer.from(typeof token === 'string' ? token : '');
     if (got.length !== want.length || !timingSafeEqual(got, want))
       throw new ConnectError('unauthenticated', 'invalid access token for this sandbox (X-Access-Token)');
-    return controller.get(id);
+    return await controller.get(id);
   };
 
   // Connect's streaming requests come as an enveloped body: bytes, read by the route.
@@ -139,8 +139,8 @@ export async function startE2bFront(opts: E2bFrontOptions): Promise<E2bFront> {
     principalOf,
     accessToken,
     domain: opts.domain,
-    metrics: (id, since) =>
-      metricPoints(store.sandboxSamples(id, { since, limit: MAX_METRIC_POINTS }), since),
+    metrics: async (id, since) =>
+      metricPoints(await store.sandboxSamples(id, { since, limit: MAX_METRIC_POINTS }), since),
   });
   registerEnvd(app, { controller, sandboxOf, maxMultipartBytes: opts.maxMultipartBytes ?? 64 * 1024 * 1024 });
 

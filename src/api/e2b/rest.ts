@@ -23,12 +23,12 @@ const MAX_FORKS = 16;
 export interface RestDeps {
   controller: SandboxController;
   templates: Readonly<Record<string, E2bTemplate>>;
-  principalOf(req: FastifyRequest): Principal;
+  principalOf(req: FastifyRequest): Promise<Principal>;
   accessToken(sandboxId: string): string;
   /** E2B_DOMAIN: the wake proxy's domain, where `getHost(port)` leads. */
   domain: string | undefined;
   /** The meter's points for a sandbox from `since` (ms) on (GET /v1/sandboxes/ID/metrics's). */
-  metrics(sandboxId: string, since: number): MetricPoint[];
+  metrics(sandboxId: string, since: number): Promise<MetricPoint[]>;
 }
 
 type Json = Record<string, unknown>;
@@ -74,8 +74,8 @@ function metadata(s: Sandbox): Record<string, string> {
 
 export function registerRest(app: FastifyInstance, deps: RestDeps): void {
   const { controller } = deps;
-  const scope = (req: FastifyRequest): { tenant: string | undefined; p: Principal } => {
-    const p = deps.principalOf(req);
+  const scope = async (req: FastifyRequest): Promise<{ tenant: string | undefined; p: Principal }> => {
+    const p = await deps.principalOf(req);
     return { tenant: p.admin ? undefined : p.tenant, p };
   };
   const idOf = (req: FastifyRequest): string => {
@@ -115,9 +115,9 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
     };
   };
 
-  const hasDormantTemplate = (name: string, tenant: string): boolean => {
+  const hasDormantTemplate = async (name: string, tenant: string): Promise<boolean> => {
     try {
-      controller.getTemplate(name, tenant);
+      await controller.getTemplate(name, tenant);
       return true;
     } catch (e) {
       if (isDormantError(e, 'TEMPLATE_NOT_FOUND')) return false;
@@ -126,14 +126,14 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
   };
 
   app.post('/v2/sandboxes', async (req, reply) => {
-    const { p } = scope(req);
+    const { p } = await scope(req);
     const b = body(req);
     const templateID = typeof b.templateID === 'string' && b.templateID !== '' ? b.templateID : 'base';
     const idle = timeoutMs(b.timeout);
     const envs = metadataOf(b.envVars);
     // A dormant template of that name (the tenant's own, or a public one) wins over the
     // configured map: the sandbox starts with the template's memory in place.
-    if (!Object.hasOwn(deps.templates, templateID) && hasDormantTemplate(templateID, p.tenant)) {
+    if (!Object.hasOwn(deps.templates, templateID) && (await hasDormantTemplate(templateID, p.tenant))) {
       const s = await controller.create({
         tenant: p.tenant,
         template: templateID,
@@ -162,15 +162,14 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
   });
 
   const list = async (req: FastifyRequest, reply: import('fastify').FastifyReply): Promise<unknown> => {
-    const { tenant } = scope(req);
+    const { tenant } = await scope(req);
     const q = req.query as Record<string, unknown>;
     // metadata=k1%3Dv1%26k2%3Dv2 (a query string of its own); state=running,paused.
     const want = typeof q.metadata === 'string' ? new URLSearchParams(q.metadata) : undefined;
     const states = typeof q.state === 'string' ? q.state.split(',') : ['running', 'paused'];
     const limit = Math.min(1000, Math.max(1, Number(q.limit) || 1000));
     const after = typeof q.nextToken === 'string' ? q.nextToken : undefined;
-    const all = controller
-      .list(tenant)
+    const all = (await controller.list(tenant))
       .filter((s) => s.state !== 'deleting')
       .filter((s) => states.includes(stateOf(s)))
       .filter((s) => !want || [...want].every(([k, v]) => metadata(s)[k] === v))
@@ -184,18 +183,22 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
   app.get('/sandboxes', list);
 
   app.get('/sandboxes/:id', async (req) => {
-    const s = controller.get(idOf(req), scope(req).tenant);
+    const s = await controller.get(idOf(req), (await scope(req)).tenant);
     return { ...listed(s), envdAccessToken: deps.accessToken(s.id), domain: deps.domain ?? null };
   });
 
   app.delete('/sandboxes/:id', async (req, reply) => {
-    await controller.remove(controller.get(idOf(req), scope(req).tenant).id, scope(req).tenant, 'e2b kill');
+    await controller.remove(
+      (await controller.get(idOf(req), (await scope(req)).tenant)).id,
+      (await scope(req)).tenant,
+      'e2b kill',
+    );
     return reply.status(204).send();
   });
 
   app.post('/sandboxes/:id/pause', async (req, reply) => {
-    const { tenant } = scope(req);
-    const s = controller.get(idOf(req), tenant);
+    const { tenant } = await scope(req);
+    const s = await controller.get(idOf(req), tenant);
     if (s.state === 'hibernated' || s.state === 'archived')
       throw new DormantError(ErrorCode.ILLEGAL_TRANSITION, `sandbox ${s.id} is already paused`);
     await controller.hibernate(s.id, tenant, 'e2b pause');
@@ -203,12 +206,12 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
   });
 
   const connect = async (req: FastifyRequest, reply: import('fastify').FastifyReply): Promise<unknown> => {
-    const { tenant } = scope(req);
+    const { tenant } = await scope(req);
     const idle = timeoutMs(body(req).timeout);
-    let s = controller.get(idOf(req), tenant);
+    let s = await controller.get(idOf(req), tenant);
     const asleep = s.state !== 'running';
     if (asleep) s = await controller.resume(s.id, tenant, 'e2b connect');
-    if (idle !== undefined) s = controller.update(s.id, tenant, { policy: { hibernateAfterMs: idle } });
+    if (idle !== undefined) s = await controller.update(s.id, tenant, { policy: { hibernateAfterMs: idle } });
     return reply.status(asleep ? 201 : 200).send(created(s));
   };
   app.post('/v2/sandboxes/:id/connect', connect);
@@ -216,27 +219,30 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
   app.post('/sandboxes/:id/resume', connect);
 
   app.post('/sandboxes/:id/timeout', async (req, reply) => {
-    const { tenant } = scope(req);
+    const { tenant } = await scope(req);
     const idle = timeoutMs(body(req).timeout);
     if (idle === undefined) throw new DormantError(ErrorCode.INVALID_ARGUMENT, 'timeout is required');
-    controller.update(controller.get(idOf(req), tenant).id, tenant, { policy: { hibernateAfterMs: idle } });
+    await controller.update((await controller.get(idOf(req), tenant)).id, tenant, {
+      policy: { hibernateAfterMs: idle },
+    });
     return reply.status(204).send();
   });
 
   app.post('/sandboxes/:id/fork', async (req) => {
-    const { tenant } = scope(req);
+    const { tenant } = await scope(req);
     const b = body(req);
     const count = b.count === undefined || b.count === null ? 1 : Number(b.count);
     if (!Number.isInteger(count) || count < 1 || count > MAX_FORKS)
       throw new DormantError(ErrorCode.INVALID_ARGUMENT, `count: 1 to ${MAX_FORKS}`);
     const idle = timeoutMs(b.timeout);
-    const origin = controller.get(idOf(req), tenant);
+    const origin = await controller.get(idOf(req), tenant);
     const out: Json[] = [];
     // One after the other: each fork checkpoints its origin, which holds the origin's lock.
     for (let i = 0; i < count; i++) {
       try {
         let f = await controller.fork(origin.id, tenant);
-        if (idle !== undefined) f = controller.update(f.id, tenant, { policy: { hibernateAfterMs: idle } });
+        if (idle !== undefined)
+          f = await controller.update(f.id, tenant, { policy: { hibernateAfterMs: idle } });
         out.push({ sandbox: created(f) });
       } catch (e) {
         const status = e instanceof DormantError ? e.status : 500;
@@ -252,8 +258,8 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
   // `Sandbox.create(snapshotId)` then starts from one like from any dormant template.
   const snapshotInfo = (name: string): Json => ({ snapshotID: name, names: [name] });
   app.post('/sandboxes/:id/snapshots', async (req, reply) => {
-    const { tenant, p } = scope(req);
-    const s = controller.get(idOf(req), tenant);
+    const { tenant, p } = await scope(req);
+    const s = await controller.get(idOf(req), tenant);
     const b = body(req);
     const name =
       typeof b.name === 'string' && b.name !== ''
@@ -263,30 +269,28 @@ export function registerRest(app: FastifyInstance, deps: RestDeps): void {
     return reply.status(201).send(snapshotInfo(t.name));
   });
   app.get('/snapshots', async (req) => {
-    const { tenant } = scope(req);
+    const { tenant } = await scope(req);
     const q = req.query as Record<string, unknown>;
-    return controller
-      .listTemplates(tenant)
+    return (await controller.listTemplates(tenant))
       .filter((t) => tenant === undefined || t.tenant === tenant)
       .filter((t) => typeof q.sandboxID !== 'string' || t.origin === `sandbox ${q.sandboxID}`)
       .filter((t) => typeof q.name !== 'string' || t.name === q.name || t.id === q.name)
       .map((t) => snapshotInfo(t.name));
   });
   app.delete('/templates/:id', async (req, reply) => {
-    await controller.removeTemplate(idOf(req), scope(req).tenant);
+    await controller.removeTemplate(idOf(req), (await scope(req)).tenant);
     return reply.status(204).send();
   });
 
   // The meter's samples in E2B's shape: `start`/`end` in Unix seconds (default: the last hour).
   app.get('/sandboxes/:id/metrics', async (req) => {
-    const s = controller.get(idOf(req), scope(req).tenant);
+    const s = await controller.get(idOf(req), (await scope(req)).tenant);
     const q = req.query as Record<string, unknown>;
     const start = Number(q.start);
     const end = Number(q.end);
     const since = Number.isFinite(start) && start > 0 ? start * 1000 : Date.now() - 3_600_000;
     const until = Number.isFinite(end) && end > 0 ? end * 1000 : Infinity;
-    return deps
-      .metrics(s.id, since)
+    return (await deps.metrics(s.id, since))
       .filter((m) => m.at <= until)
       .map((m) => ({
         timestamp: new Date(m.at).toISOString(),

@@ -45,7 +45,7 @@ export async function startTestDaemon(opts: DaemonOptions): Promise<TestDaemon> 
 /** Removes every sandbox `daemon` still has (as cleanup: errors are ignored), then closes it. */
 export async function stopTestDaemon(daemon: Daemon | undefined): Promise<void> {
   if (daemon === undefined) return;
-  for (const s of daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
+  for (const s of await daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
   await daemon.close();
 }
 

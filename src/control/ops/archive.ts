@@ -19,7 +19,7 @@ export async function archiveSandbox(
   tenant: string | undefined,
   reason: string,
 ): Promise<Sandbox> {
-  const s = ctx.get(id, tenant);
+  const s = await ctx.get(id, tenant);
   assertLegal('archive', s.state, id);
   if (isNoop('archive', s.state)) return s;
   const ckId = newId('ck', randomBytes);
@@ -56,12 +56,12 @@ export async function archiveSandbox(
   // others dropped. A crash before it leaves the sandbox as it was (the start-up sweep
   // deletes the unrecorded copy); after it, an archived sandbox whose processes reconcile
   // ends and whose old vault copies the sweep deletes.
-  const old = ctx.store.listCheckpoints({ sandboxId: id });
+  const old = await ctx.store.listCheckpoints({ sandboxId: id });
   const now = ctx.clock.now();
-  ctx.store.atomically(() => {
-    ctx.store.insertCheckpoint(fsCk);
-    for (const c of old) ctx.store.deleteCheckpoint(c.id, now);
-    ctx.store.transition(id, s.state, 'archived', reason, now, {
+  await ctx.store.atomically(async (tx) => {
+    await tx.insertCheckpoint(fsCk);
+    for (const c of old) await tx.deleteCheckpoint(c.id, now);
+    await tx.transition(id, s.state, 'archived', reason, now, {
       memoryBytes: 0,
       checkpointId: fsCk.id,
     });
@@ -71,7 +71,7 @@ export async function archiveSandbox(
   await ctx.runtime.emptyLayer(id);
   ctx.step('archive:ended');
   for (const c of old) await ctx.vault.deleteCheckpoint({ tenant: s.tenant, checkpointId: c.id });
-  return ctx.get(id);
+  return await ctx.get(id);
 }
 
 /**
@@ -85,7 +85,7 @@ async function archiveDiff(
   scratch: string,
   tarPath: string,
 ): Promise<void> {
-  const ck = s.checkpointId !== undefined ? ctx.store.getCheckpoint(s.checkpointId) : undefined;
+  const ck = s.checkpointId !== undefined ? await ctx.store.getCheckpoint(s.checkpointId) : undefined;
   if (s.state === 'hibernated' && ck && ck.meta[FS_META] === 'tar') {
     await ctx.vault.restoreCheckpoint({ tenant: s.tenant, checkpointId: ck.id, destDir: scratch });
     await rename(join(scratch, FS_DIFF), tarPath);

@@ -163,15 +163,15 @@ export async function createSandbox(ctx: LifecycleContext, input: CreateSandboxI
       const st = await t.time('runtime create', () => ctx.runtime.create(spec, { timer: t }));
       ctx.step('create:created');
       await t.time('runtime start', () => ctx.runtime.start(id, { timer: t }));
-      ctx.store.transition(id, 'creating', 'running', 'create', ctx.clock.now(), {
+      await ctx.store.transition(id, 'creating', 'running', 'create', ctx.clock.now(), {
         address: st.network.address,
       });
       ctx.report(t.finish('create', id, true));
-      return ctx.get(id);
+      return await ctx.get(id);
     } catch (e) {
       ctx.report(t.finish('create', id, false));
       await ctx.runtime.destroy(id).catch((x: unknown) => ctx.warnCleanup(id, 'destroy', x));
-      ctx.store.transition(id, 'creating', 'failed', 'create failed', ctx.clock.now(), {
+      await ctx.store.transition(id, 'creating', 'failed', 'create failed', ctx.clock.now(), {
         lastError: asError(e).message,
       });
       throw e;
@@ -192,7 +192,7 @@ async function recordSandbox(
   if (command.length === 0) throw invalid('a sandbox needs a command', 'dormant create ... -- CMD ARG...');
   const id = newId('sb', randomBytes);
   const name = validateName(input.name ?? id);
-  if (ctx.store.listSandboxes(input.tenant).some((s) => s.name === name)) {
+  if ((await ctx.store.listSandboxes(input.tenant)).some((s) => s.name === name)) {
     throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`);
   }
   const ports = (input.ports ?? []).map((p) => (typeof p === 'number' ? { port: p, public: false } : p));
@@ -234,6 +234,6 @@ async function recordSandbox(
     lastActiveAt: now,
     memoryBytes: 0,
   };
-  ctx.store.insertSandbox(sandbox, 'create');
+  await ctx.store.insertSandbox(sandbox, 'create');
   return sandbox;
 }

@@ -14,10 +14,10 @@ export async function sealStoredEnv(
   const secrets = ctx.opts.secrets;
   if (!secrets) return 0;
   let n = 0;
-  for (const s of ctx.store.listSandboxes()) {
+  for (const s of await ctx.store.listSandboxes()) {
     if (isSealed(s.spec.env)) continue;
     await ctx.locks.run(s.id, async () => {
-      const cur = ctx.store.getSandbox(s.id);
+      const cur = await ctx.store.getSandbox(s.id);
       if (!cur || isSealed(cur.spec.env)) return;
       // Values sealed already (none, unless a start was cut short) are opened first.
       const clear: Record<string, string> = {};
@@ -27,7 +27,7 @@ export async function sealStoredEnv(
         else clear[k] = v;
       const opened = await secrets.open(cur.tenant, cur.id, sealed);
       const env = await secrets.seal(cur.tenant, cur.id, { ...opened, ...clear });
-      ctx.store.updateSandbox(cur.id, { spec: { ...cur.spec, env } });
+      await ctx.store.updateSandbox(cur.id, { spec: { ...cur.spec, env } });
       n++;
     });
   }

@@ -31,7 +31,7 @@ export async function exportArchive(
     signal?: AbortSignal;
   },
 ): Promise<{ file: string; sizeBytes: number; findings: number; close(): Promise<void> }> {
-  const c = ctx.store.getCheckpoint(ckId);
+  const c = await ctx.store.getCheckpoint(ckId);
   if (!c || (tenant !== undefined && c.tenant !== tenant))
     throw new DormantError('CHECKPOINT_NOT_FOUND', `no checkpoint ${ckId.slice(0, 80)}`);
   if (c.kind !== 'memory')
@@ -39,7 +39,7 @@ export async function exportArchive(
       'CHECKPOINT_FILESYSTEM_ONLY',
       `checkpoint ${ckId} holds only a filesystem (no processes)`,
     );
-  const s = ctx.store.getSandbox(c.sandboxId);
+  const s = await ctx.store.getSandbox(c.sandboxId);
   const dir = ctx.staging(`${ckId}-export-${randomBytes(4).toString('hex')}`);
   await mkdir(dir, { recursive: true, mode: 0o700 });
   const close = () => ctx.wipe(dir);

@@ -21,11 +21,11 @@ export async function forkSandbox(
   tenant: string | undefined,
   opts: { name?: string; labels?: Record<string, string> },
 ): Promise<Sandbox> {
-  const src = ctx.get(id, tenant);
+  const src = await ctx.get(id, tenant);
   assertLegal('fork', src.state, src.id);
   const forkId = newId('sb', randomBytes);
   const name = validateName(opts.name ?? forkId);
-  if (ctx.store.listSandboxes(src.tenant).some((x) => x.name === name)) {
+  if ((await ctx.store.listSandboxes(src.tenant)).some((x) => x.name === name)) {
     throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`);
   }
   const now = ctx.clock.now();
@@ -57,7 +57,7 @@ export async function forkSandbox(
   try {
     // Under the source's lock: a consistent checkpoint and filesystem copy of the source.
     const ckId = await ctx.locks.run(src.id, async () => {
-      const cur = ctx.get(src.id);
+      const cur = await ctx.get(src.id);
       assertLegal('fork', cur.state, src.id);
       let ck = cur.checkpointId;
       if (cur.state === 'running' || cur.state === 'paused') {
@@ -66,17 +66,17 @@ export async function forkSandbox(
         await ctx.runtime.freeze(src.id);
         try {
           const rec = await dumpToVault(ctx, cur, ck, dir, 'fork', t);
-          ctx.store.insertCheckpoint(rec);
-          ctx.store.updateSandbox(src.id, { checkpointId: ck });
-          ctx.store.insertSandbox(sandbox, `fork of ${src.id}`);
+          await ctx.store.insertCheckpoint(rec);
+          await ctx.store.updateSandbox(src.id, { checkpointId: ck });
+          await ctx.store.insertSandbox(sandbox, `fork of ${src.id}`);
         } finally {
           if (cur.state === 'running') await ctx.runtime.thaw(src.id);
         }
         await ctx.pruneCheckpoints(src.id, src.tenant);
       } else {
-        ctx.store.insertSandbox(sandbox, `fork of ${src.id}`);
+        await ctx.store.insertSandbox(sandbox, `fork of ${src.id}`);
         // A checkpoint from before diffs went into the vault: the diff is on disk.
-        const rec = ck !== undefined ? ctx.store.getCheckpoint(ck) : undefined;
+        const rec = ck !== undefined ? await ctx.store.getCheckpoint(ck) : undefined;
         if (rec?.meta[FS_META] !== 'tar') await copyFilesystem(ctx, src.id, forkId);
       }
       if (ck === undefined)
@@ -88,11 +88,11 @@ export async function forkSandbox(
       await t.time('vault fetch', () =>
         ctx.vault.restoreCheckpoint({ tenant: src.tenant, checkpointId: ckId, destDir: images }),
       );
-      await ctx.checkImported(images, ctx.store.getCheckpoint(ckId));
+      await ctx.checkImported(images, await ctx.store.getCheckpoint(ckId));
       // The checkpoint's diff (the source's files when it was dumped) is the fork's start,
       // written before its overlay is mounted (restore mounts it), after prepare has made
       // (and mounted) its writable layer's disk image.
-      await ctx.runtime.prepare(await ctx.runtimeSpec(ctx.get(forkId)), {
+      await ctx.runtime.prepare(await ctx.runtimeSpec(await ctx.get(forkId)), {
         timer: t,
         mountRootfs: false,
       });
@@ -102,16 +102,16 @@ export async function forkSandbox(
           .restore(forkId, { imagesDir: images, workDir: join(dir, 'work'), timer: t })
           .then(() => ctx.runtime.state(forkId)),
       );
-      ctx.store.transition(forkId, 'creating', 'running', `fork of ${src.id}`, ctx.clock.now(), {
+      await ctx.store.transition(forkId, 'creating', 'running', `fork of ${src.id}`, ctx.clock.now(), {
         address: st.network.address,
       });
       ok = true;
-      return ctx.get(forkId);
+      return await ctx.get(forkId);
     });
   } catch (e) {
-    if (ctx.store.getSandbox(forkId)) {
+    if (await ctx.store.getSandbox(forkId)) {
       await ctx.runtime.destroy(forkId).catch((x: unknown) => ctx.warnCleanup(forkId, 'destroy', x));
-      ctx.store.transition(forkId, 'creating', 'failed', 'fork failed', ctx.clock.now(), {
+      await ctx.store.transition(forkId, 'creating', 'failed', 'fork failed', ctx.clock.now(), {
         lastError: asError(e).message,
       });
     }
@@ -124,7 +124,7 @@ export async function forkSandbox(
 
 /** Prepares the fork's runtime side and copies the source's writable layer into it. */
 async function copyFilesystem(ctx: LifecycleContext, srcId: string, forkId: string): Promise<void> {
-  const fork = ctx.store.getSandbox(forkId)!;
+  const fork = (await ctx.store.getSandbox(forkId))!;
   await ctx.runtime.prepare(await ctx.runtimeSpec(fork));
   await ctx.runtime.copyLayer(srcId, forkId);
 }

@@ -20,7 +20,7 @@ export async function hibernate(
   reason: string,
   answer: (s: Sandbox) => void,
 ): Promise<void> {
-  const s = ctx.get(id, tenant);
+  const s = await ctx.get(id, tenant);
   assertLegal('hibernate', s.state, id);
   if (isNoop('hibernate', s.state)) {
     answer(s);
@@ -32,7 +32,7 @@ export async function hibernate(
   const gpuFacts = holders.length > 0 ? await ctx.gpu.checkpointFacts() : undefined;
   const ckId = newId('ck', randomBytes);
   const dir = ctx.staging(ckId);
-  ctx.store.transition(id, before, 'hibernating', reason, ctx.clock.now());
+  await ctx.store.transition(id, before, 'hibernating', reason, ctx.clock.now());
   const t = ctx.timer();
   let committed = false;
   let reported = false;
@@ -59,8 +59,8 @@ export async function hibernate(
       // committed, beside the end of the processes: not on the way to the commit.
       const rec = await dumpToVault(ctx, s, ckId, dir, 'hibernate', t, false, gpuMeta);
       await t.time('commit', async () => {
-        ctx.store.insertCheckpoint(rec);
-        ctx.store.updateSandbox(id, { checkpointId: ckId });
+        await ctx.store.insertCheckpoint(rec);
+        await ctx.store.updateSandbox(id, { checkpointId: ckId });
       });
       committed = true;
       ctx.step('hibernate:committed');
@@ -79,7 +79,7 @@ export async function hibernate(
         if (before === 'paused')
           await ctx.runtime.freeze(id).catch((x: unknown) => ctx.warnCleanup(id, 'freeze again', x));
       }
-      ctx.store.transition(id, 'hibernating', before, 'hibernate failed', ctx.clock.now(), {
+      await ctx.store.transition(id, 'hibernating', before, 'hibernate failed', ctx.clock.now(), {
         lastError: `${asError(e).message}${undo}`,
       });
       throw new DormantError(
@@ -102,17 +102,17 @@ export async function hibernate(
       t.time('prune', () => ctx.pruneCheckpoints(id, s.tenant)),
     ]);
     if (ended.status === 'rejected') await afterUnendedHibernate(ctx, id, ckId, ended.reason);
-    ctx.store.transition(id, 'hibernating', 'hibernated', reason, ctx.clock.now(), { memoryBytes: 0 });
+    await ctx.store.transition(id, 'hibernating', 'hibernated', reason, ctx.clock.now(), { memoryBytes: 0 });
     for (const r of rest) if (r.status === 'rejected') throw r.reason;
     // The timings are those the caller waited for; removing the container's remains is not.
     ctx.report(t.finish('hibernate', id, true));
     reported = true;
-    answer(ctx.get(id));
+    answer(await ctx.get(id));
     if (ctx.runtime.endProcesses) {
       // runc's state; a failure here leaves a hibernated sandbox whose remains the next
       // resume (or a restart's reconcile) removes anyway.
-      await ctx.runtime.stop(id).catch((e: unknown) => {
-        ctx.store.note(
+      await ctx.runtime.stop(id).catch(async (e: unknown) => {
+        await ctx.store.note(
           id,
           `removing the container after hibernate failed: ${asError(e).message}`,
           ctx.clock.now(),
@@ -152,7 +152,7 @@ async function afterEndedHibernate(ctx: LifecycleContext, s: Sandbox, cause: unk
       ? `it is hibernated on its previous checkpoint ${s.checkpointId ?? ''}, which a resume restores (what it did since is lost)`
       : 'it is archived on its files: a resume starts its command afresh';
   const why = `the sandbox ended when its checkpoint failed (its processes are gone); ${back}: ${asError(cause).message}`;
-  ctx.store.transition(id, 'hibernating', to, 'hibernate failed: the sandbox ended', ctx.clock.now(), {
+  await ctx.store.transition(id, 'hibernating', to, 'hibernate failed: the sandbox ended', ctx.clock.now(), {
     lastError: why,
     memoryBytes: 0,
   });
@@ -179,7 +179,7 @@ async function afterUnendedHibernate(
   if (st?.status !== 'running' && st?.status !== 'paused') return;
   await ctx.runtime.thaw(id).catch((e: unknown) => ctx.warnCleanup(id, 'thaw', e));
   const why = `checkpoint ${ckId} is stored, but the processes could not be ended: ${asError(cause).message}`;
-  ctx.store.transition(
+  await ctx.store.transition(
     id,
     'hibernating',
     'running',

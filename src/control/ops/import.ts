@@ -89,7 +89,7 @@ async function importBase(
   }
   if (facts.imageIds.length === 0 && facts.imageName === undefined) throw imageRequired(facts);
   const seen = new Set<string>();
-  for (const s of ctx.store.listSandboxes(tenant)) {
+  for (const s of await ctx.store.listSandboxes(tenant)) {
     const src = s.spec.source;
     if (src.kind !== 'image') continue;
     const ref = src.tag !== undefined ? `${src.path}:${src.tag}` : src.path;
@@ -170,7 +170,7 @@ async function importFrom(
     await ctx.checkPath(parseImageRef(input.image).layout, 'image', input.admin === true);
   if (input.name !== undefined) {
     const n = validateName(input.name);
-    if (ctx.store.listSandboxes(input.tenant).some((s) => s.name === n))
+    if ((await ctx.store.listSandboxes(input.tenant)).some((s) => s.name === n))
       throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${n} already exists`);
   }
   // As a create gets it (checked before anything is unpacked): without one, the imported
@@ -222,10 +222,10 @@ async function importFrom(
     await checkCompatible(ctx, 'being imported', probe);
     const command = facts.command.length > 0 ? facts.command : base.image.command;
     if (command.length === 0) throw invalid(`archive ${input.archive} records no command`);
-    const derived = (() => {
+    const derived = await (async () => {
       try {
         const n = validateName(facts.name ?? id);
-        return ctx.store.listSandboxes(input.tenant).some((s) => s.name === n) ? id : n;
+        return (await ctx.store.listSandboxes(input.tenant)).some((s) => s.name === n) ? id : n;
       } catch {
         return id;
       }
@@ -263,7 +263,7 @@ async function importFrom(
       lastActiveAt: now,
       memoryBytes: 0,
     };
-    ctx.store.insertSandbox(sandbox, `import of ${basename(archive)}`);
+    await ctx.store.insertSandbox(sandbox, `import of ${basename(archive)}`);
     inserted = true;
     return await ctx.locks.run(id, async () => {
       const st = await ctx.runtime.prepare(await ctx.runtimeSpec(sandbox));
@@ -333,7 +333,7 @@ async function importFrom(
       // The plaintext is in the vault now: off the staging at once.
       await ck.close();
       ctx.step('import:stored');
-      ctx.store.insertCheckpoint({
+      await ctx.store.insertCheckpoint({
         id: ckId,
         sandboxId: id,
         tenant: input.tenant,
@@ -343,7 +343,7 @@ async function importFrom(
         storedBytes: put.storedBytes,
         meta: { ...meta, ...record },
       });
-      ctx.store.transition(
+      await ctx.store.transition(
         id,
         'creating',
         'hibernated',
@@ -354,7 +354,7 @@ async function importFrom(
       );
       ctx.step('import:committed');
       await ctx.runtime.emptyLayer(id);
-      return ctx.get(id);
+      return await ctx.get(id);
     });
   } catch (e) {
     if (inserted) await undoImport(ctx, id, input.tenant);
@@ -370,5 +370,5 @@ async function undoImport(ctx: LifecycleContext, id: string, tenant: string): Pr
   await ctx.vault
     .destroySandboxKey({ tenant, sandboxId: id })
     .catch((e: unknown) => ctx.warnCleanup(id, 'shred its vault key', e));
-  ctx.store.deleteSandbox(id, 'import failed', ctx.clock.now());
+  await ctx.store.deleteSandbox(id, 'import failed', ctx.clock.now());
 }

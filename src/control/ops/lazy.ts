@@ -41,7 +41,7 @@ async function afterLazyRestoreNow(
     // in, so before the marker goes: a daemon that dies in between leaves a healthy sandbox recorded
     // mid-restore (reconcile puts it back on its checkpoint), never a sandbox recorded
     // running whose processes its keeper ended.
-    ctx.store.updateSandbox(s.id, { lazyRestoreOf: undefined });
+    await ctx.store.updateSandbox(s.id, { lazyRestoreOf: undefined });
     await ctx.wipe(images);
     return true;
   }
@@ -57,7 +57,7 @@ async function afterLazyRestoreNow(
   const cause =
     isDormantError(failure) && failure.code.startsWith('VAULT_')
       ? ((d) => `${d.message} (${d.hint ?? ''})`)(
-          ctx.damaged(s.id, ckId, failure, 'its processes were ended'),
+          await ctx.damaged(s.id, ckId, failure, 'its processes were ended'),
         )
       : failure.message;
   const why = `lazy restore failed, back to its checkpoint: ${cause}${undo}`;
@@ -68,7 +68,7 @@ async function afterLazyRestoreNow(
     .catch((e: unknown) => ctx.warnCleanup(s.id, 'page server', e));
   // Seen hibernated only once no image of it is left in staging.
   await ctx.wipe(images).catch((e: unknown) => ctx.warnCleanup(s.id, 'staging', e));
-  ctx.store.transition(s.id, 'running', 'hibernated', why, ctx.clock.now(), {
+  await ctx.store.transition(s.id, 'running', 'hibernated', why, ctx.clock.now(), {
     lastError: why,
     memoryBytes: 0,
     lazyRestoreOf: undefined,
@@ -89,6 +89,6 @@ export async function backToCheckpoint(
 ): Promise<void> {
   await ctx.runtime.stop(id);
   await ctx.runtime.endLazyPages?.(join(ctx.staging(`${id}-restore`), 'work'));
-  const ck = ckId !== undefined ? ctx.store.getCheckpoint(ckId) : undefined;
+  const ck = ckId !== undefined ? await ctx.store.getCheckpoint(ckId) : undefined;
   if (ck?.meta[FS_META] === 'tar') await ctx.runtime.emptyLayer(id);
 }

@@ -9,10 +9,10 @@ export async function pauseSandbox(
   tenant: string | undefined,
   reason: string,
 ): Promise<Sandbox> {
-  const s = ctx.get(id, tenant);
+  const s = await ctx.get(id, tenant);
   assertLegal('pause', s.state, id);
   if (isNoop('pause', s.state)) return s;
   await ctx.runtime.freeze(id);
-  ctx.store.transition(id, 'running', 'paused', reason, ctx.clock.now());
-  return ctx.get(id);
+  await ctx.store.transition(id, 'running', 'paused', reason, ctx.clock.now());
+  return await ctx.get(id);
 }

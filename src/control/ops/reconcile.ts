@@ -14,7 +14,7 @@ export async function reconcileAll(
   ctx: LifecycleContext,
 ): Promise<{ id: string; from: SandboxState; to: SandboxState }[]> {
   const changes: { id: string; from: SandboxState; to: SandboxState }[] = [];
-  for (const s of ctx.store.listSandboxes()) {
+  for (const s of await ctx.store.listSandboxes()) {
     await ctx.locks.run(s.id, async () => {
       if (s.lazyRestoreOf !== undefined && s.state !== 'deleting') {
         const to = await reconcileLazy(ctx, s);
@@ -24,10 +24,10 @@ export async function reconcileAll(
       const to = await reconcileOne(ctx, s).catch(() => 'failed' as const);
       if (to === 'deleting') {
         // An rm that a crash interrupted: finished now.
-        ctx.store.deleteSandbox(s.id, 'rm finished after restart', ctx.clock.now());
+        await ctx.store.deleteSandbox(s.id, 'rm finished after restart', ctx.clock.now());
         changes.push({ id: s.id, from: s.state, to });
       } else if (to !== s.state) {
-        ctx.store.transition(s.id, s.state, to, 'reconcile after restart', ctx.clock.now());
+        await ctx.store.transition(s.id, s.state, to, 'reconcile after restart', ctx.clock.now());
         changes.push({ id: s.id, from: s.state, to });
       }
     });
@@ -42,7 +42,7 @@ export async function reconcileAll(
  * then reclaims its chunks). Runs at start, when no hibernate is in flight.
  */
 async function dropUnrecordedCheckpoints(ctx: LifecycleContext): Promise<void> {
-  const live = new Set(ctx.store.listCheckpoints().map((c) => c.id));
+  const live = new Set((await ctx.store.listCheckpoints()).map((c) => c.id));
   const stored = await ctx.vault.listCheckpoints().catch((e: unknown) => {
     ctx.warnCleanup('*', 'list the vault for orphaned checkpoints', e);
     return [];
@@ -63,14 +63,14 @@ async function dropUnrecordedCheckpoints(ctx: LifecycleContext): Promise<void> {
  */
 async function reconcileLazy(ctx: LifecycleContext, s: Sandbox): Promise<SandboxState> {
   const ckId = s.lazyRestoreOf!;
-  const ck = ctx.store.getCheckpoint(ckId);
+  const ck = await ctx.store.getCheckpoint(ckId);
   const why = `reconcile after restart: the daemon died during a lazy restore from checkpoint ${ckId}, before every page was in; its processes were ended, back to its checkpoint`;
   let to: SandboxState;
   let lastError = why;
   try {
     await backToCheckpoint(ctx, s.id, ckId);
     // The checkpoint the restore came from (or, were it gone, the newest one).
-    to = ck?.kind === 'memory' ? 'hibernated' : fallback(ctx, s);
+    to = ck?.kind === 'memory' ? 'hibernated' : await fallback(ctx, s);
   } catch (e) {
     to = 'failed';
     lastError = `${why}; ending its processes failed: ${asError(e).message}`;
@@ -82,9 +82,9 @@ async function reconcileLazy(ctx: LifecycleContext, s: Sandbox): Promise<Sandbox
     ...(to === 'hibernated' && ck ? { checkpointId: ck.id } : {}),
   };
   if (to === s.state) {
-    ctx.store.updateSandbox(s.id, patch);
-    ctx.store.note(s.id, why, ctx.clock.now());
-  } else ctx.store.transition(s.id, s.state, to, why, ctx.clock.now(), patch);
+    await ctx.store.updateSandbox(s.id, patch);
+    await ctx.store.note(s.id, why, ctx.clock.now());
+  } else await ctx.store.transition(s.id, s.state, to, why, ctx.clock.now(), patch);
   return to;
 }
 
@@ -94,9 +94,9 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
     throw e;
   });
   const status = st?.status ?? 'absent';
-  const committed = ctx.store
-    .listCheckpoints({ sandboxId: s.id })
-    .find((c) => c.kind === 'memory' && c.createdAt >= s.stateSince);
+  const committed = (await ctx.store.listCheckpoints({ sandboxId: s.id })).find(
+    (c) => c.kind === 'memory' && c.createdAt >= s.stateSince,
+  );
   switch (s.state) {
     case 'deleting':
       await ctx.runtime.destroy(s.id);
@@ -112,7 +112,7 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
       return 'failed';
     case 'hibernating':
       if (committed) {
-        ctx.store.updateSandbox(s.id, { checkpointId: committed.id });
+        await ctx.store.updateSandbox(s.id, { checkpointId: committed.id });
         await ctx.runtime.stop(s.id);
         if (committed.meta[FS_META] === 'tar') await ctx.runtime.emptyLayer(s.id);
         return 'hibernated';
@@ -139,7 +139,10 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
       // An archive cut short after its record: the processes it meant to end, the
       // writable layer it meant to empty (its diff is in the vault).
       await ctx.runtime.stop(s.id);
-      if (s.checkpointId !== undefined && ctx.store.getCheckpoint(s.checkpointId)?.meta[FS_META] === 'tar')
+      if (
+        s.checkpointId !== undefined &&
+        (await ctx.store.getCheckpoint(s.checkpointId))?.meta[FS_META] === 'tar'
+      )
         await ctx.runtime.emptyLayer(s.id);
       return 'archived';
     default:
@@ -154,14 +157,14 @@ async function reconcileOne(ctx: LifecycleContext, s: Sandbox): Promise<SandboxS
  * next resume unpacks the checkpoint's files, not those mixed with what came after it.
  */
 export async function processesGone(ctx: LifecycleContext, s: Sandbox): Promise<SandboxState> {
-  const ck = s.checkpointId !== undefined ? ctx.store.getCheckpoint(s.checkpointId) : undefined;
+  const ck = s.checkpointId !== undefined ? await ctx.store.getCheckpoint(s.checkpointId) : undefined;
   if (ck?.meta[FS_META] === 'tar') await ctx.runtime.emptyLayer(s.id);
   return fallback(ctx, s);
 }
 
 /** Processes are gone (a reboot): the newest checkpoint if there is one, else the filesystem. */
-function fallback(ctx: LifecycleContext, s: Sandbox): SandboxState {
-  return s.checkpointId && ctx.store.getCheckpoint(s.checkpointId)?.kind === 'memory'
+async function fallback(ctx: LifecycleContext, s: Sandbox): Promise<SandboxState> {
+  return s.checkpointId && (await ctx.store.getCheckpoint(s.checkpointId))?.kind === 'memory'
     ? 'hibernated'
     : 'archived';
 }

@@ -8,11 +8,11 @@ export async function removeSandbox(
   tenant: string | undefined,
   reason: string,
 ): Promise<void> {
-  const s = ctx.get(id, tenant);
-  if (s.state !== 'deleting') ctx.store.transition(id, s.state, 'deleting', reason, ctx.clock.now());
+  const s = await ctx.get(id, tenant);
+  if (s.state !== 'deleting') await ctx.store.transition(id, s.state, 'deleting', reason, ctx.clock.now());
   await ctx.runtime.destroy(id);
   for (const op of ['hibernate', 'resume', 'fork'] as const) ctx.timings.delete(`${op}:${id}`);
   // Crypto-shredding: without the sandbox's key its checkpoints cannot be read again.
   await ctx.vault.destroySandboxKey({ tenant: s.tenant, sandboxId: id });
-  ctx.store.deleteSandbox(id, reason, ctx.clock.now());
+  await ctx.store.deleteSandbox(id, reason, ctx.clock.now());
 }

@@ -95,7 +95,7 @@ export async function restoreFromVault(
   // Opened here, handed to the runtime's restore, which owns it from then on.
   let reader: CheckpointReaderPort | undefined;
   try {
-    const ck = ctx.store.getCheckpoint(ckId);
+    const ck = await ctx.store.getCheckpoint(ckId);
     await t.time('compatibility', () => checkCompatible(ctx, s.id, ck));
     const gpuMeta = ck ? gpuMetaOf(ck.meta) : undefined;
     // CUDA's restore reads the whole host copy of device memory at once: no lazy pages for
@@ -151,7 +151,7 @@ export async function restoreFromVault(
       );
     // Durable before the pages start to move: a daemon that dies before they are all in
     // leaves the marker for reconcile (the sandbox goes back to this checkpoint).
-    if (lazy) ctx.store.updateSandbox(s.id, { lazyRestoreOf: ckId });
+    if (lazy) await ctx.store.updateSandbox(s.id, { lazyRestoreOf: ckId });
     const source = reader;
     reader = undefined;
     // From the vault, the runtime writes the eager pages and serves the lazy ones itself.
@@ -167,7 +167,7 @@ export async function restoreFromVault(
     if (gpuMeta !== undefined) await cudaRestore(ctx, s.id, gpuMeta);
     restored = true;
     ctx.step('resume:restored');
-    if (ckId !== s.checkpointId) ctx.store.updateSandbox(s.id, { checkpointId: ckId });
+    if (ckId !== s.checkpointId) await ctx.store.updateSandbox(s.id, { checkpointId: ckId });
     keep = lazy;
     // Wrapped: awaiting a returned promise directly would wait for the pages too.
     return { pagesLoaded: keep ? r.pagesLoaded : undefined, address: prepared.value.network.address };

@@ -33,7 +33,7 @@ export async function resume(
       ? await t.time('pages loaded', () => afterLazyRestore(ctx, r.sandbox, r.pagesLoaded!))
       : true;
   } finally {
-    if (t.steps().length > 0) ctx.report(t.finish('resume', ctx.store.getSandbox(id)?.id ?? id, ok));
+    if (t.steps().length > 0) ctx.report(t.finish('resume', (await ctx.store.getSandbox(id))?.id ?? id, ok));
   }
 }
 
@@ -46,10 +46,10 @@ async function resumeLocked(
   t: StepTimer,
 ): Promise<{ sandbox: Sandbox; pagesLoaded?: Promise<void> }> {
   {
-    const s = ctx.get(id, tenant);
+    const s = await ctx.get(id, tenant);
     assertLegal('resume', s.state, id);
     if (opts.from !== undefined) {
-      const ck = ctx.store.getCheckpoint(opts.from);
+      const ck = await ctx.store.getCheckpoint(opts.from);
       if (!ck || ck.sandboxId !== s.id || ck.kind !== 'memory') {
         throw new DormantError(
           'CHECKPOINT_NOT_FOUND',
@@ -68,20 +68,20 @@ async function resumeLocked(
     if (isNoop('resume', s.state)) return { sandbox: s };
     if (s.state === 'paused') {
       await ctx.runtime.thaw(id);
-      ctx.store.transition(id, 'paused', 'running', reason, ctx.clock.now(), {
+      await ctx.store.transition(id, 'paused', 'running', reason, ctx.clock.now(), {
         lastActiveAt: Math.max(s.lastActiveAt, ctx.clock.now()),
       });
-      return { sandbox: ctx.get(id) };
+      return { sandbox: await ctx.get(id) };
     }
     const from = s.state;
-    ctx.store.transition(id, from, 'resuming', reason, ctx.clock.now());
+    await ctx.store.transition(id, from, 'resuming', reason, ctx.clock.now());
     let pagesLoaded: Promise<void> | undefined;
     try {
       if (from === 'hibernated')
         ({ pagesLoaded } = await restoreFromVault(ctx, s, opts.from ?? s.checkpointId, t));
       else await freshStart(ctx, s);
     } catch (e) {
-      ctx.store.transition(id, 'resuming', from, 'resume failed', ctx.clock.now(), {
+      await ctx.store.transition(id, 'resuming', from, 'resume failed', ctx.clock.now(), {
         lastError: asError(e).message,
         lazyRestoreOf: undefined,
       });
@@ -92,7 +92,7 @@ async function resumeLocked(
         throw e;
       if (isDormantError(e) && e.code.startsWith('VAULT_') && from === 'hibernated') {
         // A damaged checkpoint: say so, and name the older one that may still restore.
-        throw ctx.damaged(id, opts.from ?? s.checkpointId, e, 'the sandbox stays hibernated');
+        throw await ctx.damaged(id, opts.from ?? s.checkpointId, e, 'the sandbox stays hibernated');
       }
       // The runtime keeps the CRIU log of a failed restore for the node's admin.
       const criuLog = isDormantError(e) ? e.details?.criuLog : undefined;
@@ -110,12 +110,12 @@ async function resumeLocked(
     if (s.spec.onResume && s.spec.onResume.length > 0)
       why = `${reason}; ${await t.time('on-resume hook', () => runResumeHook(ctx, s))}`;
     const now = ctx.clock.now();
-    ctx.store.transition(id, 'resuming', 'running', why, now, {
+    await ctx.store.transition(id, 'resuming', 'running', why, now, {
       lastActiveAt: Math.max(s.lastActiveAt, now),
       lastError: undefined,
     });
     // The marker (set by restoreFromVault) stays until afterLazyRestore has every page.
-    return { sandbox: ctx.get(id), ...(pagesLoaded ? { pagesLoaded } : {}) };
+    return { sandbox: await ctx.get(id), ...(pagesLoaded ? { pagesLoaded } : {}) };
   }
 }
 
@@ -151,7 +151,7 @@ async function freshStart(ctx: LifecycleContext, s: Sandbox): Promise<void> {
   // Ends anything left and unmounts the overlay, so the writable layer is at rest.
   await ctx.endProcesses(s.id);
   // An archive keeps the diff in the vault: back into the writable layer first.
-  const ck = s.checkpointId !== undefined ? ctx.store.getCheckpoint(s.checkpointId) : undefined;
+  const ck = s.checkpointId !== undefined ? await ctx.store.getCheckpoint(s.checkpointId) : undefined;
   if (ck && ck.meta[FS_META] === 'tar') {
     const dir = ctx.staging(`${s.id}-restore`);
     try {

@@ -14,6 +14,7 @@
 import { copyFile, mkdir, readdir, readlink, rename, stat, symlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { TemplateRecord } from '../../state/templates.js';
+import type { CheckpointRecord } from '../../state/store.js';
 import type { LifecycleContext } from '../context.js';
 
 /** What the cache holds at most, all templates together, unless configured. */
@@ -91,19 +92,18 @@ export async function templateImages(
 }
 
 /**
- * Whether template `tpl`'s checkpoint is small enough to keep: a bigger one restores as any
+ * Whether a template's checkpoint `ck` (its record) is small enough to keep: a bigger one restores as any
  * checkpoint does (its pages served from the vault, lazily), not through the cache.
  */
-export function templateCacheKeeps(ctx: LifecycleContext, tpl: TemplateRecord): boolean {
-  const ck = ctx.store.getCheckpoint(tpl.checkpointId);
+export function templateCacheKeeps(ctx: LifecycleContext, ck: CheckpointRecord | undefined): boolean {
   return ck?.logicalBytes !== undefined && ck.logicalBytes <= bound(ctx) * MAX_SHARE;
 }
 
 /** The template's images fetched into the cache, or undefined when they are too big to keep. */
 async function fillEntry(ctx: LifecycleContext, tpl: TemplateRecord): Promise<Entry | undefined> {
-  const ck = ctx.store.getCheckpoint(tpl.checkpointId);
+  const ck = await ctx.store.getCheckpoint(tpl.checkpointId);
   const limit = bound(ctx) * MAX_SHARE;
-  if (ck === undefined || !templateCacheKeeps(ctx, tpl)) return undefined;
+  if (ck === undefined || !templateCacheKeeps(ctx, ck)) return undefined;
   const dir = join(root(ctx), tpl.checkpointId);
   const partial = `${dir}.partial`;
   await mkdir(root(ctx), { recursive: true, mode: 0o700 });

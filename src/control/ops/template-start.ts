@@ -53,7 +53,7 @@ export async function createFromTemplate(
   if (input.command.length > 0) throw invalid('a sandbox made from a template runs what the template runs');
   const labels = validateLabels(input.labels ?? {});
   // Seen as the caller sees templates: its own, then the public ones.
-  const tpl = resolveTemplate(ctx, input.template, input.tenant);
+  const tpl = await resolveTemplate(ctx, input.template, input.tenant);
   // A use from here on: a `template rm` now waits for it before the checkpoint goes.
   await usingTemplate(ctx, tpl.id, startFrom(ctx, tpl, input, labels, answer));
 }
@@ -65,11 +65,11 @@ async function startFrom(
   labels: Record<string, string>,
   answer: (s: Sandbox) => void,
 ): Promise<void> {
-  const ck = ctx.store.getCheckpoint(tpl.checkpointId);
+  const ck = await ctx.store.getCheckpoint(tpl.checkpointId);
   if (!ck) throw damaged(tpl, 'its checkpoint record is missing');
   const id = newId('sb', randomBytes);
   const name = validateName(input.name ?? id);
-  if (ctx.store.listSandboxes(input.tenant).some((s) => s.name === name))
+  if ((await ctx.store.listSandboxes(input.tenant)).some((s) => s.name === name))
     throw new DormantError('SANDBOX_NAME_TAKEN', `a sandbox named ${name} already exists`);
   const now = ctx.clock.now();
   const env = ctx.opts.secrets ? await ctx.opts.secrets.open(tpl.tenant, tpl.id, tpl.spec.env) : tpl.spec.env;
@@ -92,7 +92,7 @@ async function startFrom(
     memoryBytes: 0,
   };
   const why = `from template ${tpl.name} (${tpl.id})`;
-  ctx.store.insertSandbox(sandbox, why);
+  await ctx.store.insertSandbox(sandbox, why);
   const t = ctx.timer();
   let ok = false;
   let pagesLoaded: Promise<void> | undefined;
@@ -106,13 +106,13 @@ async function startFrom(
         t,
         tpl.tenant,
         // A checkpoint too big to keep restores as any other (pages served from the vault).
-        templateCacheKeeps(ctx, tpl) ? (dest) => templateImages(ctx, tpl, dest) : undefined,
+        templateCacheKeeps(ctx, ck) ? (dest) => templateImages(ctx, tpl, dest) : undefined,
       ));
-      ctx.store.transition(id, 'creating', 'running', why, ctx.clock.now(), { address });
+      await ctx.store.transition(id, 'creating', 'running', why, ctx.clock.now(), { address });
     } catch (e) {
       // As a failed create: nothing of it runs or stays mounted, the record says why.
       await ctx.runtime.destroy(id).catch((x: unknown) => ctx.warnCleanup(id, 'destroy', x));
-      ctx.store.transition(id, 'creating', 'failed', 'create from template failed', ctx.clock.now(), {
+      await ctx.store.transition(id, 'creating', 'failed', 'create from template failed', ctx.clock.now(), {
         lastError: asError(e).message,
         lazyRestoreOf: undefined,
       });
@@ -125,9 +125,9 @@ async function startFrom(
       throw e;
     }
     t.mark('running');
-    answer(ctx.get(id));
+    answer(await ctx.get(id));
     ok = pagesLoaded
-      ? await t.time('pages loaded', () => afterLazyRestore(ctx, ctx.get(id), pagesLoaded!))
+      ? await t.time('pages loaded', async () => afterLazyRestore(ctx, await ctx.get(id), pagesLoaded!))
       : true;
   });
   try {

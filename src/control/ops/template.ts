@@ -60,37 +60,42 @@ function notFound(ref: string): DormantError {
 /**
  * The template `ref` (id or name) as `tenant` sees it: its own first, then a public one of
  * that name (a tenant's own name shadows a public one). An admin (tenant undefined) sees all.
+ * Read through `store` (a transaction's) when given.
  */
-export function resolveTemplate(
+export async function resolveTemplate(
   ctx: LifecycleContext,
   ref: string,
   tenant: string | undefined,
-): TemplateRecord {
-  const store = templateStore(ctx);
+  store: TemplateStore = templateStore(ctx),
+): Promise<TemplateRecord> {
   const visible = (t: TemplateRecord): boolean => tenant === undefined || t.tenant === tenant || t.public;
   if (TEMPLATE_ID.test(ref)) {
-    const t = store.getTemplate(ref);
+    const t = await store.getTemplate(ref);
     if (t && visible(t)) return t;
     throw notFound(ref);
   }
-  const all = store.listTemplates(tenant).filter((t) => t.name === ref);
+  const all = (await store.listTemplates(tenant)).filter((t) => t.name === ref);
   const own = tenant !== undefined ? all.find((t) => t.tenant === tenant) : undefined;
   const found = own ?? all.find((t) => t.public) ?? (all.length === 1 ? all[0] : undefined);
   if (!found) throw notFound(ref);
   return found;
 }
 
-export function listTemplates(ctx: LifecycleContext, tenant: string | undefined): TemplateRecord[] {
+export async function listTemplates(
+  ctx: LifecycleContext,
+  tenant: string | undefined,
+): Promise<TemplateRecord[]> {
   return templateStore(ctx).listTemplates(tenant);
 }
 
 /** A public name is one name for every tenant: two tenants' public templates never share it. */
-function checkPublicName(ctx: LifecycleContext, name: string, exceptId?: string): void {
-  if (
-    templateStore(ctx)
-      .listTemplates(undefined)
-      .some((t) => t.public && t.name === name && t.id !== exceptId)
-  )
+async function checkPublicName(
+  ctx: LifecycleContext,
+  name: string,
+  exceptId?: string,
+  store: TemplateStore = templateStore(ctx),
+): Promise<void> {
+  if ((await store.listTemplates(undefined)).some((t) => t.public && t.name === name && t.id !== exceptId))
     throw new DormantError(ErrorCode.TEMPLATE_NAME_TAKEN, `a public template named ${name} already exists`);
 }
 
@@ -106,14 +111,14 @@ export async function createTemplate(
     throw invalid('a template needs --from SANDBOX, or --image/--rootfs and a command', 'not both');
   if (input.from !== undefined && input.ready !== undefined)
     throw invalid('a ready probe is for a template built from an image or rootfs, not --from');
-  if (input.public === true) checkPublicName(ctx, name);
+  if (input.public === true) await checkPublicName(ctx, name);
   if (input.from !== undefined) {
-    const src = ctx.get(input.from, input.admin ? undefined : input.tenant);
-    if (store.listTemplates(src.tenant).some((t) => t.tenant === src.tenant && t.name === name))
+    const src = await ctx.get(input.from, input.admin ? undefined : input.tenant);
+    if ((await store.listTemplates(src.tenant)).some((t) => t.tenant === src.tenant && t.name === name))
       throw new DormantError(ErrorCode.TEMPLATE_NAME_TAKEN, `a template named ${name} already exists`);
     return checkpointAsTemplate(ctx, src, name, input.public === true, `sandbox ${src.id}`);
   }
-  if (store.listTemplates(input.tenant).some((t) => t.tenant === input.tenant && t.name === name))
+  if ((await store.listTemplates(input.tenant)).some((t) => t.tenant === input.tenant && t.name === name))
     throw new DormantError(ErrorCode.TEMPLATE_NAME_TAKEN, `a template named ${name} already exists`);
   const build = input.build!;
   const builder = await createSandbox(ctx, {
@@ -199,7 +204,8 @@ async function checkpointAsTemplate(
   isPublic: boolean,
   origin: string,
 ): Promise<TemplateRecord> {
-  const store = templateStore(ctx);
+  // No template store: refused before any work (the record goes in through the transaction's).
+  templateStore(ctx);
   const id = newId('tp', randomBytes);
   const ckId = newId('ck', randomBytes);
   const dir = ctx.staging(`${id}-template`);
@@ -208,7 +214,7 @@ async function checkpointAsTemplate(
   try {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     return await ctx.locks.run(src.id, async () => {
-      const cur = ctx.get(src.id);
+      const cur = await ctx.get(src.id);
       assertLegal('fork', cur.state, cur.id);
       if (cur.state !== 'running' && cur.state !== 'paused')
         throw new DormantError(
@@ -242,9 +248,9 @@ async function checkpointAsTemplate(
         origin,
         createdAt: ctx.clock.now(),
       };
-      ctx.store.atomically(() => {
-        ctx.store.insertCheckpoint(rec);
-        store.insertTemplate(tpl);
+      await ctx.store.atomically(async (tx) => {
+        await tx.insertCheckpoint(rec);
+        await tx.templates().insertTemplate(tpl);
       });
       return tpl;
     });
@@ -288,16 +294,15 @@ export async function removeTemplate(
   ref: string,
   tenant: string | undefined,
 ): Promise<void> {
-  const store = templateStore(ctx);
-  const tpl = resolveTemplate(ctx, ref, tenant);
+  const tpl = await resolveTemplate(ctx, ref, tenant);
   if (tenant !== undefined && tpl.tenant !== tenant)
     throw new DormantError(
       ErrorCode.FORBIDDEN,
       `template ${tpl.name} is public, not yours: only an admin removes it`,
     );
-  ctx.store.atomically(() => {
-    store.deleteTemplate(tpl.id);
-    ctx.store.deleteCheckpoint(tpl.checkpointId, ctx.clock.now());
+  await ctx.store.atomically(async (tx) => {
+    await tx.templates().deleteTemplate(tpl.id);
+    await tx.deleteCheckpoint(tpl.checkpointId, ctx.clock.now());
   });
   await Promise.allSettled([...(inUse.get(ctx)?.get(tpl.id) ?? [])]);
   await forgetTemplateImages(ctx, tpl.checkpointId);
@@ -305,9 +310,19 @@ export async function removeTemplate(
 }
 
 /** Publishes a template to every tenant, or takes it back (admin only: the API checks). */
-export function publishTemplate(ctx: LifecycleContext, ref: string, isPublic: boolean): TemplateRecord {
-  const tpl = resolveTemplate(ctx, ref, undefined);
-  if (isPublic) checkPublicName(ctx, tpl.name, tpl.id);
-  templateStore(ctx).setTemplatePublic(tpl.id, isPublic);
-  return { ...tpl, public: isPublic };
+export async function publishTemplate(
+  ctx: LifecycleContext,
+  ref: string,
+  isPublic: boolean,
+): Promise<TemplateRecord> {
+  templateStore(ctx); // TEMPLATES_UNAVAILABLE before the transaction
+  // The check and the change in one transaction: two templates of one name published at
+  // once must not both pass the check.
+  return ctx.store.atomically(async (tx) => {
+    const store = tx.templates();
+    const tpl = await resolveTemplate(ctx, ref, undefined, store);
+    if (isPublic) await checkPublicName(ctx, tpl.name, tpl.id, store);
+    await store.setTemplatePublic(tpl.id, isPublic);
+    return { ...tpl, public: isPublic };
+  });
 }

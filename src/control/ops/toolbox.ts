@@ -84,10 +84,10 @@ export async function withAgent<T>(
   wake: (id: string) => Promise<Sandbox>,
   fn: (agent: AgentClient, s: Sandbox) => Promise<T>,
 ): Promise<T> {
-  let s = ctx.get(id, tenant);
+  let s = await ctx.get(id, tenant);
   // resume answers what it cannot leave (deleting, failed) with its own error.
   if (s.state !== 'running') s = await wake(s.id);
-  ctx.markActive(s.id);
+  await ctx.markActive(s.id);
   const env = await ctx.openEnv(s);
   for (let attempt = 0; ; attempt++) {
     const agent = new AgentClient(await ensureAgent(ctx, s), { env });

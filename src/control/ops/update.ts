@@ -44,15 +44,15 @@ function describe(u: SandboxUpdate): string {
  * Not under the sandbox's lock: an update answers at once even while a hibernate runs, and the
  * read and write of the spec are one transaction, so no other write of it comes between.
  */
-export function updateSandbox(
+export async function updateSandbox(
   ctx: LifecycleContext,
   id: string,
   tenant: string | undefined,
   u: SandboxUpdate,
-): Sandbox {
-  const found = ctx.get(id, tenant);
-  return ctx.store.atomically(() => {
-    const s = ctx.get(found.id);
+): Promise<Sandbox> {
+  const found = await ctx.get(id, tenant);
+  return await ctx.store.atomically(async (tx) => {
+    const s = await ctx.get(found.id, undefined, tx);
     const policy = Object.fromEntries(
       Object.entries({ ...s.spec.policy, ...u.policy }).filter(([, v]) => v !== null && v !== undefined),
     ) as SandboxPolicy;
@@ -60,10 +60,10 @@ export function updateSandbox(
     const spec = { ...s.spec, policy };
     if (labels !== undefined && Object.keys(labels).length > 0) spec.labels = labels;
     else delete spec.labels;
-    ctx.store.updateSandbox(s.id, { spec });
+    await tx.updateSandbox(s.id, { spec });
     const what = describe(u);
-    if (what !== '') ctx.store.note(s.id, `update: ${what}`, ctx.clock.now());
-    return ctx.get(s.id);
+    if (what !== '') await tx.note(s.id, `update: ${what}`, ctx.clock.now());
+    return await ctx.get(s.id, undefined, tx);
   });
 }
 
@@ -80,7 +80,7 @@ export async function updateEgress(
   tenant: string | undefined,
   asked: string | string[],
 ): Promise<Sandbox> {
-  const s = ctx.get(id, tenant);
+  const s = await ctx.get(id, tenant);
   const policy = parseEgressPolicy(asked);
   await ctx.runtime.checkEgress?.(policy);
   const set = async (p: typeof policy): Promise<void> => {
@@ -99,9 +99,10 @@ export async function updateEgress(
     if (old !== undefined) await set(old).catch((x: unknown) => ctx.warnCleanup(s.id, 'egress back', x));
     throw e;
   }
-  return ctx.store.atomically(() => {
-    ctx.store.updateSandbox(s.id, { spec: { ...ctx.get(s.id).spec, egress: policy } });
-    ctx.store.note(s.id, `update: egress ${egressText(policy)}`, ctx.clock.now());
-    return ctx.get(s.id);
+  return await ctx.store.atomically(async (tx) => {
+    const cur = await ctx.get(s.id, undefined, tx);
+    await tx.updateSandbox(s.id, { spec: { ...cur.spec, egress: policy } });
+    await tx.note(s.id, `update: egress ${egressText(policy)}`, ctx.clock.now());
+    return await ctx.get(s.id, undefined, tx);
   });
 }

@@ -12,7 +12,7 @@
  *
  * All three report their calls to one `Faults`, which can make a chosen call fail, hang until
  * aborted, or "crash" the daemon: from that call on, every call made through these fakes
- * hangs forever (async) or throws (sync), as if the process had died there. A restarted daemon
+ * hangs forever (store calls reject), as if the process had died there. A restarted daemon
  * gets new fakes over the same `FakeHost`, vault data and database.
  */
 import { mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
@@ -35,7 +35,7 @@ import type {
   SandboxStatus,
 } from '../../runtime/runtime.js';
 import { copyFolder, emptyFolder, packFilesystem, unpackFilesystem } from '../../runtime/layer.js';
-import type { StatePort, VaultPort } from '../ports.js';
+import type { VaultPort } from '../ports.js';
 import type { GpuNode } from '../gpu.js';
 
 /** What an injected fault does to the call it hits. */
@@ -44,7 +44,7 @@ export type FaultAction =
   | { kind: 'fail'; error?: Error; after?: boolean }
   /** The call never returns, until its signal (if any) aborts. */
   | { kind: 'hang' }
-  /** The daemon dies at this call: it and every later call hang (async) or throw (sync). */
+  /** The daemon dies at this call: it and every later call hang (store calls reject). */
   | { kind: 'crash' };
 
 interface Rule {
@@ -63,7 +63,7 @@ export class InjectedFault extends Error {
   }
 }
 
-/** Thrown by a sync call of a daemon that has crashed. */
+/** Thrown by a store call of a daemon that has crashed. */
 export class Crashed extends Error {
   constructor(readonly call: string) {
     super(`the daemon crashed (at ${call})`);
@@ -143,8 +143,12 @@ export class Faults {
     }
   }
 
-  /** For a sync method: a hang is not possible, so a crash throws `Crashed` here and after. */
-  callSync<T>(name: string, effect: () => T): T {
+  /**
+   * For a store method: a crash rejects with `Crashed` here and after (a dead daemon's open
+   * transaction rolls back; a hang would hold the store's transaction open for ever, so none
+   * can be injected).
+   */
+  async callStore<T>(name: string, effect: () => Promise<T>): Promise<T> {
     if (this.crashed) {
       this.calls.push(name);
       throw new Crashed(this.crashedAt!);
@@ -156,10 +160,10 @@ export class Faults {
       throw new Crashed(name);
     }
     if (a.kind === 'fail') {
-      if (a.after) effect();
+      if (a.after) await effect();
       throw a.error ?? new InjectedFault(name);
     }
-    throw new Error(`a hang cannot be injected into the sync call ${name}`);
+    throw new Error(`a hang cannot be injected into the store call ${name}`);
   }
 }
 
@@ -688,18 +692,25 @@ export function memoryStore(): SqliteStateStore {
 
 /**
  * `db` seen through `faults`: each write is a faultable call named `store.METHOD` (reads are
- * not: they are counted only once the daemon has crashed, when they throw too).
+ * not: they are counted only once the daemon has crashed, when they reject too). A
+ * transaction's callback is handed its `tx` seen through the same faults, so a fault inside
+ * it rejects the callback and the real store rolls the transaction back.
  */
-export function faultyStore(db: StateStore, faults: Faults): StatePort {
+export function faultyStore(db: StateStore, faults: Faults): StateStore {
   return new Proxy(db, {
     get(target, prop, receiver) {
       const v = Reflect.get(target, prop, receiver) as unknown;
       if (typeof v !== 'function' || typeof prop !== 'string') return v;
       const f = v as (...args: unknown[]) => unknown;
+      const call = (args: unknown[]): Promise<unknown> => Promise.resolve(f.apply(target, args));
+      if (prop === 'atomically')
+        return (fn: (tx: StateStore) => Promise<unknown>) =>
+          faults.callStore('store.atomically', () => call([(tx: StateStore) => fn(faultyStore(tx, faults))]));
+      if (prop === 'templates') return (...args: unknown[]) => f.apply(target, args);
       return (...args: unknown[]) => {
-        if (STORE_WRITES.has(prop)) return faults.callSync(`store.${prop}`, () => f.apply(target, args));
-        if (faults.crashed) return faults.callSync(`store.${prop}`, () => f.apply(target, args));
-        return f.apply(target, args);
+        if (STORE_WRITES.has(prop) || faults.crashed)
+          return faults.callStore(`store.${prop}`, () => call(args));
+        return call(args);
       };
     },
   });

@@ -30,7 +30,7 @@ export interface Scenario {
   /** Controller options of its world (lazy restore). */
   options?: Partial<ControllerOptions>;
   /** Finds the sandbox to check after a failure (create: by name). */
-  find?(w: World): string | undefined;
+  find?(w: World): Promise<string | undefined>;
   /** Brings a sandbox at rest back to running with what it had, for the user's check. */
   recover?(w: World, id: string): Promise<boolean>;
 }
@@ -55,7 +55,7 @@ async function archived(w: World): Promise<string> {
 
 /** Gets the sandbox running again from wherever it rests; false when it cannot have its memory. */
 export async function backToRunning(w: World, id: string): Promise<'memory' | 'files' | 'none'> {
-  const s = w.controller.get(id);
+  const s = await w.controller.get(id);
   switch (s.state) {
     case 'running':
       return 'memory';
@@ -80,7 +80,7 @@ export const SCENARIOS: Scenario[] = [
     codes: [],
     setup: async () => undefined,
     op: async (w) => (await w.createSandbox()).id,
-    find: (w) => w.db.listSandboxes().find((s) => s.name === 'box')?.id,
+    find: async (w) => (await w.db.listSandboxes()).find((s) => s.name === 'box')?.id,
   },
   {
     name: 'pause',
@@ -171,7 +171,7 @@ export const SCENARIOS: Scenario[] = [
     codes: [],
     setup: running,
     op: async (w, id) => (await w.controller.fork(id!, undefined, { name: 'copy' })).id,
-    find: (w) => w.db.listSandboxes().find((s) => s.name === 'copy')?.id,
+    find: async (w) => (await w.db.listSandboxes()).find((s) => s.name === 'copy')?.id,
   },
   {
     name: 'fork (hibernated)',
@@ -180,7 +180,7 @@ export const SCENARIOS: Scenario[] = [
     codes: [],
     setup: hibernated,
     op: async (w, id) => (await w.controller.fork(id!, undefined, { name: 'copy' })).id,
-    find: (w) => w.db.listSandboxes().find((s) => s.name === 'copy')?.id,
+    find: async (w) => (await w.db.listSandboxes()).find((s) => s.name === 'copy')?.id,
   },
   {
     name: 'rm (running)',
@@ -210,7 +210,7 @@ export const SCENARIOS: Scenario[] = [
 
 /** The sandbox is gone, and so is everything of it. */
 export async function assertGone(w: World, id: string, what: string): Promise<void> {
-  assert.equal(w.db.getSandbox(id), undefined, `${what}: no record`);
+  assert.equal(await w.db.getSandbox(id), undefined, `${what}: no record`);
   assert.equal(w.host.sandboxes.has(id), false, `${what}: nothing on the node`);
   assert.deepEqual(
     w.vaultData.checkpoints().filter((c) => c.sandboxId === id),
@@ -233,7 +233,7 @@ export async function runOp(w: World, sc: Scenario, id: string | undefined): Pro
     return { id: got, error: undefined };
   } catch (e) {
     await w.controller.settle(5_000);
-    return { id: sc.find ? sc.find(w) : id, error: e as Error & { code?: string } };
+    return { id: sc.find ? await sc.find(w) : id, error: e as Error & { code?: string } };
   }
 }
 
@@ -249,12 +249,12 @@ export async function assertUserData(
   id: string | undefined,
   what: string,
 ): Promise<void> {
-  if (source !== undefined && source !== id && w.db.getSandbox(source)) {
+  if (source !== undefined && source !== id && (await w.db.getSandbox(source))) {
     assert.equal(await backToRunning(w, source), 'memory', `${what}: the source keeps its memory`);
     await w.assertRemembers(source, 'v1', `${what} (source)`);
   }
   if (id === undefined) return;
-  const s = w.db.getSandbox(id);
+  const s = await w.db.getSandbox(id);
   if (!s) {
     await assertGone(w, id, what);
     return;

@@ -103,7 +103,7 @@ export class World {
   /** Runs `args` in the sandbox; its stdout. */
   async exec(id: string, ...args: string[]): Promise<string> {
     // Straight to the runtime: the fake runtime runs no toolbox agent.
-    const r = await this.runtime.exec(this.controller.get(id).id, args);
+    const r = await this.runtime.exec((await this.controller.get(id)).id, args);
     assert.equal(r.exitCode, 0, `exec ${args.join(' ')} in ${id} exited ${r.exitCode}`);
     return r.stdout.trim();
   }
@@ -116,7 +116,7 @@ export class World {
 
   /** The sandbox runs and has what `remember` gave it. */
   async assertRemembers(id: string, value = 'v1', what = ''): Promise<void> {
-    assert.equal(this.controller.get(id).state, 'running', `${what}: running`);
+    assert.equal((await this.controller.get(id)).state, 'running', `${what}: running`);
     assert.equal(await this.exec(id, 'get', 'k'), value, `${what}: memory kept`);
     assert.equal(await this.exec(id, 'cat', 'notes/a.txt'), `file ${value}`, `${what}: files kept`);
   }
@@ -135,7 +135,7 @@ export class World {
   ): Promise<void> {
     // An operation's work after its answer (a hibernate removing the container) ends first.
     await this.controller.settle(5_000);
-    const sandboxes = this.db.listSandboxes();
+    const sandboxes = await this.db.listSandboxes();
     for (const s of sandboxes) {
       assert.ok(
         RESTING_STATES.includes(s.state) || s.state === opts.transient,
@@ -157,7 +157,7 @@ export class World {
         // An archived sandbox without a checkpoint (its processes lost to a reboot before it
         // had one) keeps its files in its writable layer.
         if (s.state === 'archived' && s.checkpointId === undefined) continue;
-        const ck = s.checkpointId !== undefined ? this.db.getCheckpoint(s.checkpointId) : undefined;
+        const ck = s.checkpointId !== undefined ? await this.db.getCheckpoint(s.checkpointId) : undefined;
         assert.ok(ck, `${what}: ${s.name} is ${s.state} with a recorded checkpoint`);
         if (s.state === 'hibernated') assert.equal(ck.kind, 'memory', `${what}: a memory checkpoint`);
         if (ck.meta.fs === 'tar') {
@@ -172,14 +172,14 @@ export class World {
       assert.ok(ids.has(id), `${what}: the node holds nothing of sandbox ${id}, which is not recorded`);
     const inVault = new Set(this.vaultData.checkpoints().map((c) => c.checkpointId));
     const removing = new Set(sandboxes.filter((s) => s.state === 'deleting').map((s) => s.id));
-    const recorded = this.db.listCheckpoints().filter((c) => !removing.has(c.sandboxId));
+    const recorded = (await this.db.listCheckpoints()).filter((c) => !removing.has(c.sandboxId));
     for (const c of recorded)
       assert.ok(
         inVault.has(c.id),
         `${what}: recorded checkpoint ${c.id} (of ${c.sandboxId}) is in the vault`,
       );
     if (!opts.orphansOk) {
-      const live = new Set(this.db.listCheckpoints().map((c) => c.id));
+      const live = new Set((await this.db.listCheckpoints()).map((c) => c.id));
       const orphans = [...inVault].filter((id) => !live.has(id));
       assert.deepEqual(orphans, [], `${what}: no vault checkpoint that no record names`);
     }
@@ -188,7 +188,7 @@ export class World {
 
   async close(): Promise<void> {
     await this.controller.settle(5_000);
-    this.db.close();
+    await this.db.close();
     await rm(this.dir, { recursive: true, force: true });
   }
 }
