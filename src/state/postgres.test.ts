@@ -244,6 +244,34 @@ describe('PostgresStateStore', { skip: missing }, () => {
     }
   });
 
+  test('a hung server: a call fails within its bounds instead of hanging, and works once the server goes on', async () => {
+    const db = await freshDb();
+    const s = await openPostgresStore(db.url, { connectTimeoutMs: 1_000, statementTimeoutMs: 1_000 });
+    try {
+      await s.insertSandbox(sandbox('sb-1'), 'c');
+      await server.freeze();
+      const hung = (e: unknown) =>
+        code('INTERNAL')(e) &&
+        (e as Error).message.startsWith(`cannot reach PostgreSQL at ${redactUrl(db.url)}`);
+      // On the pooled connection: the client's read bound (statement timeout + 2 s).
+      let t0 = Date.now();
+      await assert.rejects(s.getSandbox('sb-1'), hung);
+      assert.ok(Date.now() - t0 < 6_000, `failed after ${Date.now() - t0} ms`);
+      // On a new connection (the hung one was dropped): the connect bound.
+      t0 = Date.now();
+      await assert.rejects(s.listSandboxes(), hung);
+      assert.ok(Date.now() - t0 < 4_000, `failed after ${Date.now() - t0} ms`);
+    } finally {
+      await server.thaw();
+    }
+    try {
+      assert.equal((await s.getSandbox('sb-1'))?.id, 'sb-1');
+    } finally {
+      await s.close();
+      await dropDb(db.name);
+    }
+  });
+
   // Last: it takes the server down and brings it back.
   test('a server that goes down mid-use: calls fail clearly and in bounded time; after a restart stores work', async () => {
     const db = await freshDb();

@@ -403,7 +403,7 @@ export async function openPostgresStore(
     statement_timeout: statementTimeoutMs,
     // statement_timeout is the server's: a server that does not answer at all (hung, or the
     // network between gone quiet) is caught by the client's own bound, a little later.
-    query_timeout: statementTimeoutMs + 5_000,
+    query_timeout: statementTimeoutMs + 2_000,
     idle_in_transaction_session_timeout: opts.idleInTransactionTimeoutMs ?? 60_000,
     keepAlive: true,
     application_name: 'dormant',

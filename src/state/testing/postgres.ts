@@ -31,6 +31,10 @@ export interface TestPostgres {
   url(database: string): string;
   /** Ends the server and its backends (SIGKILL: as a crash would) and keeps its data. */
   halt(): Promise<void>;
+  /** Stops the server and its backends (SIGSTOP): it accepts connections and never answers. */
+  freeze(): Promise<void>;
+  /** Lets a frozen server go on (SIGCONT). */
+  thaw(): Promise<void>;
   /** Starts it again after `halt`, same port and data. */
   start(): Promise<void>;
   /** The server's log so far. */
@@ -101,10 +105,22 @@ export async function startPostgres(): Promise<TestPostgres> {
   const password = randomBytes(18).toString('base64url');
   const who = await serverUser();
   // setpriv execs the server in place (runuser would fork and stay its parent): the PID we
-  // hold is the postmaster's own.
+  // hold is the postmaster's own. Should the test process die without stopping it, the
+  // parent-death signal ends it (its backends follow their postmaster).
   const as = (cmd: string, args: string[]): [string, string[]] =>
     who.asRoot
-      ? ['setpriv', [`--reuid=${who.uid}`, `--regid=${who.gid}`, '--init-groups', '--', cmd, ...args]]
+      ? [
+          'setpriv',
+          [
+            `--reuid=${who.uid}`,
+            `--regid=${who.gid}`,
+            '--init-groups',
+            '--pdeathsig=KILL',
+            '--',
+            cmd,
+            ...args,
+          ],
+        ]
       : [cmd, args];
 
   let child: ChildProcess | undefined;
@@ -131,6 +147,18 @@ export async function startPostgres(): Promise<TestPostgres> {
       await exited;
       for (const b of backends) {
         for (let i = 0; i < 100 && existsSync(`/proc/${b}`); i++) await new Promise((r) => setTimeout(r, 20));
+      }
+    }
+  };
+
+  const signalAll = async (signal: NodeJS.Signals): Promise<void> => {
+    const pid = child?.pid;
+    if (pid === undefined) return;
+    for (const p of [pid, ...(await childrenOf(pid))]) {
+      try {
+        process.kill(p, signal);
+      } catch (e) {
+        if ((e as { code?: string }).code !== 'ESRCH') throw e;
       }
     }
   };
@@ -177,6 +205,7 @@ export async function startPostgres(): Promise<TestPostgres> {
   };
 
   const stop = async (): Promise<void> => {
+    await signalAll('SIGCONT');
     const c = child;
     if (c && c.exitCode === null && c.signalCode === null) {
       // Fast shutdown: clients are disconnected, no checkpoint wait worth having.
@@ -229,6 +258,8 @@ export async function startPostgres(): Promise<TestPostgres> {
       createDatabase,
       url,
       halt,
+      freeze: () => signalAll('SIGSTOP'),
+      thaw: () => signalAll('SIGCONT'),
       start,
       log: () => readFile(logFile, 'utf8'),
       pid: () => child?.pid,
