@@ -97,6 +97,8 @@ export function stateStoreContract(name: string, open: () => Promise<OpenedStore
       await store.insertSandbox(full, 'imported');
       await store.insertSandbox(sandbox('sb-bare'), 'created');
       assert.deepEqual(await store.getSandbox('sb-full'), full);
+      // Keys in the order written: code compares JSON.stringify of specs.
+      assert.equal(JSON.stringify((await store.getSandbox('sb-full'))?.spec), JSON.stringify(full.spec));
       // The store fills in the default GPU policy; nothing else appears.
       assert.deepEqual(await store.getSandbox('sb-bare'), {
         ...sandbox('sb-bare'),
@@ -344,6 +346,7 @@ export function stateStoreContract(name: string, open: () => Promise<OpenedStore
       await store.insertCheckpoint(checkpoint('ck-4', 'sb-2', 2500, { tenant: 't2' }));
       await assert.rejects(store.insertCheckpoint(checkpoint('ck-1', 'sb-9', 1)));
       assert.deepEqual(await store.getCheckpoint('ck-1'), ck);
+      assert.equal(JSON.stringify((await store.getCheckpoint('ck-1'))?.meta), JSON.stringify(ck.meta));
       assert.equal(await store.getCheckpoint('ck-none'), undefined);
       assert.deepEqual(ids(await store.listCheckpoints()), ['ck-3', 'ck-2', 'ck-4', 'ck-1']);
       assert.deepEqual(ids(await store.listCheckpoints({ sandboxId: 'sb-1' })), ['ck-3', 'ck-2', 'ck-1']);

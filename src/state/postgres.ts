@@ -22,8 +22,11 @@ import type { TemplateRecord, TemplateStore } from './templates.js';
 /**
  * The schema, one entry per version (version N is the first N entries applied), the end state
  * of SQLite's MIGRATIONS in PostgreSQL's types: BIGINT for times in ms and byte counts (read
- * back as numbers), JSONB for specs and checkpoint facts. Text that is ordered or paged on is
- * COLLATE "C": byte order, as SQLite orders, whatever the database's locale.
+ * back as numbers). Specs and checkpoint facts are JSON, not JSONB: JSON keeps the text as
+ * written, so an object reads back with its keys in their order, as from SQLite (JSONB sorts
+ * them, and code that compares JSON.stringify of a spec, such as the runtime's record check,
+ * would see a change where there is none). Text that is ordered or paged on is COLLATE "C":
+ * byte order, as SQLite orders, whatever the database's locale.
  * Append to change it; never edit an entry that has shipped.
  */
 export const PG_MIGRATIONS: readonly string[] = [
@@ -32,7 +35,7 @@ export const PG_MIGRATIONS: readonly string[] = [
      tenant TEXT COLLATE "C" NOT NULL,
      name TEXT COLLATE "C" NOT NULL,
      state TEXT NOT NULL,
-     spec JSONB NOT NULL,
+     spec JSON NOT NULL,
      created_at BIGINT NOT NULL,
      state_since BIGINT NOT NULL,
      last_active_at BIGINT NOT NULL,
@@ -64,7 +67,7 @@ export const PG_MIGRATIONS: readonly string[] = [
      kind TEXT NOT NULL,
      logical_bytes BIGINT NOT NULL,
      stored_bytes BIGINT NOT NULL,
-     meta JSONB NOT NULL,
+     meta JSON NOT NULL,
      deleted_at BIGINT
    );
    CREATE INDEX checkpoints_sandbox ON checkpoints (sandbox_id, created_at);
@@ -100,7 +103,7 @@ export const PG_MIGRATIONS: readonly string[] = [
      name TEXT COLLATE "C" NOT NULL,
      public BOOLEAN NOT NULL DEFAULT false,
      checkpoint_id TEXT NOT NULL,
-     spec JSONB NOT NULL,
+     spec JSON NOT NULL,
      origin TEXT NOT NULL,
      created_at BIGINT NOT NULL,
      CONSTRAINT templates_tenant_name UNIQUE (tenant, name)
@@ -598,7 +601,9 @@ export class PostgresStateStore implements StateStore {
     // is the database's.
     for (const [key, value] of q.labels ?? []) {
       where.push(
-        value === undefined ? `spec->'labels' ? ${p(key)}` : `spec->'labels'->>${p(key)} = ${p(value)}`,
+        value === undefined
+          ? `spec->'labels'->${p(key)} IS NOT NULL`
+          : `spec->'labels'->>${p(key)} = ${p(value)}`,
       );
     }
     if (q.after !== undefined) {
