@@ -244,6 +244,60 @@ describe('PostgresStateStore', { skip: missing }, () => {
     }
   });
 
+  test('a read-then-write in atomically is not undone by another node writing between the two', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    try {
+      await a.insertSandbox(sandbox('sb-1'), 'c');
+      // markActive's shape: read the row, then write what was computed from it.
+      const bump = (s: StateStore) =>
+        s.atomically(async (tx) => {
+          const cur = await tx.getSandbox('sb-1');
+          await new Promise((r) => setTimeout(r, 1));
+          await tx.updateSandbox('sb-1', { memoryBytes: cur!.memoryBytes + 1 });
+        });
+      await Promise.all(Array.from({ length: 40 }, (_, i) => bump(i % 2 ? a : b)));
+      assert.equal((await b.getSandbox('sb-1'))?.memoryBytes, 40);
+    } finally {
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('statements started together on a transaction run one after another on its connection', async () => {
+    const db = await freshDb();
+    const s = await openPostgresStore(db.url);
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      await s.atomically(async (tx) => {
+        await Promise.all([
+          tx.insertSandbox(sandbox('sb-1'), 'c'),
+          tx.insertSandbox(sandbox('sb-2', { name: 'sb-1' }), 'c').catch((e: unknown) => e),
+          tx.insertSandbox(sandbox('sb-3'), 'c'),
+          tx.insertToken({ hash: 'h', tenant: 't1', admin: false, createdAt: 1 }),
+          tx.listSandboxes(),
+        ]);
+      });
+      assert.deepEqual(
+        (await s.listSandboxes()).map((x) => x.id),
+        ['sb-1', 'sb-3'],
+      );
+      await new Promise((r) => setImmediate(r));
+      assert.deepEqual(
+        warnings.map((w) => w.message),
+        [],
+      );
+    } finally {
+      process.off('warning', onWarning);
+      await s.close();
+      await dropDb(db.name);
+    }
+  });
+
   test('a hung server: a call fails within its bounds instead of hanging, and works once the server goes on', async () => {
     const db = await freshDb();
     const s = await openPostgresStore(db.url, { connectTimeoutMs: 1_000, statementTimeoutMs: 1_000 });

@@ -206,6 +206,11 @@ const isUnique = (e: unknown, constraint: string): boolean =>
 /** One transaction's connection, shared by the stores bound to it. */
 interface TxContext {
   client: pg.PoolClient;
+  /**
+   * The transaction's statements, one at a time in the order called: a caller may start
+   * several at once (Promise.all on the tx), and one connection answers one at a time.
+   */
+  queue: Promise<unknown>;
   /** Savepoints open (nested atomically). */
   depth: number;
   ended: boolean;
@@ -435,24 +440,51 @@ export class PostgresStateStore implements StateStore {
     private readonly tx?: TxContext,
   ) {}
 
-  private async q<R extends pg.QueryResultRow = Record<string, never>>(
-    sql: string,
-    args: readonly unknown[] = [],
-  ): Promise<pg.QueryResult<R>> {
-    if (this.tx?.ended) throw new Error('this store is bound to a transaction that has ended');
+  /**
+   * Runs `fn` on the pool, or, bound to a transaction, on its connection after the
+   * transaction's earlier statements.
+   */
+  private async use<T>(fn: (c: pg.Pool | pg.PoolClient) => Promise<T>): Promise<T> {
+    const tx = this.tx;
     try {
-      return await (this.tx?.client ?? this.pool).query<R>(sql, args as unknown[]);
+      if (!tx) return await fn(this.pool);
+      const turn = tx.queue.then(() => {
+        if (tx.ended) throw new Error('this store is bound to a transaction that has ended');
+        return fn(tx.client);
+      });
+      tx.queue = turn.catch(() => undefined);
+      return await turn;
     } catch (e) {
       throw translate(e, this.where);
     }
   }
 
+  private async q<R extends pg.QueryResultRow = Record<string, never>>(
+    sql: string,
+    args: readonly unknown[] = [],
+  ): Promise<pg.QueryResult<R>> {
+    return this.use((c) => c.query<R>(sql, args as unknown[]));
+  }
+
   /**
    * A statement that may fail in a way the caller handles (a name taken): inside a transaction
-   * it runs under a savepoint, so the transaction can go on after the failure, as SQLite's does.
+   * it runs under a savepoint of its own, so the transaction can go on after the failure, as
+   * SQLite's does (PostgreSQL aborts the whole transaction on a failed statement).
    */
   private async guarded(sql: string, args: readonly unknown[]): Promise<pg.QueryResult> {
-    return this.tx ? this.savepoint(() => this.q(sql, args)) : this.q(sql, args);
+    if (!this.tx) return this.q(sql, args);
+    return this.use(async (c) => {
+      await c.query('SAVEPOINT dormant_statement');
+      let r: pg.QueryResult;
+      try {
+        r = await c.query(sql, args as unknown[]);
+      } catch (e) {
+        await c.query('ROLLBACK TO SAVEPOINT dormant_statement').catch(() => undefined);
+        throw e;
+      }
+      await c.query('RELEASE SAVEPOINT dormant_statement');
+      return r;
+    });
   }
 
   private async savepoint<T>(fn: () => Promise<T>): Promise<T> {
@@ -484,7 +516,7 @@ export class PostgresStateStore implements StateStore {
     } catch (e) {
       throw translate(e, this.where);
     }
-    const ctx: TxContext = { client, depth: 0, ended: false };
+    const ctx: TxContext = { client, queue: Promise.resolve(), depth: 0, ended: false };
     const tx = new PostgresStateStore(this.pool, this.where, ctx);
     let broken: Error | undefined;
     try {
@@ -493,6 +525,8 @@ export class PostgresStateStore implements StateStore {
       await tx.q('COMMIT');
       return out;
     } catch (e) {
+      // After the callback's statements still running (one it did not await), not among them.
+      await ctx.queue;
       await client.query('ROLLBACK').catch((re: unknown) => {
         // The connection is unusable: the pool must not hand it out again.
         broken = re instanceof Error ? re : new Error(String(re));
@@ -500,6 +534,7 @@ export class PostgresStateStore implements StateStore {
       throw e;
     } finally {
       ctx.ended = true;
+      await ctx.queue;
       client.release(broken);
     }
   }
@@ -576,8 +611,17 @@ export class PostgresStateStore implements StateStore {
     }
   }
 
+  /**
+   * Inside a transaction the row is locked until it ends (FOR UPDATE): a read-then-write
+   * there (markActive, keepalive) cannot be undone by another node writing between the two,
+   * which SQLite's one writer at a time gives by itself. Another transaction reading the same
+   * sandbox waits for this one, then reads what it wrote.
+   */
   async getSandbox(id: string): Promise<Sandbox | undefined> {
-    const { rows } = await this.q<SandboxRow>('SELECT * FROM sandboxes WHERE id = $1', [id]);
+    const { rows } = await this.q<SandboxRow>(
+      `SELECT * FROM sandboxes WHERE id = $1${this.tx ? ' FOR UPDATE' : ''}`,
+      [id],
+    );
     return rows[0] && toSandbox(rows[0]);
   }
 
