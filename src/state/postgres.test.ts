@@ -121,6 +121,27 @@ describe('PostgresStateStore', { skip: missing }, () => {
     }
   });
 
+  test("a node waits for another's migration past its statement timeout", async () => {
+    const db = await freshDb();
+    const holder = new pg.Client({ connectionString: db.url });
+    await holder.connect();
+    try {
+      // Another node in the middle of a migration: it holds the schema lock.
+      await holder.query('BEGIN');
+      await holder.query(`SELECT pg_advisory_xact_lock(hashtext('dormant schema'))`);
+      const t0 = Date.now();
+      const opening = openPostgresStore(db.url, { statementTimeoutMs: 500 });
+      setTimeout(() => void holder.query('COMMIT'), 2_500);
+      const s = await opening;
+      assert.ok(Date.now() - t0 >= 2_000, `opened after ${Date.now() - t0} ms`);
+      await s.insertSandbox(sandbox('sb-1'), 'c');
+      await s.close();
+    } finally {
+      await holder.end();
+      await dropDb(db.name);
+    }
+  });
+
   test('a database from a newer dormant is refused and left as it was', async () => {
     const db = await freshDb();
     const s = await openPostgresStore(db.url);

@@ -347,6 +347,11 @@ function patchColumns(patch: Partial<Sandbox>, p: (v: unknown) => string): strin
 }
 
 const ADVISORY_SCHEMA_LOCK = `SELECT pg_advisory_xact_lock(hashtext('dormant schema'))`;
+/**
+ * A migration (and a node's wait for another's) may take longer than a statement may: a
+ * future one that rewrites a large table. Still bounded, so a stuck migration is an error.
+ */
+const MIGRATION_TIMEOUT_MS = 10 * 60_000;
 
 /**
  * Brings the database up to PG_MIGRATIONS in one transaction under an advisory lock, so nodes
@@ -358,8 +363,12 @@ async function migrate(pool: pg.Pool, where: string): Promise<void> {
   const client = await pool.connect();
   let broken: Error | undefined;
   try {
+    // pg reads query_timeout from a query's config too (its types leave it out).
+    const long = (text: string): pg.QueryConfig =>
+      ({ text, query_timeout: MIGRATION_TIMEOUT_MS + 5_000 }) as pg.QueryConfig;
     await client.query('BEGIN');
-    await client.query(ADVISORY_SCHEMA_LOCK);
+    await client.query(`SET LOCAL statement_timeout = ${MIGRATION_TIMEOUT_MS}`);
+    await client.query(long(ADVISORY_SCHEMA_LOCK));
     await client.query(
       'CREATE TABLE IF NOT EXISTS dormant_schema (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)',
     );
@@ -375,7 +384,7 @@ async function migrate(pool: pg.Pool, where: string): Promise<void> {
       );
     }
     for (let v = version; v < PG_MIGRATIONS.length; v++) {
-      await client.query(PG_MIGRATIONS[v]!);
+      await client.query(long(PG_MIGRATIONS[v]!));
       await client.query('INSERT INTO dormant_schema (version, applied_at) VALUES ($1, $2)', [
         v + 1,
         Date.now(),
