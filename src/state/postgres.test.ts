@@ -206,6 +206,17 @@ describe('PostgresStateStore', { skip: missing }, () => {
       'postgres://me@db:5432/d?sslmode=require',
     );
     assert.equal(redactUrl('host=db password=pw user=me'), 'host=db password=*** user=me');
+    assert.equal(
+      redactUrl('postgres://db/d?password=pw&sslpassword=k'),
+      'postgres://db/d?password=***&sslpassword=***',
+    );
+    // A name that resolves to several addresses, none listening: still a clear message.
+    await assert.rejects(
+      openPostgresStore(`postgres://u:secret@localhost:1/x`, { connectTimeoutMs: 1_000 }),
+      (e: unknown) =>
+        code('INTERNAL')(e) &&
+        /^cannot reach PostgreSQL at postgres:\/\/u@localhost:1\/x: \S/.test((e as Error).message),
+    );
     await dropDb(db.name);
   });
 

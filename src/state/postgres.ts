@@ -142,9 +142,10 @@ export function redactUrl(url: string): string {
   try {
     const u = new URL(url);
     if (u.password !== '') u.password = '';
+    for (const k of ['password', 'sslpassword']) if (u.searchParams.has(k)) u.searchParams.set(k, '***');
     return u.toString();
   } catch {
-    return url.replace(/password=\S*/gi, 'password=***');
+    return url.replace(/password=\S*/gi, (m) => `${m.slice(0, m.indexOf('=') + 1)}***`);
   }
 }
 
@@ -169,7 +170,9 @@ const UNREACHABLE = new Set([
 function translate(e: unknown, where: string): unknown {
   if (e instanceof DormantError || !(e instanceof Error)) return e;
   const code = (e as { code?: string }).code ?? '';
-  const msg = e.message;
+  // Node's connect errors for a name with several addresses are an AggregateError with no
+  // message of its own.
+  const msg = e.message || code || e.name;
   if (code === '28P01' || code === '28000')
     return new DormantError(ErrorCode.INTERNAL, `PostgreSQL at ${where} refused the login: ${msg}`, {
       hint: 'check the user and password of the state database URL (and pg_hba.conf on the server)',
