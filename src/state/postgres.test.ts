@@ -330,6 +330,84 @@ describe('PostgresStateStore', { skip: missing }, () => {
     }
   });
 
+  test('a reader paging transitions by sinceId sees every one, also one that commits after a later id', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    let release: () => void = () => undefined;
+    const held = new Promise<void>((r) => (release = r));
+    let slow: Promise<void> = Promise.resolve();
+    try {
+      await a.insertSandbox(sandbox('sb-0'), 'c');
+      const seen: string[] = [];
+      let cursor = (await a.transitions()).at(-1)!.id;
+      // Takes its id first and commits last.
+      slow = a.atomically(async (tx) => {
+        await tx.insertSandbox(sandbox('sb-slow'), 'slow');
+        await held;
+      });
+      await new Promise((r) => setTimeout(r, 100));
+      const t0 = Date.now();
+      await b.insertSandbox(sandbox('sb-fast'), 'fast');
+      // A writer is not held up by the open transaction (nor by readers).
+      assert.ok(Date.now() - t0 < 500, `a write took ${Date.now() - t0} ms`);
+      const reading = b.transitions({ sinceId: cursor });
+      setTimeout(release, 200);
+      for (const t of await reading) {
+        seen.push(t.reason);
+        cursor = t.id;
+      }
+      await slow;
+      for (const t of await b.transitions({ sinceId: cursor })) seen.push(t.reason);
+      assert.deepEqual(seen.sort(), ['fast', 'slow']);
+    } finally {
+      release();
+      await slow.catch(() => undefined);
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('a reader facing a transaction that stays open answers nothing new, not a page with a hole', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    let release: () => void = () => undefined;
+    const held = new Promise<void>((r) => (release = r));
+    let slow: Promise<void> = Promise.resolve();
+    try {
+      await a.insertSandbox(sandbox('sb-0'), 'c');
+      const cursor = (await a.transitions()).at(-1)!.id;
+      slow = a.atomically(async (tx) => {
+        await tx.insertSandbox(sandbox('sb-slow'), 'slow');
+        await held;
+      });
+      await new Promise((r) => setTimeout(r, 100));
+      await b.insertSandbox(sandbox('sb-fast'), 'fast');
+      const t0 = Date.now();
+      assert.deepEqual(await b.transitions({ sinceId: cursor }), []);
+      assert.ok(Date.now() - t0 < 4_000, `answered after ${Date.now() - t0} ms`);
+      // Read whole (no cursor to move past anything): what is committed now.
+      assert.deepEqual(
+        (await b.transitions()).map((t) => t.reason),
+        ['c', 'fast'],
+      );
+      release();
+      await slow;
+      assert.deepEqual(
+        (await b.transitions({ sinceId: cursor })).map((t) => t.reason),
+        ['slow', 'fast'],
+      );
+    } finally {
+      release();
+      await slow.catch(() => undefined);
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
   test('a hung server: a call fails within its bounds instead of hanging, and works once the server goes on', async () => {
     const db = await freshDb();
     const s = await openPostgresStore(db.url, { connectTimeoutMs: 1_000, statementTimeoutMs: 1_000 });

@@ -27,6 +27,15 @@ import type { TemplateRecord, TemplateStore } from './templates.js';
  * them, and code that compares JSON.stringify of a spec, such as the runtime's record check,
  * would see a change where there is none). Text that is ordered or paged on is COLLATE "C":
  * byte order, as SQLite orders, whatever the database's locale.
+ *
+ * Transition ids: readers page by them (`sinceId`: GET /v1/events, the metrics fold), so a
+ * reader must never see an id while a smaller one can still appear. A sequence alone gives
+ * ids at insert, not at commit: two overlapping transactions can commit 11 before 10, and a
+ * reader that saw 11 passes 10 for good. So the trigger takes each id while holding a shared
+ * lock that the writer keeps until it ends, and a reader first waits for a moment no writer
+ * holds it (dormant_transitions_settled: a try, never a queued request, so writers never
+ * wait behind a reader): every id up to the sequence's value then belongs to a finished
+ * transaction, and the reader reads only up to it.
  * Append to change it; never edit an entry that has shipped.
  */
 export const PG_MIGRATIONS: readonly string[] = [
@@ -49,8 +58,9 @@ export const PG_MIGRATIONS: readonly string[] = [
      CONSTRAINT sandboxes_tenant_name UNIQUE (tenant, name)
    );
    CREATE INDEX sandboxes_listing ON sandboxes (created_at, id);
+   CREATE SEQUENCE transitions_id AS BIGINT;
    CREATE TABLE transitions (
-     id BIGSERIAL PRIMARY KEY,
+     id BIGINT PRIMARY KEY,
      sandbox_id TEXT COLLATE "C" NOT NULL,
      tenant TEXT COLLATE "C" NOT NULL,
      from_state TEXT,
@@ -59,6 +69,26 @@ export const PG_MIGRATIONS: readonly string[] = [
      reason TEXT NOT NULL
    );
    CREATE INDEX transitions_sandbox ON transitions (sandbox_id, id);
+   CREATE FUNCTION dormant_transition_id() RETURNS trigger LANGUAGE plpgsql AS $$
+   BEGIN
+     PERFORM pg_advisory_xact_lock_shared(hashtext('dormant transitions'));
+     NEW.id := nextval('transitions_id');
+     RETURN NEW;
+   END $$;
+   CREATE TRIGGER transitions_id BEFORE INSERT ON transitions
+     FOR EACH ROW EXECUTE FUNCTION dormant_transition_id();
+   CREATE FUNCTION dormant_transitions_settled(wait_ms INTEGER) RETURNS BIGINT LANGUAGE plpgsql AS $$
+   DECLARE
+     deadline TIMESTAMPTZ := clock_timestamp() + wait_ms * INTERVAL '1 millisecond';
+     settled BIGINT;
+   BEGIN
+     WHILE NOT pg_try_advisory_xact_lock(hashtext('dormant transitions')) LOOP
+       IF clock_timestamp() > deadline THEN RETURN NULL; END IF;
+       PERFORM pg_sleep(0.002);
+     END LOOP;
+     SELECT CASE WHEN is_called THEN last_value ELSE 0 END INTO settled FROM transitions_id;
+     RETURN settled;
+   END $$;
    CREATE TABLE checkpoints (
      id TEXT COLLATE "C" PRIMARY KEY,
      sandbox_id TEXT COLLATE "C" NOT NULL,
@@ -349,6 +379,12 @@ function patchColumns(patch: Partial<Sandbox>, p: (v: unknown) => string): strin
   return sets.join(', ');
 }
 
+/**
+ * How long a transitions read waits for a moment without unfinished writers (at most half the
+ * statement timeout, which bounds the wait too).
+ */
+const SETTLE_WAIT_MS = 2_000;
+
 const ADVISORY_SCHEMA_LOCK = `SELECT pg_advisory_xact_lock(hashtext('dormant schema'))`;
 /**
  * A migration (and a node's wait for another's) may take longer than a statement may: a
@@ -437,7 +473,7 @@ export async function openPostgresStore(
     await pool.end().catch(() => undefined);
     throw translate(e, where);
   }
-  return new PostgresStateStore(pool, where);
+  return new PostgresStateStore(pool, where, Math.min(SETTLE_WAIT_MS, statementTimeoutMs / 2));
 }
 
 export class PostgresStateStore implements StateStore {
@@ -449,6 +485,7 @@ export class PostgresStateStore implements StateStore {
     private readonly pool: pg.Pool,
     /** The URL without its password, for errors. */
     private readonly where: string,
+    private readonly settleWaitMs: number,
     private readonly tx?: TxContext,
   ) {}
 
@@ -529,7 +566,7 @@ export class PostgresStateStore implements StateStore {
       throw translate(e, this.where);
     }
     const ctx: TxContext = { client, queue: Promise.resolve(), depth: 0, ended: false };
-    const tx = new PostgresStateStore(this.pool, this.where, ctx);
+    const tx = new PostgresStateStore(this.pool, this.where, this.settleWaitMs, ctx);
     let broken: Error | undefined;
     try {
       await tx.q('BEGIN');
@@ -735,6 +772,20 @@ export class PostgresStateStore implements StateStore {
     const { args, p } = params();
     const where = [`id > ${p(opts.sinceId ?? 0)}`];
     if (opts.sandboxId !== undefined) where.push(`sandbox_id = ${p(opts.sandboxId)}`);
+    if (!this.tx) {
+      // Only ids no unfinished transaction can still add to (PG_MIGRATIONS); a statement of
+      // its own, so the read after it sees every one of them. Inside a transaction (which may
+      // hold the writers' lock itself) it reads what the transaction sees.
+      const { rows } = await this.q<{ settled: number | null }>(
+        'SELECT dormant_transitions_settled($1) AS settled',
+        [Math.round(this.settleWaitMs)],
+      );
+      const settled = rows[0]?.settled ?? null;
+      if (settled !== null) where.push(`id <= ${p(settled)}`);
+      // Writers never let go for that long. A reader that pages on is told nothing is certain
+      // yet and asks again; one reading it all (the cost report) gets what is committed now.
+      else if (opts.sinceId !== undefined) return [];
+    }
     const { rows } = await this.q<{
       id: number;
       sandbox_id: string;
