@@ -11,7 +11,10 @@
 #     podman checkpoints at run time and restore dormant's exports with it; its checkpoints go
 #     through runc, which finds the private CRIU below through the wrapper on PATH), skopeo
 #     (the daemon pulls registry images with it) and docker-registry (the registry tests start
-#     their own on loopback; Debian's service is stopped and disabled, as haproxy's), and runsc
+#     their own on loopback; Debian's service is stopped and disabled, as haproxy's), postgresql
+#     (the PostgreSQL state store's tests start a private server of their own from its binaries,
+#     on loopback in a temp folder; the cluster Debian makes is stopped and set to start
+#     manually, so no system-wide PostgreSQL runs), and runsc
 #     (gVisor, the second runtime: bookworm's 2022 build runs, checkpoints and restores here on
 #     the ptrace platform; sid's 2024 build's sentry dies at its first task on this kernel).
 #   - CRIU >= 4.2 and checkpointctl into a private prefix, /opt/dormant/criu, NOT through the
@@ -35,7 +38,7 @@ APTDIR=${DORMANT_APT_DIR:-/opt/dormant/apt}
 BINDIR=${DORMANT_BIN_DIR:-/usr/local/bin}
 SUITE=${DORMANT_CRIU_SUITE:-sid}
 MIN_CRIU=4.2
-HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy podman skopeo docker-registry runsc)
+HOST_PKGS=(runc iptables busybox-static iproute2 e2fsprogs mount zstd ca-certificates debian-archive-keyring python3 restic borgbackup chromium haproxy podman skopeo docker-registry postgresql runsc)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -63,6 +66,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   # The registry tests start docker-registry themselves on a free port; Debian's service is not wanted.
   if printf '%s\n' "${missing[@]}" | grep -qx docker-registry && [ -d /run/systemd/system ]; then
     systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
+  # The PostgreSQL tests start their own server; the cluster Debian creates (and starts, with
+  # systemd or without) is not wanted: stopped, and left to start only by hand.
+  if printf '%s\n' "${missing[@]}" | grep -qx postgresql; then
+    if [ -d /run/systemd/system ]; then systemctl disable --now postgresql >/dev/null 2>&1 || true; fi
+    pg_lsclusters -h 2>/dev/null | while read -r ver name _; do
+      pg_ctlcluster "$ver" "$name" stop >/dev/null 2>&1 || true
+      echo manual >"/etc/postgresql/$ver/$name/start.conf"
+    done
   fi
 else
   log "host packages present: ${HOST_PKGS[*]}"

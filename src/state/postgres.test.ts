@@ -1,0 +1,477 @@
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import pg from 'pg';
+import { DormantError } from '../domain/errors.js';
+import { sandbox, stateStoreContract } from './contract.js';
+import { openPostgresStore, PG_MIGRATIONS, redactUrl } from './postgres.js';
+import type { StateStore } from './store.js';
+import { pgMissing, startPostgres, type TestPostgres } from './testing/postgres.js';
+
+const missing = await pgMissing();
+if (missing !== undefined) process.stderr.write(`skipping the PostgreSQL state tests: ${missing}\n`);
+
+let server: TestPostgres;
+let n = 0;
+const code = (c: string) => (e: unknown) => e instanceof DormantError && e.code === c;
+
+/** A fresh database on the test server. */
+async function freshDb(): Promise<{ name: string; url: string }> {
+  const name = `db${++n}`;
+  return { name, url: await server.createDatabase(name) };
+}
+
+async function dropDb(name: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: server.url('postgres') });
+  await admin.connect();
+  try {
+    await admin.query(`DROP DATABASE IF EXISTS ${pg.escapeIdentifier(name)} WITH (FORCE)`);
+  } finally {
+    await admin.end();
+  }
+}
+
+/** Runs `fn` with a plain client on `url`: what another tool or an operator would see. */
+async function raw<T>(url: string, fn: (c: pg.Client) => Promise<T>): Promise<T> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    return await fn(c);
+  } finally {
+    await c.end();
+  }
+}
+
+describe('PostgresStateStore', { skip: missing }, () => {
+  before(async () => {
+    server = await startPostgres();
+  });
+  after(async () => {
+    await server?.stop();
+  });
+
+  stateStoreContract('PostgreSQL', async () => {
+    const db = await freshDb();
+    const store = await openPostgresStore(db.url);
+    return {
+      store,
+      close: async () => {
+        await store.close();
+        await dropDb(db.name);
+      },
+    };
+  });
+
+  test('two nodes racing the same transition: exactly one wins each round, with one transitions row', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    try {
+      await a.insertSandbox(sandbox('sb-1', { state: 'hibernated' }), 'c');
+      const rounds = 200;
+      const winners = { a: 0, b: 0 };
+      for (let i = 0; i < rounds; i++) {
+        const [wa, wb] = await Promise.all([
+          a.transition('sb-1', 'hibernated', 'resuming', `a${i}`, 2000 + i),
+          b.transition('sb-1', 'hibernated', 'resuming', `b${i}`, 2000 + i),
+        ]);
+        assert.equal(Number(wa) + Number(wb), 1, `round ${i}: a=${wa} b=${wb}`);
+        winners[wa ? 'a' : 'b']++;
+        // Back to hibernated for the next round (one node, no race).
+        assert.equal(
+          await (i % 2 ? a : b).transition('sb-1', 'resuming', 'hibernated', 'back', 2000 + i),
+          true,
+        );
+      }
+      const t = await a.transitions({ sandboxId: 'sb-1' });
+      const resumes = t.filter((x) => x.to === 'resuming');
+      assert.equal(resumes.length, rounds);
+      // One row per round, named for that round's winner.
+      for (let i = 0; i < rounds; i++)
+        assert.equal(resumes.filter((x) => x.reason.slice(1) === String(i)).length, 1);
+      assert.equal(t.length, 1 + 2 * rounds);
+      process.stdout.write(`race: a won ${winners.a}, b won ${winners.b} of ${rounds}\n`);
+    } finally {
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('nodes opening a fresh database at once all succeed; the schema is migrated once', async () => {
+    const db = await freshDb();
+    const stores = await Promise.all(Array.from({ length: 4 }, () => openPostgresStore(db.url)));
+    try {
+      const versions = await raw(db.url, async (c) =>
+        (await c.query<{ version: number }>('SELECT version FROM dormant_schema ORDER BY version')).rows.map(
+          (r) => r.version,
+        ),
+      );
+      assert.deepEqual(
+        versions,
+        PG_MIGRATIONS.map((_, i) => i + 1),
+      );
+      // Each works on the same tables: a write of one is seen by the others.
+      await stores[0]!.insertSandbox(sandbox('sb-1'), 'c');
+      for (const s of stores) assert.equal((await s.getSandbox('sb-1'))?.id, 'sb-1');
+      // Opening again changes nothing.
+      await (await openPostgresStore(db.url)).close();
+    } finally {
+      for (const s of stores) await s.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test("a node waits for another's migration past its statement timeout", async () => {
+    const db = await freshDb();
+    const holder = new pg.Client({ connectionString: db.url });
+    await holder.connect();
+    try {
+      // Another node in the middle of a migration: it holds the schema lock.
+      await holder.query('BEGIN');
+      await holder.query(`SELECT pg_advisory_xact_lock(hashtext('dormant schema'))`);
+      const t0 = Date.now();
+      const opening = openPostgresStore(db.url, { statementTimeoutMs: 500 });
+      setTimeout(() => void holder.query('COMMIT'), 2_500);
+      const s = await opening;
+      assert.ok(Date.now() - t0 >= 2_000, `opened after ${Date.now() - t0} ms`);
+      await s.insertSandbox(sandbox('sb-1'), 'c');
+      await s.close();
+    } finally {
+      await holder.end();
+      await dropDb(db.name);
+    }
+  });
+
+  test('a database from a newer dormant is refused and left as it was', async () => {
+    const db = await freshDb();
+    const s = await openPostgresStore(db.url);
+    await s.insertSandbox(sandbox('sb-1'), 'c');
+    await s.close();
+    const newer = PG_MIGRATIONS.length + 1;
+    await raw(db.url, (c) =>
+      c.query('INSERT INTO dormant_schema (version, applied_at) VALUES ($1, 0)', [newer]),
+    );
+    const snapshot = async (c: pg.Client) => [
+      (
+        await c.query(
+          `SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1`,
+        )
+      ).rows,
+      (await c.query('SELECT * FROM dormant_schema ORDER BY version')).rows,
+      (await c.query('SELECT id, state FROM sandboxes')).rows,
+    ];
+    const before = await raw(db.url, snapshot);
+    await assert.rejects(
+      openPostgresStore(db.url),
+      (e: unknown) =>
+        code('INVALID_ARGUMENT')(e) &&
+        (e as Error).message.includes(
+          `schema version ${newer}, newer than this dormant's ${PG_MIGRATIONS.length}`,
+        ) &&
+        !(e as Error).message.includes(server.password) &&
+        /nothing was changed/.test((e as DormantError).hint ?? ''),
+    );
+    assert.deepEqual(await raw(db.url, snapshot), before);
+    await dropDb(db.name);
+  });
+
+  test('a wrong password, a missing database or no server: a clear error naming the URL without its password', async () => {
+    const db = await freshDb();
+    const badPassword = db.url.replace(encodeURIComponent(server.password), 'wrong-password');
+    await assert.rejects(
+      openPostgresStore(badPassword),
+      (e: unknown) =>
+        code('INTERNAL')(e) &&
+        (e as Error).message.includes(`refused the login`) &&
+        (e as Error).message.includes(`127.0.0.1:${server.port}/${db.name}`) &&
+        !(e as Error).message.includes('wrong-password') &&
+        /user and password/.test((e as DormantError).hint ?? ''),
+    );
+    await assert.rejects(
+      openPostgresStore(server.url('no_such_db')),
+      (e: unknown) => code('INTERNAL')(e) && /createdb/.test((e as DormantError).hint ?? ''),
+    );
+    // A port nobody listens on (the test server's, once stopped, is not ours to stop here).
+    const t0 = Date.now();
+    await assert.rejects(
+      openPostgresStore(`postgres://u:secret@127.0.0.1:1/x`, { connectTimeoutMs: 1_000 }),
+      (e: unknown) =>
+        code('INTERNAL')(e) &&
+        (e as Error).message.startsWith('cannot reach PostgreSQL at postgres://u@127.0.0.1:1/x') &&
+        !(e as Error).message.includes('secret'),
+    );
+    assert.ok(Date.now() - t0 < 5_000);
+    assert.equal(
+      redactUrl('postgres://me:pw@db:5432/d?sslmode=require'),
+      'postgres://me@db:5432/d?sslmode=require',
+    );
+    assert.equal(redactUrl('host=db password=pw user=me'), 'host=db password=*** user=me');
+    assert.equal(
+      redactUrl('postgres://db/d?password=pw&sslpassword=k'),
+      'postgres://db/d?password=***&sslpassword=***',
+    );
+    // A name that resolves to several addresses, none listening: still a clear message.
+    await assert.rejects(
+      openPostgresStore(`postgres://u:secret@localhost:1/x`, { connectTimeoutMs: 1_000 }),
+      (e: unknown) =>
+        code('INTERNAL')(e) &&
+        /^cannot reach PostgreSQL at postgres:\/\/u@localhost:1\/x: \S/.test((e as Error).message),
+    );
+    await dropDb(db.name);
+  });
+
+  test('a transaction: unseen by another node until it commits; a name clash caught inside it lets it go on', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    try {
+      await a.templates().insertTemplate({
+        id: 'tp-1',
+        tenant: 't1',
+        name: 'base',
+        public: false,
+        checkpointId: 'ck-1',
+        spec: sandbox('x').spec,
+        origin: 'o',
+        createdAt: 1,
+      });
+      await a.atomically(async (tx) => {
+        await tx.insertSandbox(sandbox('sb-1'), 'c');
+        assert.equal(await b.getSandbox('sb-1'), undefined);
+        await assert.rejects(
+          tx.templates().insertTemplate({
+            id: 'tp-2',
+            tenant: 't1',
+            name: 'base',
+            public: false,
+            checkpointId: 'ck-2',
+            spec: sandbox('x').spec,
+            origin: 'o',
+            createdAt: 2,
+          }),
+          code('TEMPLATE_NAME_TAKEN'),
+        );
+        await assert.rejects(
+          tx.insertSandbox(sandbox('sb-2', { name: 'sb-1' }), 'c'),
+          code('SANDBOX_NAME_TAKEN'),
+        );
+        await tx.insertSandbox(sandbox('sb-3'), 'c');
+      });
+      assert.deepEqual(
+        (await b.listSandboxes()).map((s) => s.id),
+        ['sb-1', 'sb-3'],
+      );
+      // A store bound to a finished transaction refuses to be used, rather than use a
+      // connection the pool has given to someone else.
+      let kept: StateStore | undefined;
+      await a.atomically(async (tx) => {
+        kept = tx;
+      });
+      await assert.rejects(kept!.getSandbox('sb-1'), /transaction that has ended/);
+      assert.equal(a.sandboxVersion, undefined);
+    } finally {
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('a read-then-write in atomically is not undone by another node writing between the two', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    try {
+      await a.insertSandbox(sandbox('sb-1'), 'c');
+      // markActive's shape: read the row, then write what was computed from it.
+      const bump = (s: StateStore) =>
+        s.atomically(async (tx) => {
+          const cur = await tx.getSandbox('sb-1');
+          await new Promise((r) => setTimeout(r, 1));
+          await tx.updateSandbox('sb-1', { memoryBytes: cur!.memoryBytes + 1 });
+        });
+      await Promise.all(Array.from({ length: 40 }, (_, i) => bump(i % 2 ? a : b)));
+      assert.equal((await b.getSandbox('sb-1'))?.memoryBytes, 40);
+    } finally {
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('statements started together on a transaction run one after another on its connection', async () => {
+    const db = await freshDb();
+    const s = await openPostgresStore(db.url);
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      await s.atomically(async (tx) => {
+        await Promise.all([
+          tx.insertSandbox(sandbox('sb-1'), 'c'),
+          tx.insertSandbox(sandbox('sb-2', { name: 'sb-1' }), 'c').catch((e: unknown) => e),
+          tx.insertSandbox(sandbox('sb-3'), 'c'),
+          tx.insertToken({ hash: 'h', tenant: 't1', admin: false, createdAt: 1 }),
+          tx.listSandboxes(),
+        ]);
+      });
+      assert.deepEqual(
+        (await s.listSandboxes()).map((x) => x.id),
+        ['sb-1', 'sb-3'],
+      );
+      await new Promise((r) => setImmediate(r));
+      assert.deepEqual(
+        warnings.map((w) => w.message),
+        [],
+      );
+    } finally {
+      process.off('warning', onWarning);
+      await s.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('a reader paging transitions by sinceId sees every one, also one that commits after a later id', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    let release: () => void = () => undefined;
+    const held = new Promise<void>((r) => (release = r));
+    let slow: Promise<void> = Promise.resolve();
+    try {
+      await a.insertSandbox(sandbox('sb-0'), 'c');
+      const seen: string[] = [];
+      let cursor = (await a.transitions()).at(-1)!.id;
+      // Takes its id first and commits last.
+      slow = a.atomically(async (tx) => {
+        await tx.insertSandbox(sandbox('sb-slow'), 'slow');
+        await held;
+      });
+      await new Promise((r) => setTimeout(r, 100));
+      const t0 = Date.now();
+      await b.insertSandbox(sandbox('sb-fast'), 'fast');
+      // A writer is not held up by the open transaction (nor by readers).
+      assert.ok(Date.now() - t0 < 500, `a write took ${Date.now() - t0} ms`);
+      const reading = b.transitions({ sinceId: cursor });
+      setTimeout(release, 200);
+      for (const t of await reading) {
+        seen.push(t.reason);
+        cursor = t.id;
+      }
+      await slow;
+      for (const t of await b.transitions({ sinceId: cursor })) seen.push(t.reason);
+      assert.deepEqual(seen.sort(), ['fast', 'slow']);
+    } finally {
+      release();
+      await slow.catch(() => undefined);
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('a reader facing a transaction that stays open answers nothing new, not a page with a hole', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    let release: () => void = () => undefined;
+    const held = new Promise<void>((r) => (release = r));
+    let slow: Promise<void> = Promise.resolve();
+    try {
+      await a.insertSandbox(sandbox('sb-0'), 'c');
+      const cursor = (await a.transitions()).at(-1)!.id;
+      slow = a.atomically(async (tx) => {
+        await tx.insertSandbox(sandbox('sb-slow'), 'slow');
+        await held;
+      });
+      await new Promise((r) => setTimeout(r, 100));
+      await b.insertSandbox(sandbox('sb-fast'), 'fast');
+      const t0 = Date.now();
+      assert.deepEqual(await b.transitions({ sinceId: cursor }), []);
+      assert.ok(Date.now() - t0 < 4_000, `answered after ${Date.now() - t0} ms`);
+      // Read whole (no cursor to move past anything): what is committed now.
+      assert.deepEqual(
+        (await b.transitions()).map((t) => t.reason),
+        ['c', 'fast'],
+      );
+      release();
+      await slow;
+      assert.deepEqual(
+        (await b.transitions({ sinceId: cursor })).map((t) => t.reason),
+        ['slow', 'fast'],
+      );
+    } finally {
+      release();
+      await slow.catch(() => undefined);
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('a hung server: a call fails within its bounds instead of hanging, and works once the server goes on', async () => {
+    const db = await freshDb();
+    const s = await openPostgresStore(db.url, { connectTimeoutMs: 1_000, statementTimeoutMs: 1_000 });
+    try {
+      await s.insertSandbox(sandbox('sb-1'), 'c');
+      await server.freeze();
+      const hung = (e: unknown) =>
+        code('INTERNAL')(e) &&
+        (e as Error).message.startsWith(`cannot reach PostgreSQL at ${redactUrl(db.url)}`);
+      // On the pooled connection: the client's read bound (statement timeout + 2 s).
+      let t0 = Date.now();
+      await assert.rejects(s.getSandbox('sb-1'), hung);
+      assert.ok(Date.now() - t0 < 6_000, `failed after ${Date.now() - t0} ms`);
+      // On a new connection (the hung one was dropped): the connect bound.
+      t0 = Date.now();
+      await assert.rejects(s.listSandboxes(), hung);
+      assert.ok(Date.now() - t0 < 4_000, `failed after ${Date.now() - t0} ms`);
+    } finally {
+      await server.thaw();
+    }
+    try {
+      assert.equal((await s.getSandbox('sb-1'))?.id, 'sb-1');
+    } finally {
+      await s.close();
+      await dropDb(db.name);
+    }
+  });
+
+  // Last: it takes the server down and brings it back.
+  test('a server that goes down mid-use: calls fail clearly and in bounded time; after a restart stores work', async () => {
+    const db = await freshDb();
+    const idleErrors: Error[] = [];
+    const s = await openPostgresStore(db.url, {
+      connectTimeoutMs: 1_000,
+      statementTimeoutMs: 2_000,
+      onIdleError: (e) => idleErrors.push(e),
+    });
+    try {
+      await s.insertSandbox(sandbox('sb-1', { state: 'running' }), 'c');
+      await server.halt();
+      const unreachable = (e: unknown) =>
+        code('INTERNAL')(e) &&
+        (e as Error).message.startsWith(`cannot reach PostgreSQL at ${redactUrl(db.url)}`) &&
+        !(e as Error).message.includes(server.password) &&
+        /up and reachable/.test((e as DormantError).hint ?? '');
+      for (const call of [
+        () => s.getSandbox('sb-1'),
+        () => s.transition('sb-1', 'running', 'paused', 'p', 2000),
+        () => s.atomically((tx) => tx.note('sb-1', 'n', 2000)),
+        () => s.getSandbox('sb-1'),
+      ]) {
+        const t0 = Date.now();
+        await assert.rejects(call(), unreachable);
+        assert.ok(Date.now() - t0 < 5_000, `failed after ${Date.now() - t0} ms`);
+      }
+      await server.start();
+      // The store that saw the outage connects again by itself; a new one opens as usual.
+      assert.equal(await s.transition('sb-1', 'running', 'paused', 'p', 3000), true);
+      const fresh = await openPostgresStore(db.url);
+      assert.equal((await fresh.getSandbox('sb-1'))?.state, 'paused');
+      await fresh.close();
+    } finally {
+      await s.close();
+      await dropDb(db.name);
+    }
+  });
+});
