@@ -80,6 +80,8 @@ export interface DaemonConfig {
   runtime: { default: RuntimeKind; tenants: Record<string, RuntimeKind>; runscPlatform: RunscPlatform };
   /** Where checkpoints live: `<dataDir>/vault` unless an S3 URL is set (docs/VAULT.md). */
   vault: S3VaultConfig | undefined;
+  /** The database of record: `<dataDir>/state.db` (SQLite) unless a PostgreSQL URL is set (docs/STATE.md). */
+  state: { url: string } | undefined;
 }
 
 /** An S3-compatible bucket as the vault's store. */
@@ -262,6 +264,14 @@ const Layer = z.strictObject({
       default: egressPolicy.optional(),
       tenants: z.record(z.string().min(1), egressPolicy).optional(),
       dns: z.array(z.ipv4()).max(3).optional(),
+    })
+    .optional(),
+  state: z
+    .strictObject({
+      url: z
+        .string()
+        .regex(/^postgres(ql)?:\/\/[^\s]+$/, 'expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE')
+        .optional(),
     })
     .optional(),
   vault: z
@@ -612,6 +622,7 @@ function resolveConfig(l: Layer): DaemonConfig {
       dns: l.egress?.dns ?? [],
     },
     vault: vaultOf(l.vault),
+    state: l.state?.url !== undefined ? { url: l.state.url } : undefined,
     meter: {
       intervalMs: l.meter?.interval ?? D.meter.intervalMs,
       prices: {
@@ -691,6 +702,11 @@ function exactDuration(ms: number): string {
     if (ms !== 0 && ms % n === 0) return `${ms / n}${unit}`;
   }
   return ms === 0 ? '0s' : `${ms}ms`;
+}
+
+/** A database URL as it may be shown: the password (if any) replaced by `<redacted>`. */
+export function redactUrlPassword(url: string): string {
+  return url.replace(/^([a-z]+:\/\/[^:@/\s]*):[^@/\s]*@/, '$1:<redacted>@');
 }
 
 function exactSize(bytes: number): string {
@@ -787,6 +803,7 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
           },
         }
       : {}),
+    ...(c.state ? { state: { url: redactUrlPassword(c.state.url) } } : {}),
     importLimits: {
       maxBytes: exactSize(c.importLimits.maxBytes),
       maxMemberBytes: exactSize(c.importLimits.maxMemberBytes),

@@ -319,6 +319,13 @@ export const SETTINGS: readonly Setting[] = [
     help: 'how often unpacked images and blobs no sandbox uses are removed (0: never)',
   },
   {
+    key: 'state.url',
+    kind: 'string',
+    env: 'DORMANT_STATE',
+    flag: '--state <url>',
+    help: 'keep the database of record in PostgreSQL, postgres://USER[:PASSWORD]@HOST[:PORT]/DB, instead of <data-dir>/state.db (docs/STATE.md)',
+  },
+  {
     key: 'vault.url',
     kind: 'string',
     env: 'DORMANT_VAULT',
