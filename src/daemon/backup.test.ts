@@ -115,3 +115,20 @@ test('a damaged backup is refused, naming the file', async () => {
   assert.match(r.out, new RegExp(`${victim.replaceAll('.', '\\.')} is missing or damaged`));
   assert.ok(!existsSync(join(dir, 'c', 'state.db')));
 });
+
+test('a node whose state is in PostgreSQL is not backed up as a folder: the refusal says what to use', async () => {
+  const out = join(dir, 'pg-backup');
+  const r = await dormant(['vault', 'export', out, '--data-dir', join(dir, 'a')], {
+    DORMANT_STATE: 'postgres://dormant:pw@127.0.0.1:1/dormant',
+  });
+  assert.equal(r.code, 2, r.out);
+  assert.match(r.out, /database of record is PostgreSQL/);
+  assert.match(r.out, /pg_dump/);
+  assert.ok(!r.out.includes(':pw@'));
+  assert.ok(!existsSync(out), 'nothing written');
+  const i = await dormant(['vault', 'import', join(dir, 'backup'), '--data-dir', join(dir, 'd')], {
+    DORMANT_STATE: 'postgres://dormant@127.0.0.1:1/dormant',
+  });
+  assert.equal(i.code, 2, i.out);
+  assert.ok(!existsSync(join(dir, 'd')), 'nothing written');
+});

@@ -9,6 +9,7 @@
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { z } from 'zod';
+import { redactUrl } from '../state/redact.js';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { SandboxPolicy } from '../domain/sandbox.js';
 import type { PriceSheet } from '../domain/cost.js';
@@ -704,11 +705,6 @@ function exactDuration(ms: number): string {
   return ms === 0 ? '0s' : `${ms}ms`;
 }
 
-/** A database URL as it may be shown: the password (if any) replaced by `<redacted>`. */
-export function redactUrlPassword(url: string): string {
-  return url.replace(/^([a-z]+:\/\/[^:@/\s]*):[^@/\s]*@/, '$1:<redacted>@');
-}
-
 function exactSize(bytes: number): string {
   for (const [unit, n] of [
     ['T', 1024 ** 4],
@@ -803,7 +799,7 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
           },
         }
       : {}),
-    ...(c.state ? { state: { url: redactUrlPassword(c.state.url) } } : {}),
+    ...(c.state ? { state: { url: redactUrl(c.state.url) } } : {}),
     importLimits: {
       maxBytes: exactSize(c.importLimits.maxBytes),
       maxMemberBytes: exactSize(c.importLimits.maxMemberBytes),

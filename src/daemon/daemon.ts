@@ -7,6 +7,7 @@
 import { createHash } from 'node:crypto';
 import { chmod, mkdir, rmdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
+import { hostname } from 'node:os';
 import type { FastifyInstance } from 'fastify';
 import { errnoCode } from '../domain/errors.js';
 import type { PriceSheet } from '../domain/cost.js';
@@ -15,6 +16,8 @@ import { cgroupUsage } from '../sys/cgroup.js';
 import { createLogger, type LogLevel, type LogSink, type Logger } from '../sys/log.js';
 import { cpuFacts, diskFacts, userfaultfdFacts } from '../sys/node-facts.js';
 import { SqliteStateStore } from '../state/sqlite.js';
+import { lockStateForNode, openPostgresStore, type NodeLock } from '../state/postgres.js';
+import type { StateStore } from '../state/store.js';
 import { TenantSecrets, openVault, type MasterKeySource, type Vault } from '../vault/index.js';
 import { criuFeature, getCriu } from '../criu/criu.js';
 import { RuncRuntime, loadSeccompProfile, type RuncRuntimeOptions } from '../runtime/runc.js';
@@ -87,6 +90,8 @@ export interface DaemonOptions extends ControllerSettings, RuntimeSettings, Serv
   masterKey?: MasterKeySource;
   /** Checkpoints in an S3-compatible bucket instead of `<dataDir>/vault` (docs/VAULT.md). */
   vault?: S3VaultConfig;
+  /** The database of record in PostgreSQL instead of `<dataDir>/state.db` (docs/STATE.md). */
+  state?: { url: string };
   /** A seccomp profile file (OCI `linux.seccomp` JSON) for every sandbox. */
   seccompProfile?: string;
   /** gVisor's platform for runsc sandboxes (runsc.ts). Default ptrace. */
@@ -120,7 +125,7 @@ export interface Daemon {
   url: string;
   adminToken: string;
   controller: SandboxController;
-  store: SqliteStateStore;
+  store: StateStore;
   vault: Vault;
   runtime: RuncRuntime;
   /** The gVisor runtime, when runsc is installed (its sandboxes: `runtime: 'runsc'`). */
@@ -188,6 +193,7 @@ export function optionsFromConfig(c: DaemonConfig, sink?: LogSink): DaemonOption
     listen: c.listen,
     masterKey: masterKeySource(c),
     ...(c.vault ? { vault: c.vault } : {}),
+    ...(c.state ? { state: c.state } : {}),
     logger: c.log,
     log,
     seccompProfile: c.sandbox.seccompProfile,
@@ -291,6 +297,32 @@ export function bundleDirFor(dataDir: string): string {
   return `${stagingDirFor(dataDir)}-bundles`;
 }
 
+/**
+ * The database of record: SQLite in the data folder, or PostgreSQL held for this node alone
+ * (lockStateForNode: taken before the schema is touched, so a second node changes nothing).
+ */
+async function openState(
+  opts: DaemonOptions,
+  dataDir: string,
+  warn: (m: string) => void,
+): Promise<{ store: StateStore; nodeLock: NodeLock | undefined }> {
+  if (opts.state === undefined)
+    return { store: new SqliteStateStore(join(dataDir, 'state.db')), nodeLock: undefined };
+  const nodeLock = await lockStateForNode(opts.state.url, `${hostname()} ${resolve(dataDir)}`, {
+    onLost: warn,
+  });
+  try {
+    const store = await openPostgresStore(opts.state.url, {
+      onIdleError: (e) =>
+        warn(`state database: an idle connection failed (${e.message}); the next call reconnects`),
+    });
+    return { store, nodeLock };
+  } catch (e) {
+    await nodeLock.release();
+    throw e;
+  }
+}
+
 export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   const opts = withDefaults(given);
   const { dataDir } = opts;
@@ -317,219 +349,232 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   // With user namespaces, searchable (not listable) by others: a sandbox's mapped root walks
   // through it to its root filesystem (runtime/userns.ts).
   await chmod(dataDir, opts.userNamespace === true ? 0o701 : 0o700);
-  const store = new SqliteStateStore(join(dataDir, 'state.db'));
-  const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
-  if (!(await store.listTokens()).some((t) => t.hash === hashToken(admin.token))) {
-    await store.insertToken({
-      hash: hashToken(admin.token),
-      tenant: ADMIN_TENANT,
-      admin: true,
-      createdAt: Date.now(),
+  const { store, nodeLock } = await openState(opts, dataDir, warn);
+  try {
+    const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
+    if (!(await store.listTokens()).some((t) => t.hash === hashToken(admin.token))) {
+      await store.insertToken({
+        hash: hashToken(admin.token),
+        tenant: ADMIN_TENANT,
+        admin: true,
+        createdAt: Date.now(),
+      });
+    }
+    const masterKey = opts.masterKey!;
+    const vaultDir = join(dataDir, 'vault');
+    const s3 = opts.vault ? await s3VaultStore(opts.vault, vaultDir, warn) : undefined;
+    const vault = await openVault({
+      dir: vaultDir,
+      masterKey,
+      onWarning: warn,
+      ...(s3 ? { store: s3 } : {}),
     });
-  }
-  const masterKey = opts.masterKey!;
-  const vaultDir = join(dataDir, 'vault');
-  const s3 = opts.vault ? await s3VaultStore(opts.vault, vaultDir, warn) : undefined;
-  const vault = await openVault({ dir: vaultDir, masterKey, onWarning: warn, ...(s3 ? { store: s3 } : {}) });
-  // --env values are sealed in the database with the tenant's key from the vault.
-  const secrets = await TenantSecrets.open({ store: vault.store, masterKey });
-  const criu = await getCriu();
-  const cpu = await cpuFacts();
-  const runtime = new RuncRuntime({
-    warn,
-    stateDir: join(dataDir, 'runtime'),
-    criuPath: criu.path,
-    criuEnv: criu.env,
-    bundleDir,
-    checkpointTimeoutMs: opts.checkpointTimeoutMs,
-    restoreTimeoutMs: opts.restoreTimeoutMs,
-    seccomp: loadSeccompProfile(opts.seccompProfile!),
-    ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
-    ...(opts.userNamespace !== undefined ? { userNamespace: opts.userNamespace } : {}),
-    ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
-    ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
-    egressRefresh: true,
-  });
-  await runtime.dropStaleConfigs();
-  // gVisor beside runc when runsc is installed: its own state folder and config folder (each
-  // adapter's dropStaleConfigs keeps only its own sandboxes'), the same network and cgroups.
-  const runscPath = opts.runscPath === false ? undefined : await which(opts.runscPath ?? 'runsc');
-  const runsc =
-    runscPath === undefined
-      ? undefined
-      : new RunscRuntime({
-          warn,
-          runscPath,
-          platform: opts.runscPlatform ?? 'ptrace',
-          stateDir: join(dataDir, 'runtime-runsc'),
-          bundleDir: `${bundleDir}-runsc`,
-          checkpointTimeoutMs: opts.checkpointTimeoutMs,
-          restoreTimeoutMs: opts.restoreTimeoutMs,
-          seccomp: false,
-          ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
-          ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
-          egressRefresh: true,
-        });
-  await runsc?.dropStaleConfigs();
-  const { gcIntervalMs, ...pulls } = opts.images ?? {};
-  const images = new ImageService({
-    ...pulls,
-    store,
-    secrets,
-    cacheDir: join(dataDir, 'images'),
-    stagingDir,
-  });
-  images.start(gcIntervalMs ?? 0, warn);
-  const settings: Partial<Record<keyof ControllerSettings, unknown>> = {};
-  for (const k of CONTROLLER_SETTINGS) if (opts[k] !== undefined) settings[k] = opts[k];
-  // Kept, with the policy's defaults, the prices and the server's options below: reconfigure
-  // replaces the live settings in these objects, which their users read on each use.
-  const controllerOpts: ControllerOptions = {
-    ...(settings as ControllerSettings),
-    // An imported checkpoint must then carry the sandboxes' user namespace, mapped as theirs.
-    ...(opts.userNamespace === true
-      ? { checkpointProfile: { userNamespace: idMapsOf(DEFAULT_USER_NAMESPACE) } }
-      : {}),
-    // One line per create, hibernate, resume and fork, with the request's id when an API call made it.
-    onTimings: (t: OperationTimings) => {
-      const ms = Math.round(t.totalMs);
-      const line = { op: t.op, sandbox: t.sandboxId, ok: t.ok, ms };
-      if (t.ok) log.info(line, `${t.op} of ${t.sandboxId} done in ${ms} ms`);
-      else log.warn(line, `${t.op} of ${t.sandboxId} failed after ${ms} ms`);
-      opts.onTimings?.(t);
-    },
-    store,
-    runtime: new RuntimeDispatch(runtime, runsc),
-    vault,
-    stagingDir,
-    secrets,
-    templates: store.templates(),
-    imageCacheDir: join(dataDir, 'images'),
-    images,
-    lazyRestoreProbe:
-      opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env, opts.userNamespace === true)),
-    warn,
-    // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
-    usage: (id) => cgroupUsage(`/dormant/${id}`),
-    platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
-  };
-  const controller = new TrackingController(controllerOpts);
-  // Rows from before sealing: their values sealed now, and the database rewritten so the old
-  // pages and WAL frames holding them in clear are gone from its files.
-  if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) await store.compact();
-  const reconciled = await controller.reconcile();
-  const serverOpts: ServerOptions = {
-    controller,
-    store,
-    checkpointVault: vault,
-    logger: opts.logger ?? false,
-    log,
-    hostPaths: [dataDir, stagingDir],
-    bodyLimitBytes: opts.bodyLimitBytes,
-    execBodyLimitBytes: opts.execBodyLimitBytes,
-    maxUploadBytes: opts.maxUploadBytes,
-  };
-  const app = buildServer(serverOpts);
-  const prices = priceSheet(opts.prices);
-  const clock = opts.clock ?? systemClock;
-  const meter = new Meter({
-    source: controller,
-    store,
-    clock,
-    prices,
-    intervalMs: opts.meterIntervalMs!,
-    freeDiskBytes: async () => (await diskFacts(dataDir)).freeBytes,
-    attribution: () => vault.attribution(),
-    warn,
-  });
-  registerCostRoutes(app, meter);
-  registerImageRoutes(app, images);
-  meter.start();
-  const policyDefaults: PolicyDefaults = { ...(opts.policy ? opts.policy.defaults : {}) };
-  const wake = await startWakeServices({
-    controller,
-    store,
-    app,
-    clock,
-    dataDir,
-    apiListen: listen,
-    ...(opts.proxy !== undefined ? { proxy: opts.proxy } : {}),
-    ...(opts.policy !== undefined
-      ? { policy: opts.policy && { ...opts.policy, defaults: policyDefaults } }
-      : {}),
-    warn,
-  });
-  let e2b: E2bFront | undefined;
-  const proxyDomain = opts.proxy ? opts.proxy.domain : undefined;
-  registerE2bInfo(app, () =>
-    e2b ? { apiUrl: e2b.url, sandboxUrl: e2b.url, domain: proxyDomain ?? null } : undefined,
-  );
-  const { host, port } = parseListen(listen);
-  await app.listen({ host, port });
-  const addr = app.server.address();
-  const url =
-    typeof addr === 'object' && addr
-      ? `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`
-      : `http://${host}:${port}`;
-  if (opts.e2b) {
-    e2b = await startE2bFront({
+    // --env values are sealed in the database with the tenant's key from the vault.
+    const secrets = await TenantSecrets.open({ store: vault.store, masterKey });
+    const criu = await getCriu();
+    const cpu = await cpuFacts();
+    const runtime = new RuncRuntime({
+      warn,
+      stateDir: join(dataDir, 'runtime'),
+      criuPath: criu.path,
+      criuEnv: criu.env,
+      bundleDir,
+      checkpointTimeoutMs: opts.checkpointTimeoutMs,
+      restoreTimeoutMs: opts.restoreTimeoutMs,
+      seccomp: loadSeccompProfile(opts.seccompProfile!),
+      ...(opts.apparmorProfile !== undefined ? { apparmorProfile: opts.apparmorProfile } : {}),
+      ...(opts.userNamespace !== undefined ? { userNamespace: opts.userNamespace } : {}),
+      ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
+      ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
+      egressRefresh: true,
+    });
+    await runtime.dropStaleConfigs();
+    // gVisor beside runc when runsc is installed: its own state folder and config folder (each
+    // adapter's dropStaleConfigs keeps only its own sandboxes'), the same network and cgroups.
+    const runscPath = opts.runscPath === false ? undefined : await which(opts.runscPath ?? 'runsc');
+    const runsc =
+      runscPath === undefined
+        ? undefined
+        : new RunscRuntime({
+            warn,
+            runscPath,
+            platform: opts.runscPlatform ?? 'ptrace',
+            stateDir: join(dataDir, 'runtime-runsc'),
+            bundleDir: `${bundleDir}-runsc`,
+            checkpointTimeoutMs: opts.checkpointTimeoutMs,
+            restoreTimeoutMs: opts.restoreTimeoutMs,
+            seccomp: false,
+            ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
+            ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
+            egressRefresh: true,
+          });
+    await runsc?.dropStaleConfigs();
+    const { gcIntervalMs, ...pulls } = opts.images ?? {};
+    const images = new ImageService({
+      ...pulls,
+      store,
+      secrets,
+      cacheDir: join(dataDir, 'images'),
+      stagingDir,
+    });
+    images.start(gcIntervalMs ?? 0, warn);
+    const settings: Partial<Record<keyof ControllerSettings, unknown>> = {};
+    for (const k of CONTROLLER_SETTINGS) if (opts[k] !== undefined) settings[k] = opts[k];
+    // Kept, with the policy's defaults, the prices and the server's options below: reconfigure
+    // replaces the live settings in these objects, which their users read on each use.
+    const controllerOpts: ControllerOptions = {
+      ...(settings as ControllerSettings),
+      // An imported checkpoint must then carry the sandboxes' user namespace, mapped as theirs.
+      ...(opts.userNamespace === true
+        ? { checkpointProfile: { userNamespace: idMapsOf(DEFAULT_USER_NAMESPACE) } }
+        : {}),
+      // One line per create, hibernate, resume and fork, with the request's id when an API call made it.
+      onTimings: (t: OperationTimings) => {
+        const ms = Math.round(t.totalMs);
+        const line = { op: t.op, sandbox: t.sandboxId, ok: t.ok, ms };
+        if (t.ok) log.info(line, `${t.op} of ${t.sandboxId} done in ${ms} ms`);
+        else log.warn(line, `${t.op} of ${t.sandboxId} failed after ${ms} ms`);
+        opts.onTimings?.(t);
+      },
+      store,
+      runtime: new RuntimeDispatch(runtime, runsc),
+      vault,
+      stagingDir,
+      secrets,
+      templates: store.templates(),
+      imageCacheDir: join(dataDir, 'images'),
+      images,
+      lazyRestoreProbe:
+        opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env, opts.userNamespace === true)),
+      warn,
+      // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
+      usage: (id) => cgroupUsage(`/dormant/${id}`),
+      platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
+    };
+    const controller = new TrackingController(controllerOpts);
+    // Rows from before sealing: their values sealed now, and the database rewritten so the old
+    // pages and WAL frames holding them in clear are gone from its files.
+    if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) await store.compact?.();
+    const reconciled = await controller.reconcile();
+    const serverOpts: ServerOptions = {
       controller,
       store,
-      listen: opts.e2b.listen,
-      templates: opts.e2b.templates ?? {},
-      accessKey: () => secrets.agentTokenKey(),
-      ...(proxyDomain !== undefined ? { domain: proxyDomain } : {}),
-      hostPaths: [dataDir, stagingDir],
+      checkpointVault: vault,
       logger: opts.logger ?? false,
+      log,
+      hostPaths: [dataDir, stagingDir],
+      bodyLimitBytes: opts.bodyLimitBytes,
+      execBodyLimitBytes: opts.execBodyLimitBytes,
+      maxUploadBytes: opts.maxUploadBytes,
+    };
+    const app = buildServer(serverOpts);
+    const prices = priceSheet(opts.prices);
+    const clock = opts.clock ?? systemClock;
+    const meter = new Meter({
+      source: controller,
+      store,
+      clock,
+      prices,
+      intervalMs: opts.meterIntervalMs!,
+      freeDiskBytes: async () => (await diskFacts(dataDir)).freeBytes,
+      attribution: () => vault.attribution(),
+      warn,
     });
+    registerCostRoutes(app, meter);
+    registerImageRoutes(app, images);
+    meter.start();
+    const policyDefaults: PolicyDefaults = { ...(opts.policy ? opts.policy.defaults : {}) };
+    const wake = await startWakeServices({
+      controller,
+      store,
+      app,
+      clock,
+      dataDir,
+      apiListen: listen,
+      ...(opts.proxy !== undefined ? { proxy: opts.proxy } : {}),
+      ...(opts.policy !== undefined
+        ? { policy: opts.policy && { ...opts.policy, defaults: policyDefaults } }
+        : {}),
+      warn,
+    });
+    let e2b: E2bFront | undefined;
+    const proxyDomain = opts.proxy ? opts.proxy.domain : undefined;
+    registerE2bInfo(app, () =>
+      e2b ? { apiUrl: e2b.url, sandboxUrl: e2b.url, domain: proxyDomain ?? null } : undefined,
+    );
+    const { host, port } = parseListen(listen);
+    await app.listen({ host, port });
+    const addr = app.server.address();
+    const url =
+      typeof addr === 'object' && addr
+        ? `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`
+        : `http://${host}:${port}`;
+    if (opts.e2b) {
+      e2b = await startE2bFront({
+        controller,
+        store,
+        listen: opts.e2b.listen,
+        templates: opts.e2b.templates ?? {},
+        accessKey: () => secrets.agentTokenKey(),
+        ...(proxyDomain !== undefined ? { domain: proxyDomain } : {}),
+        hostPaths: [dataDir, stagingDir],
+        logger: opts.logger ?? false,
+      });
+    }
+    return {
+      url,
+      log,
+      adminToken: admin.token,
+      controller,
+      store,
+      vault,
+      runtime,
+      runsc,
+      app,
+      wake,
+      meter,
+      reconciled,
+      e2b,
+      reconfigure(s: LiveSettings) {
+        log.level = s.logLevel;
+        app.log.level = s.logLevel;
+        policyDefaults.node = s.policyDefaults.node;
+        policyDefaults.tenants = s.policyDefaults.tenants;
+        controllerOpts.allowedSourceRoots = s.allowedSourceRoots;
+        controllerOpts.defaultDiskBytes = s.defaultDiskBytes;
+        controllerOpts.defaultEgress = s.defaultEgress;
+        controllerOpts.keepCheckpoints = s.keepCheckpoints;
+        controllerOpts.importLimits = s.importLimits;
+        serverOpts.maxUploadBytes = s.maxUploadBytes;
+        Object.assign(prices, priceSheet(s.prices));
+      },
+      async close() {
+        // Pages still streaming from the vault's page server: let them finish first.
+        await controller.settleLazyRestores();
+        await meter.close();
+        await wake.close();
+        await e2b?.close();
+        await app.close();
+        // What answered requests left running (removing a hibernated sandbox's container).
+        await controller.settle();
+        await images.close();
+        await vault.close();
+        s3?.destroy();
+        await store.close();
+        await nodeLock?.release();
+        secrets.close();
+        await releaseStaging(stagingDir);
+        // Empty unless containers still run (their configs stay for runc exec after a restart).
+        for (const d of [bundleDir, `${bundleDir}-runsc`])
+          await rmdir(d).catch((e: unknown) => {
+            if (errnoCode(e) !== 'ENOTEMPTY' && errnoCode(e) !== 'ENOENT') throw e;
+          });
+      },
+    };
+  } catch (e) {
+    // Nothing else holds the database open: a failed start must not keep the process alive.
+    await store.close().catch(() => undefined);
+    await nodeLock?.release();
+    throw e;
   }
-  return {
-    url,
-    log,
-    adminToken: admin.token,
-    controller,
-    store,
-    vault,
-    runtime,
-    runsc,
-    app,
-    wake,
-    meter,
-    reconciled,
-    e2b,
-    reconfigure(s: LiveSettings) {
-      log.level = s.logLevel;
-      app.log.level = s.logLevel;
-      policyDefaults.node = s.policyDefaults.node;
-      policyDefaults.tenants = s.policyDefaults.tenants;
-      controllerOpts.allowedSourceRoots = s.allowedSourceRoots;
-      controllerOpts.defaultDiskBytes = s.defaultDiskBytes;
-      controllerOpts.defaultEgress = s.defaultEgress;
-      controllerOpts.keepCheckpoints = s.keepCheckpoints;
-      controllerOpts.importLimits = s.importLimits;
-      serverOpts.maxUploadBytes = s.maxUploadBytes;
-      Object.assign(prices, priceSheet(s.prices));
-    },
-    async close() {
-      // Pages still streaming from the vault's page server: let them finish first.
-      await controller.settleLazyRestores();
-      await meter.close();
-      await wake.close();
-      await e2b?.close();
-      await app.close();
-      // What answered requests left running (removing a hibernated sandbox's container).
-      await controller.settle();
-      await images.close();
-      await vault.close();
-      s3?.destroy();
-      await store.close();
-      secrets.close();
-      await releaseStaging(stagingDir);
-      // Empty unless containers still run (their configs stay for runc exec after a restart).
-      for (const d of [bundleDir, `${bundleDir}-runsc`])
-        await rmdir(d).catch((e: unknown) => {
-          if (errnoCode(e) !== 'ENOTEMPTY' && errnoCode(e) !== 'ENOENT') throw e;
-        });
-    },
-  };
 }

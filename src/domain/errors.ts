@@ -212,6 +212,19 @@ export const ERRORS = {
   ),
   CRIU_IMAGE_MALFORMED: e(422, 'unprocessable', 'the checkpoint’s CRIU images cannot be read'),
 
+  // ---- the database of record -------------------------------------------------------------
+  /** PostgreSQL (state.url) cannot be reached, refused the login, or gave up on a statement. */
+  STATE_UNAVAILABLE: e(
+    503,
+    'unavailable',
+    'the database of record is out of reach; retry, and check the PostgreSQL server and the state URL',
+  ),
+  /** Another dormant node holds the state database (one node per database until fleets land). */
+  STATE_IN_USE: e(
+    409,
+    'conflict',
+    'another dormant node uses this state database; give each node its own database',
+  ),
   // ---- the vault -------------------------------------------------------------------------
   VAULT_CORRUPT: e(500, 'vault', 'stored data failed its integrity check; resume from an older checkpoint'),
   VAULT_KEY_MISSING: e(500, 'vault', 'the vault key is missing on this node; restore it from a backup'),

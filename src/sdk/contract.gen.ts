@@ -451,6 +451,8 @@ export type ApiErrorCode =
   | 'CHECKPOINT_HAS_SECRETS'
   | 'CHECKPOINT_OUTSIDE_PROFILE'
   | 'CRIU_IMAGE_MALFORMED'
+  | 'STATE_UNAVAILABLE'
+  | 'STATE_IN_USE'
   | 'VAULT_CORRUPT'
   | 'VAULT_KEY_MISSING'
   | 'VAULT_NOT_FOUND'
@@ -764,6 +766,16 @@ export const API_ERRORS: {
     status: 422,
     family: 'unprocessable',
     hint: 'the checkpoint’s CRIU images cannot be read',
+  },
+  STATE_UNAVAILABLE: {
+    status: 503,
+    family: 'unavailable',
+    hint: 'the database of record is out of reach; retry, and check the PostgreSQL server and the state URL',
+  },
+  STATE_IN_USE: {
+    status: 409,
+    family: 'conflict',
+    hint: 'another dormant node uses this state database; give each node its own database',
   },
   VAULT_CORRUPT: {
     status: 500,

@@ -1,9 +1,12 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import pg from 'pg';
 import { DormantError } from '../domain/errors.js';
 import { sandbox, stateStoreContract } from './contract.js';
-import { openPostgresStore, PG_MIGRATIONS, redactUrl } from './postgres.js';
+import { lockStateForNode, openPostgresStore, PG_MIGRATIONS, type NodeLock } from './postgres.js';
+import { redactUrl } from './redact.js';
 import type { StateStore } from './store.js';
 import { pgMissing, startPostgres, type TestPostgres } from './testing/postgres.js';
 
@@ -13,6 +16,18 @@ if (missing !== undefined) process.stderr.write(`skipping the PostgreSQL state t
 let server: TestPostgres;
 let n = 0;
 const code = (c: string) => (e: unknown) => e instanceof DormantError && e.code === c;
+
+/** The node lock, once the server has noticed its last holder is gone (it ends that session). */
+async function eventuallyLocked(url: string, holder: string): Promise<NodeLock> {
+  for (let i = 0; ; i++) {
+    try {
+      return await lockStateForNode(url, holder);
+    } catch (e) {
+      if (i >= 50 || !code('STATE_IN_USE')(e)) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
 
 /** A fresh database on the test server. */
 async function freshDb(): Promise<{ name: string; url: string }> {
@@ -181,7 +196,7 @@ describe('PostgresStateStore', { skip: missing }, () => {
     await assert.rejects(
       openPostgresStore(badPassword),
       (e: unknown) =>
-        code('INTERNAL')(e) &&
+        code('STATE_UNAVAILABLE')(e) &&
         (e as Error).message.includes(`refused the login`) &&
         (e as Error).message.includes(`127.0.0.1:${server.port}/${db.name}`) &&
         !(e as Error).message.includes('wrong-password') &&
@@ -189,14 +204,14 @@ describe('PostgresStateStore', { skip: missing }, () => {
     );
     await assert.rejects(
       openPostgresStore(server.url('no_such_db')),
-      (e: unknown) => code('INTERNAL')(e) && /createdb/.test((e as DormantError).hint ?? ''),
+      (e: unknown) => code('STATE_UNAVAILABLE')(e) && /createdb/.test((e as DormantError).hint ?? ''),
     );
     // A port nobody listens on (the test server's, once stopped, is not ours to stop here).
     const t0 = Date.now();
     await assert.rejects(
       openPostgresStore(`postgres://u:secret@127.0.0.1:1/x`, { connectTimeoutMs: 1_000 }),
       (e: unknown) =>
-        code('INTERNAL')(e) &&
+        code('STATE_UNAVAILABLE')(e) &&
         (e as Error).message.startsWith('cannot reach PostgreSQL at postgres://u@127.0.0.1:1/x') &&
         !(e as Error).message.includes('secret'),
     );
@@ -214,7 +229,7 @@ describe('PostgresStateStore', { skip: missing }, () => {
     await assert.rejects(
       openPostgresStore(`postgres://u:secret@localhost:1/x`, { connectTimeoutMs: 1_000 }),
       (e: unknown) =>
-        code('INTERNAL')(e) &&
+        code('STATE_UNAVAILABLE')(e) &&
         /^cannot reach PostgreSQL at postgres:\/\/u@localhost:1\/x: \S/.test((e as Error).message),
     );
     await dropDb(db.name);
@@ -408,6 +423,45 @@ describe('PostgresStateStore', { skip: missing }, () => {
     }
   });
 
+  test('one node per database: a second is refused naming the holder; a release or a crash of the holder frees it', async () => {
+    const db = await freshDb();
+    const first = await lockStateForNode(db.url, 'node-a /srv/a');
+    await assert.rejects(
+      lockStateForNode(db.url, 'node-b /srv/b'),
+      (e: unknown) =>
+        code('STATE_IN_USE')(e) &&
+        (e as Error).message.includes('dormant node node-a /srv/a') &&
+        !(e as Error).message.includes(server.password),
+    );
+    await first.release();
+    const second = await lockStateForNode(db.url, 'node-b /srv/b');
+    await second.release();
+    // A holder killed outright: the server ends its session, and the lock with it.
+    const child = spawn(
+      process.execPath,
+      [
+        '--input-type=module',
+        '-e',
+        `const { lockStateForNode } = await import(${JSON.stringify(new URL('./postgres.js', import.meta.url).href)});
+         await lockStateForNode(process.env.URL, 'node-c');
+         process.stdout.write('locked\\n');
+         setInterval(() => {}, 1000);`,
+      ],
+      { env: { ...process.env, URL: db.url }, stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    try {
+      const [line] = (await once(child.stdout, 'data')) as [Buffer];
+      assert.equal(line.toString().trim(), 'locked');
+      await assert.rejects(lockStateForNode(db.url, 'node-d'), code('STATE_IN_USE'));
+    } finally {
+      child.kill('SIGKILL');
+      await once(child, 'exit');
+    }
+    const after = await eventuallyLocked(db.url, 'node-d');
+    await after.release();
+    await dropDb(db.name);
+  });
+
   test('a hung server: a call fails within its bounds instead of hanging, and works once the server goes on', async () => {
     const db = await freshDb();
     const s = await openPostgresStore(db.url, { connectTimeoutMs: 1_000, statementTimeoutMs: 1_000 });
@@ -415,7 +469,7 @@ describe('PostgresStateStore', { skip: missing }, () => {
       await s.insertSandbox(sandbox('sb-1'), 'c');
       await server.freeze();
       const hung = (e: unknown) =>
-        code('INTERNAL')(e) &&
+        code('STATE_UNAVAILABLE')(e) &&
         (e as Error).message.startsWith(`cannot reach PostgreSQL at ${redactUrl(db.url)}`);
       // On the pooled connection: the client's read bound (statement timeout + 2 s).
       let t0 = Date.now();
@@ -449,7 +503,7 @@ describe('PostgresStateStore', { skip: missing }, () => {
       await s.insertSandbox(sandbox('sb-1', { state: 'running' }), 'c');
       await server.halt();
       const unreachable = (e: unknown) =>
-        code('INTERNAL')(e) &&
+        code('STATE_UNAVAILABLE')(e) &&
         (e as Error).message.startsWith(`cannot reach PostgreSQL at ${redactUrl(db.url)}`) &&
         !(e as Error).message.includes(server.password) &&
         /up and reachable/.test((e as DormantError).hint ?? '');

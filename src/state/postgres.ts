@@ -18,6 +18,7 @@ import type {
   TokenRow,
 } from './store.js';
 import type { TemplateRecord, TemplateStore } from './templates.js';
+import { redactUrl } from './redact.js';
 
 /**
  * The schema, one entry per version (version N is the first N entries applied), the end state
@@ -167,18 +168,6 @@ function typeParser(oid: TypeArgs[0], format?: TypeArgs[1]): unknown {
 }
 const TYPES = { getTypeParser: typeParser as pg.CustomTypesConfig['getTypeParser'] };
 
-/** The URL as it may be shown: without its password. */
-export function redactUrl(url: string): string {
-  try {
-    const u = new URL(url);
-    if (u.password !== '') u.password = '';
-    for (const k of ['password', 'sslpassword']) if (u.searchParams.has(k)) u.searchParams.set(k, '***');
-    return u.toString();
-  } catch {
-    return url.replace(/password=\S*/gi, (m) => `${m.slice(0, m.indexOf('=') + 1)}***`);
-  }
-}
-
 /** Node's errno codes for a server that cannot be reached. */
 const UNREACHABLE = new Set([
   'ECONNREFUSED',
@@ -204,20 +193,24 @@ function translate(e: unknown, where: string): unknown {
   // message of its own.
   const msg = e.message || code || e.name;
   if (code === '28P01' || code === '28000')
-    return new DormantError(ErrorCode.INTERNAL, `PostgreSQL at ${where} refused the login: ${msg}`, {
+    return new DormantError(ErrorCode.STATE_UNAVAILABLE, `PostgreSQL at ${where} refused the login: ${msg}`, {
       hint: 'check the user and password of the state database URL (and pg_hba.conf on the server)',
       cause: e,
     });
   if (code === '3D000')
-    return new DormantError(ErrorCode.INTERNAL, `PostgreSQL at ${where}: ${msg}`, {
+    return new DormantError(ErrorCode.STATE_UNAVAILABLE, `PostgreSQL at ${where}: ${msg}`, {
       hint: 'create the database (createdb NAME) or fix the name in the state database URL',
       cause: e,
     });
   if (code === '57014')
-    return new DormantError(ErrorCode.INTERNAL, `PostgreSQL at ${where} cancelled a statement: ${msg}`, {
-      hint: 'the database is overloaded or a lock is held too long; see its log',
-      cause: e,
-    });
+    return new DormantError(
+      ErrorCode.STATE_UNAVAILABLE,
+      `PostgreSQL at ${where} cancelled a statement: ${msg}`,
+      {
+        hint: 'the database is overloaded or a lock is held too long; see its log',
+        cause: e,
+      },
+    );
   if (
     UNREACHABLE.has(code) ||
     code.startsWith('08') ||
@@ -226,7 +219,7 @@ function translate(e: unknown, where: string): unknown {
       msg,
     )
   )
-    return new DormantError(ErrorCode.INTERNAL, `cannot reach PostgreSQL at ${where}: ${msg}`, {
+    return new DormantError(ErrorCode.STATE_UNAVAILABLE, `cannot reach PostgreSQL at ${where}: ${msg}`, {
       hint: 'is PostgreSQL up and reachable from this node? check the host and port of the state database URL',
       cause: e,
     });
@@ -997,4 +990,100 @@ export class PostgresStateStore implements StateStore {
     if (this.tx) throw new Error('close the store, not a transaction bound to it');
     await this.pool.end();
   }
+}
+
+/**
+ * The key of the advisory lock a node holds on its state database while it runs. Its low 32
+ * bits are `objid` in pg_locks (the high ones, 0, `classid`): how the holder is found.
+ */
+const NODE_LOCK_KEY = 0x646f726d; // "dorm"
+
+/** The state database held for one node (lockStateForNode). */
+export interface NodeLock {
+  /** Ends the lock's connection, and with it the lock. */
+  release(): Promise<void>;
+}
+
+/**
+ * Holds the state database for this node for as long as it runs: a session-level advisory
+ * lock on a connection of its own, so the server drops it the moment the node's process or
+ * connection dies (a crash leaves nothing to clean up). A second node on the same database is
+ * refused with STATE_IN_USE naming the holder: until nodes share a database (the fleet), two
+ * would each reconcile the other's sandboxes as their own. A lost connection (the server
+ * restarted) is reported through `onLost` and the lock taken again, every `retryMs`, until
+ * released; `onLost` hears again if another node got it meanwhile.
+ */
+export async function lockStateForNode(
+  url: string,
+  holder: string,
+  opts: { connectTimeoutMs?: number; retryMs?: number; onLost?: (why: string) => void } = {},
+): Promise<NodeLock> {
+  const where = redactUrl(url);
+  let released = false;
+  let client: pg.Client | undefined;
+  let retry: NodeJS.Timeout | undefined;
+  const take = async (): Promise<void> => {
+    const c = new pg.Client({
+      connectionString: url,
+      connectionTimeoutMillis: opts.connectTimeoutMs ?? 5_000,
+      query_timeout: 15_000,
+      keepAlive: true,
+      // Seen by the next node refused (pg_stat_activity), and by the operator.
+      application_name: `dormant node ${holder}`.slice(0, 63),
+    });
+    c.on('error', () => undefined); // the end that follows is what counts
+    try {
+      await c.connect();
+      const got = await c.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [NODE_LOCK_KEY]);
+      if (got.rows[0]?.ok !== true) {
+        const by = await c.query<{ who: string; addr: string | null }>(
+          `SELECT a.application_name AS who, a.client_addr::text AS addr
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+            WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = $1
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+          [NODE_LOCK_KEY],
+        );
+        const h = by.rows[0];
+        throw new DormantError(
+          ErrorCode.STATE_IN_USE,
+          `the state database ${where} is in use by another dormant node${
+            h ? ` (${h.who || 'unnamed'}${h.addr ? ` from ${h.addr}` : ''})` : ''
+          }`,
+          {
+            hint: 'give each node its own database (nodes that share one come with the fleet: docs/STATE.md)',
+          },
+        );
+      }
+    } catch (e) {
+      await c.end().catch(() => undefined);
+      throw translate(e, where);
+    }
+    c.once('end', () => {
+      if (released) return;
+      client = undefined;
+      opts.onLost?.(`the connection holding this node's lock on ${where} ended; taking it again`);
+      schedule();
+    });
+    client = c;
+  };
+  const schedule = (): void => {
+    retry = setTimeout(() => {
+      retry = undefined;
+      if (released) return;
+      take().catch((e: unknown) => {
+        if (released) return;
+        if (e instanceof DormantError && e.code === ErrorCode.STATE_IN_USE) opts.onLost?.(e.message);
+        schedule();
+      });
+    }, opts.retryMs ?? 5_000);
+    retry.unref();
+  };
+  await take();
+  return {
+    release: async () => {
+      released = true;
+      if (retry) clearTimeout(retry);
+      await client?.end().catch(() => undefined);
+    },
+  };
 }

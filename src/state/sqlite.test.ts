@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { DEFAULT_POLICY, type Sandbox } from '../domain/sandbox.js';
 import { MIGRATIONS, SqliteStateStore } from './sqlite.js';
 import type { StateStore } from './store.js';
+import { stateStoreContract } from './contract.js';
 
 function sandbox(id: string, tenant = 't1', name = id): Sandbox {
   return {
@@ -526,4 +527,9 @@ describe('schema version guard', () => {
       await rm(dir, { recursive: true, force: true });
     }
   });
+});
+
+stateStoreContract('SQLite', () => {
+  const store = new SqliteStateStore(':memory:');
+  return Promise.resolve({ store, close: () => store.close() });
 });

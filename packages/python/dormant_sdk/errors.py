@@ -134,6 +134,8 @@ ERROR_FAMILIES: Dict[str, str] = {
     "CHECKPOINT_HAS_SECRETS": "conflict",
     "CHECKPOINT_OUTSIDE_PROFILE": "unprocessable",
     "CRIU_IMAGE_MALFORMED": "unprocessable",
+    "STATE_UNAVAILABLE": "unavailable",
+    "STATE_IN_USE": "conflict",
     "VAULT_CORRUPT": "vault",
     "VAULT_KEY_MISSING": "vault",
     "VAULT_NOT_FOUND": "not-found",

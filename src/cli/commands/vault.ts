@@ -7,6 +7,7 @@ import Table from 'cli-table3';
 import pc from 'picocolors';
 import { join } from 'node:path';
 import { formatBytes, formatDurationMs } from '../../domain/units.js';
+import { DormantError } from '../../domain/errors.js';
 import type { MasterKeySource, Vault } from '../../vault/index.js';
 import type { S3VaultConfig } from '../../daemon/config.js';
 import { EXIT_ERROR, EXIT_OK, printJson } from '../output.js';
@@ -18,9 +19,12 @@ interface CommonOpts {
 }
 
 /** The daemon's data directory and master key: its configuration (file, DORMANT_* variables), --data-dir over it. */
-async function vaultOf(
-  opts: CommonOpts,
-): Promise<{ dataDir: string; masterKey: MasterKeySource; s3: S3VaultConfig | undefined }> {
+async function vaultOf(opts: CommonOpts): Promise<{
+  dataDir: string;
+  masterKey: MasterKeySource;
+  s3: S3VaultConfig | undefined;
+  state: { url: string } | undefined;
+}> {
   // Loaded when a vault command runs: the rest of the CLI starts without the daemon's modules.
   const { loadConfig } = await import('../../daemon/config.js');
   const { masterKeySource } = await import('../../daemon/daemon.js');
@@ -28,7 +32,22 @@ async function vaultOf(
     ...(opts.config !== undefined ? { file: opts.config } : {}),
     flags: opts.dataDir !== undefined ? { dataDir: opts.dataDir } : {},
   });
-  return { dataDir: config.dataDir, masterKey: masterKeySource(config), s3: config.vault };
+  return {
+    dataDir: config.dataDir,
+    masterKey: masterKeySource(config),
+    s3: config.vault,
+    state: config.state,
+  };
+}
+
+/** A node backup holds a SQLite state.db: one whose state is in PostgreSQL is backed up with PostgreSQL's tools. */
+function refuseWithPostgresState(state: { url: string } | undefined, what: string): void {
+  if (state === undefined) return;
+  throw new DormantError(
+    'INVALID_ARGUMENT',
+    `vault ${what}: this node's database of record is PostgreSQL (state.url), not a state.db a backup can hold`,
+    { hint: 'back the database up with pg_dump (and the vault with it); docs/STATE.md, "Backups"' },
+  );
 }
 
 async function withVault<T>(opts: CommonOpts, create: boolean, fn: (v: Vault) => Promise<T>): Promise<T> {
@@ -221,7 +240,8 @@ export function registerVault(program: Command): void {
       '\nThe master key is not in the backup: the node that imports it needs the same one.\nRoot filesystems outside the data directory must exist at the same paths there.',
     )
     .action(async (dir, opts) => {
-      const { dataDir, masterKey } = await vaultOf(opts);
+      const { dataDir, masterKey, state } = await vaultOf(opts);
+      refuseWithPostgresState(state, 'export');
       const { backupNode } = await import('../../daemon/backup.js');
       const r = await backupNode({ dataDir, masterKey, dest: dir });
       if (opts.json) printJson(r);
@@ -242,7 +262,8 @@ export function registerVault(program: Command): void {
     )
     .option('--config <file>', "the daemon's configuration file (docs/CONFIG.md)")
     .action(async (dir, opts) => {
-      const { dataDir, masterKey } = await vaultOf(opts);
+      const { dataDir, masterKey, state } = await vaultOf(opts);
+      refuseWithPostgresState(state, 'import');
       const { restoreNode } = await import('../../daemon/backup.js');
       const r = await restoreNode({ src: dir, dataDir, masterKey });
       if (opts.json) printJson(r);
