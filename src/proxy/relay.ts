@@ -388,9 +388,11 @@ export class HttpRelay {
       this.routed(req, creds, routed);
       return;
     }
-    // Looked up in the database: what the client sends meanwhile waits in inbuf (pump
-    // stops while busy), and is relayed in order once this request is.
+    // Looked up in the database: what the client had sent already waits in inbuf (pump
+    // stops while busy) and is relayed in order once this request is; the client is paused
+    // meanwhile, so a slow database cannot make it buffer without bound.
     this.busy = true;
+    this.client.pause();
     routed.then(
       (r) => {
         this.busy = false;
@@ -401,6 +403,8 @@ export class HttpRelay {
           this.refuse(e);
           return;
         }
+        // routed() may have begun a reconnect (busy, paused until it is up).
+        if (!this.busy && !this.clientHeld) this.client.resume();
         this.pump();
       },
       (e: unknown) => {
