@@ -22,6 +22,7 @@ import { e2bSuite } from './e2b.js';
 import { egressSuite } from './egress.js';
 import { runscSuite } from './runsc.js';
 import { s3Suite } from './s3.js';
+import { stateSuite } from './state.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -39,6 +40,7 @@ const SUITES: BenchSuite[] = [
   egressSuite,
   runscSuite,
   s3Suite,
+  stateSuite,
 ];
 
 async function main(): Promise<void> {

@@ -9,6 +9,7 @@ import { dirname, join, resolve } from 'node:path';
 import { startDaemon, type Daemon, type DaemonOptions } from '../../daemon/daemon.js';
 import { DormantApiError, DormantClient } from '../../sdk/client.js';
 import { buildBusyboxRootfs } from '../../runtime/testing/rootfs.js';
+import { startPostgres, type TestPostgres } from '../../state/testing/postgres.js';
 
 /**
  * The suites' daemons give every sandbox a user namespace, as a daemon does by default;
@@ -16,6 +17,31 @@ import { buildBusyboxRootfs } from '../../runtime/testing/rootfs.js';
  * either way: the mapped root must walk through them to its root filesystem.)
  */
 const USER_NAMESPACE = process.env.DORMANT_TEST_USER_NAMESPACE !== '0';
+
+/**
+ * DORMANT_TEST_STATE=postgres runs the suites' daemons on PostgreSQL instead of SQLite: one
+ * private server per test process, one database per data folder (a daemon restarted on the
+ * same folder finds its state again). The suites then check the PostgreSQL store in the
+ * whole product, as they check SQLite by default.
+ */
+const TEST_STATE = process.env.DORMANT_TEST_STATE;
+let pgServer: Promise<TestPostgres> | undefined;
+const pgDatabases = new Map<string, Promise<string>>();
+
+async function testStateUrl(dataDir: string): Promise<string> {
+  pgServer ??= startPostgres().then((s) => {
+    s.endWithProcess();
+    return s;
+  });
+  const server = await pgServer;
+  const key = resolve(dataDir);
+  let url = pgDatabases.get(key);
+  if (url === undefined) {
+    url = server.createDatabase(`d${pgDatabases.size + 1}`);
+    pgDatabases.set(key, url);
+  }
+  return url;
+}
 
 /** The options every test daemon starts with, unless the test says otherwise. */
 export const TEST_DAEMON = {
@@ -38,7 +64,9 @@ export interface TestDaemon {
 export async function startTestDaemon(opts: DaemonOptions): Promise<TestDaemon> {
   for (let p = dirname(resolve(opts.dataDir)); p.startsWith('/tmp/'); p = dirname(p))
     await chmod(p, ((await stat(p)).mode & 0o7777) | 0o001);
-  const daemon = await startDaemon({ ...TEST_DAEMON, ...opts });
+  const state =
+    opts.state ?? (TEST_STATE === 'postgres' ? { url: await testStateUrl(opts.dataDir) } : undefined);
+  const daemon = await startDaemon({ ...TEST_DAEMON, ...opts, ...(state ? { state } : {}) });
   return { daemon, client: new DormantClient({ url: daemon.url, token: daemon.adminToken }) };
 }
 

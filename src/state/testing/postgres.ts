@@ -11,7 +11,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { chown, mkdtemp, open, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { randomBytes } from 'node:crypto';
@@ -43,6 +43,11 @@ export interface TestPostgres {
   pid(): number | undefined;
   /** Ends the server and removes its folder. */
   stop(): Promise<void>;
+  /**
+   * For a server shared by a whole test process (DORMANT_TEST_STATE=postgres): it no longer
+   * keeps the process alive, and goes (killed, its folder removed) when the process exits.
+   */
+  endWithProcess(): void;
 }
 
 /** The newest PostgreSQL server installed from the distribution's packages, if any. */
@@ -264,6 +269,17 @@ export async function startPostgres(): Promise<TestPostgres> {
       log: () => readFile(logFile, 'utf8'),
       pid: () => child?.pid,
       stop,
+      endWithProcess: () => {
+        child?.unref();
+        process.once('exit', () => {
+          try {
+            child?.kill('SIGKILL');
+          } catch {
+            // gone already
+          }
+          rmSync(dir, { recursive: true, force: true });
+        });
+      },
     };
   } catch (e) {
     await stop();
