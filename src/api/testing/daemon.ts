@@ -5,7 +5,9 @@
  */
 import assert from 'node:assert/strict';
 import { chmod, mkdtemp, rm, stat } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
 import { dirname, join, resolve } from 'node:path';
+import pg from 'pg';
 import { startDaemon, type Daemon, type DaemonOptions } from '../../daemon/daemon.js';
 import { DormantApiError, DormantClient } from '../../sdk/client.js';
 import { buildBusyboxRootfs } from '../../runtime/testing/rootfs.js';
@@ -21,26 +23,47 @@ const USER_NAMESPACE = process.env.DORMANT_TEST_USER_NAMESPACE !== '0';
 /**
  * DORMANT_TEST_STATE=postgres runs the suites' daemons on PostgreSQL instead of SQLite: one
  * private server per test process, one database per data folder (a daemon restarted on the
- * same folder finds its state again). The suites then check the PostgreSQL store in the
- * whole product, as they check SQLite by default.
+ * same folder finds its state again). Processes the test starts (the crash suites' daemons)
+ * inherit the server through DORMANT_TEST_PG_URL instead of starting their own. The suites
+ * then check the PostgreSQL store in the whole product, as they check SQLite by default.
  */
 const TEST_STATE = process.env.DORMANT_TEST_STATE;
 let pgServer: Promise<TestPostgres> | undefined;
-const pgDatabases = new Map<string, Promise<string>>();
 
 async function testStateUrl(dataDir: string): Promise<string> {
-  pgServer ??= startPostgres().then((s) => {
-    s.endWithProcess();
-    return s;
-  });
-  const server = await pgServer;
-  const key = resolve(dataDir);
-  let url = pgDatabases.get(key);
-  if (url === undefined) {
-    url = server.createDatabase(`d${pgDatabases.size + 1}`);
-    pgDatabases.set(key, url);
+  let admin = process.env.DORMANT_TEST_PG_URL;
+  if (admin === undefined) {
+    pgServer ??= startPostgres().then((s) => {
+      s.endWithProcess();
+      return s;
+    });
+    admin = (await pgServer).url('postgres');
+    process.env.DORMANT_TEST_PG_URL = admin;
   }
-  return url;
+  const name = `d_${createHash('sha256').update(resolve(dataDir)).digest('hex').slice(0, 16)}`;
+  const c = new pg.Client({ connectionString: admin });
+  await c.connect();
+  try {
+    await c.query(`CREATE DATABASE ${name}`).catch((e: unknown) => {
+      // Made already: this folder's daemon ran before (a restart).
+      if ((e as { code?: string }).code !== '42P04') throw e;
+    });
+  } finally {
+    await c.end();
+  }
+  const u = new URL(admin);
+  u.pathname = `/${name}`;
+  return u.toString();
+}
+
+/**
+ * What a process the test starts (a daemon of its own) needs in its environment to use this
+ * process's PostgreSQL server under DORMANT_TEST_STATE=postgres (nothing otherwise).
+ */
+export async function testStateEnv(): Promise<Record<string, string>> {
+  if (TEST_STATE !== 'postgres') return {};
+  await testStateUrl('/'); // the server, and DORMANT_TEST_PG_URL naming it
+  return { DORMANT_TEST_PG_URL: process.env.DORMANT_TEST_PG_URL! };
 }
 
 /** The options every test daemon starts with, unless the test says otherwise. */

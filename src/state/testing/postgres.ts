@@ -187,6 +187,10 @@ export async function startPostgres(): Promise<TestPostgres> {
       'max_connections=60',
       '-c',
       'shared_buffers=32MB',
+      // Its dynamic shared memory in the data folder, not /dev/shm/PostgreSQL.*: a server
+      // killed outright (halt, or the test process dying) would leave those behind.
+      '-c',
+      'dynamic_shared_memory_type=mmap',
     ]);
     const c = spawn(cmd, args, { stdio: ['ignore', out.fd, out.fd] });
     await out.close();
