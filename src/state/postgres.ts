@@ -6,7 +6,7 @@
  */
 import pg from 'pg';
 import type { MeterSample } from '../domain/cost.js';
-import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
+import { DEFAULT_GPU_POLICY } from '../domain/gpu.js';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
 import type {
@@ -19,6 +19,13 @@ import type {
 } from './store.js';
 import type { TemplateRecord, TemplateStore } from './templates.js';
 import { redactUrl } from './redact.js';
+import {
+  checkpointFromRow,
+  patchAssignments,
+  sandboxFromRow,
+  type CheckpointRow,
+  type SandboxRow,
+} from './rows.js';
 
 /**
  * The schema, one entry per version (version N is the first N entries applied), the end state
@@ -248,36 +255,6 @@ function params(): { args: unknown[]; p: (v: unknown) => string } {
   return { args, p: (v) => `$${args.push(v)}` };
 }
 
-interface SandboxRow {
-  id: string;
-  tenant: string;
-  name: string;
-  state: string;
-  spec: SandboxSpec;
-  created_at: number;
-  state_since: number;
-  last_active_at: number;
-  checkpoint_id: string | null;
-  last_error: string | null;
-  memory_bytes: number;
-  address: string | null;
-  gpus: string | null;
-  gpu_policy: string;
-  lazy_restore_of: string | null;
-}
-
-interface CheckpointRow {
-  id: string;
-  sandbox_id: string;
-  tenant: string;
-  created_at: number;
-  kind: string;
-  logical_bytes: number;
-  stored_bytes: number;
-  meta: Record<string, unknown>;
-  deleted_at: number | null;
-}
-
 interface SampleRow {
   sandbox_id: string;
   at: number;
@@ -299,39 +276,12 @@ interface TemplateRow {
   created_at: number;
 }
 
-function toSandbox(r: SandboxRow): Sandbox {
-  const s: Sandbox = {
-    id: r.id,
-    tenant: r.tenant,
-    name: r.name,
-    state: r.state as SandboxState,
-    spec: r.spec,
-    createdAt: r.created_at,
-    stateSince: r.state_since,
-    lastActiveAt: r.last_active_at,
-    memoryBytes: r.memory_bytes,
-    gpuPolicy: r.gpu_policy as GpuPolicy,
-  };
-  if (r.gpus !== null) s.gpus = r.gpus;
-  if (r.checkpoint_id !== null) s.checkpointId = r.checkpoint_id;
-  if (r.last_error !== null) s.lastError = r.last_error;
-  if (r.address !== null) s.address = r.address;
-  if (r.lazy_restore_of !== null) s.lazyRestoreOf = r.lazy_restore_of;
-  return s;
-}
+type PgSandboxRow = SandboxRow<SandboxSpec>;
+type PgCheckpointRow = CheckpointRow<Record<string, unknown>> & { deleted_at: number | null };
 
-function toCheckpoint(r: CheckpointRow): CheckpointRecord {
-  return {
-    id: r.id,
-    sandboxId: r.sandbox_id,
-    tenant: r.tenant,
-    createdAt: r.created_at,
-    kind: r.kind as CheckpointRecord['kind'],
-    logicalBytes: r.logical_bytes,
-    storedBytes: r.stored_bytes,
-    meta: r.meta,
-  };
-}
+const asIs = <T>(v: T): T => v;
+const toSandbox = (r: PgSandboxRow): Sandbox => sandboxFromRow(r, asIs);
+const toCheckpoint = (r: PgCheckpointRow): CheckpointRecord => checkpointFromRow(r, asIs);
 
 const toTemplate = (r: TemplateRow): TemplateRecord => ({
   id: r.id,
@@ -344,32 +294,11 @@ const toTemplate = (r: TemplateRow): TemplateRecord => ({
   createdAt: r.created_at,
 });
 
-const COLUMNS: Record<string, string> = {
-  tenant: 'tenant',
-  name: 'name',
-  spec: 'spec',
-  createdAt: 'created_at',
-  stateSince: 'state_since',
-  lastActiveAt: 'last_active_at',
-  checkpointId: 'checkpoint_id',
-  lastError: 'last_error',
-  memoryBytes: 'memory_bytes',
-  address: 'address',
-  gpus: 'gpus',
-  gpuPolicy: 'gpu_policy',
-  lazyRestoreOf: 'lazy_restore_of',
-};
-
-/** `col = $N, ...` for the patch's known fields; an unknown field is ignored, as SQLite does. */
+/** `col = $N, ...` for the patch's known fields (rows.ts). */
 function patchColumns(patch: Partial<Sandbox>, p: (v: unknown) => string): string {
-  const sets: string[] = [];
-  for (const [k, v] of Object.entries(patch)) {
-    const col = COLUMNS[k];
-    if (col === undefined) continue;
-    // JSON text, never the object: pg would send a JS array as a PostgreSQL array.
-    sets.push(`${col} = ${p(k === 'spec' ? JSON.stringify(v) : (v ?? null))}`);
-  }
-  return sets.join(', ');
+  return patchAssignments(patch)
+    .map(([col, v]) => `${col} = ${p(v)}`)
+    .join(', ');
 }
 
 /**
@@ -660,7 +589,7 @@ export class PostgresStateStore implements StateStore {
    * sandbox waits for this one, then reads what it wrote.
    */
   async getSandbox(id: string): Promise<Sandbox | undefined> {
-    const { rows } = await this.q<SandboxRow>(
+    const { rows } = await this.q<PgSandboxRow>(
       `SELECT * FROM sandboxes WHERE id = $1${this.tx ? ' FOR UPDATE' : ''}`,
       [id],
     );
@@ -670,8 +599,8 @@ export class PostgresStateStore implements StateStore {
   async listSandboxes(tenant?: string): Promise<Sandbox[]> {
     const { rows } =
       tenant === undefined
-        ? await this.q<SandboxRow>('SELECT * FROM sandboxes ORDER BY created_at, id')
-        : await this.q<SandboxRow>('SELECT * FROM sandboxes WHERE tenant = $1 ORDER BY created_at, id', [
+        ? await this.q<PgSandboxRow>('SELECT * FROM sandboxes ORDER BY created_at, id')
+        : await this.q<PgSandboxRow>('SELECT * FROM sandboxes WHERE tenant = $1 ORDER BY created_at, id', [
             tenant,
           ]);
     return rows.map(toSandbox);
@@ -696,7 +625,7 @@ export class PostgresStateStore implements StateStore {
       const at = p(q.after.createdAt);
       where.push(`(created_at > ${at} OR (created_at = ${at} AND id > ${p(q.after.id)}))`);
     }
-    const { rows } = await this.q<SandboxRow>(
+    const { rows } = await this.q<PgSandboxRow>(
       `SELECT * FROM sandboxes ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY created_at, id LIMIT ${p(q.limit)}`,
       args,
     );
@@ -820,7 +749,7 @@ export class PostgresStateStore implements StateStore {
   }
 
   async getCheckpoint(id: string): Promise<CheckpointRecord | undefined> {
-    const { rows } = await this.q<CheckpointRow>(
+    const { rows } = await this.q<PgCheckpointRow>(
       'SELECT * FROM checkpoints WHERE id = $1 AND deleted_at IS NULL',
       [id],
     );
@@ -832,7 +761,7 @@ export class PostgresStateStore implements StateStore {
     const where = ['deleted_at IS NULL'];
     if (opts.sandboxId !== undefined) where.push(`sandbox_id = ${p(opts.sandboxId)}`);
     if (opts.tenant !== undefined) where.push(`tenant = ${p(opts.tenant)}`);
-    const { rows } = await this.q<CheckpointRow>(
+    const { rows } = await this.q<PgCheckpointRow>(
       `SELECT * FROM checkpoints WHERE ${where.join(' AND ')} ORDER BY created_at DESC, id DESC`,
       args,
     );
@@ -845,7 +774,7 @@ export class PostgresStateStore implements StateStore {
   }
 
   async checkpointHistory(): Promise<(CheckpointRecord & { deletedAt?: number })[]> {
-    const { rows } = await this.q<CheckpointRow>('SELECT * FROM checkpoints ORDER BY created_at, id');
+    const { rows } = await this.q<PgCheckpointRow>('SELECT * FROM checkpoints ORDER BY created_at, id');
     return rows.map((r) => ({
       ...toCheckpoint(r),
       ...(r.deleted_at !== null ? { deletedAt: r.deleted_at } : {}),

@@ -5,9 +5,9 @@
 import Database from 'better-sqlite3';
 import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
 import { dirname } from 'node:path';
-import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
+import type { Sandbox, SandboxState, Transition } from '../domain/sandbox.js';
 import type { MeterSample } from '../domain/cost.js';
-import { DEFAULT_GPU_POLICY, type GpuPolicy } from '../domain/gpu.js';
+import { DEFAULT_GPU_POLICY } from '../domain/gpu.js';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type {
@@ -18,6 +18,13 @@ import type {
   StoredSample,
   TokenRow,
 } from './store.js';
+import {
+  checkpointFromRow,
+  patchAssignments,
+  sandboxFromRow,
+  type CheckpointRow,
+  type SandboxRow,
+} from './rows.js';
 import { SqliteTemplateStore, TEMPLATES_MIGRATION, type TemplateStore } from './templates.js';
 
 export const MIGRATIONS: string[] = [
@@ -97,24 +104,6 @@ export const MIGRATIONS: string[] = [
    ALTER TABLE samples ADD COLUMN egress_counter INTEGER;`,
 ];
 
-interface SandboxRow {
-  id: string;
-  tenant: string;
-  name: string;
-  state: string;
-  spec: string;
-  created_at: number;
-  state_since: number;
-  last_active_at: number;
-  checkpoint_id: string | null;
-  last_error: string | null;
-  memory_bytes: number;
-  address: string | null;
-  gpus: string | null;
-  gpu_policy: string;
-  lazy_restore_of: string | null;
-}
-
 interface TransitionRow {
   id: number;
   sandbox_id: string;
@@ -125,77 +114,12 @@ interface TransitionRow {
   reason: string;
 }
 
-interface CheckpointRow {
-  id: string;
-  sandbox_id: string;
-  tenant: string;
-  created_at: number;
-  kind: string;
-  logical_bytes: number;
-  stored_bytes: number;
-  meta: string;
-}
-
-function toSandbox(r: SandboxRow): Sandbox {
-  const s: Sandbox = {
-    id: r.id,
-    tenant: r.tenant,
-    name: r.name,
-    state: r.state as SandboxState,
-    spec: JSON.parse(r.spec) as SandboxSpec,
-    createdAt: r.created_at,
-    stateSince: r.state_since,
-    lastActiveAt: r.last_active_at,
-    memoryBytes: r.memory_bytes,
-    gpuPolicy: r.gpu_policy as GpuPolicy,
-  };
-  if (r.gpus !== null) s.gpus = r.gpus;
-  if (r.checkpoint_id !== null) s.checkpointId = r.checkpoint_id;
-  if (r.last_error !== null) s.lastError = r.last_error;
-  if (r.address !== null) s.address = r.address;
-  if (r.lazy_restore_of !== null) s.lazyRestoreOf = r.lazy_restore_of;
-  return s;
-}
-
-function toCheckpoint(r: CheckpointRow): CheckpointRecord {
-  return {
-    id: r.id,
-    sandboxId: r.sandbox_id,
-    tenant: r.tenant,
-    createdAt: r.created_at,
-    kind: r.kind as CheckpointRecord['kind'],
-    logicalBytes: r.logical_bytes,
-    storedBytes: r.stored_bytes,
-    meta: JSON.parse(r.meta) as Record<string, unknown>,
-  };
-}
-
-const COLUMNS: Record<string, string> = {
-  tenant: 'tenant',
-  name: 'name',
-  spec: 'spec',
-  createdAt: 'created_at',
-  stateSince: 'state_since',
-  lastActiveAt: 'last_active_at',
-  checkpointId: 'checkpoint_id',
-  lastError: 'last_error',
-  memoryBytes: 'memory_bytes',
-  address: 'address',
-  gpus: 'gpus',
-  gpuPolicy: 'gpu_policy',
-  lazyRestoreOf: 'lazy_restore_of',
-};
+const toSandbox = (r: SandboxRow<string>): Sandbox => sandboxFromRow(r, JSON.parse);
+const toCheckpoint = (r: CheckpointRow<string>): CheckpointRecord => checkpointFromRow(r, JSON.parse);
 
 function patchColumns(patch: Partial<Sandbox>): { sql: string; values: unknown[] } {
-  const sets: string[] = [];
-  const values: unknown[] = [];
-  for (const [k, v] of Object.entries(patch)) {
-    const col = COLUMNS[k];
-    if (col === undefined) continue;
-    sets.push(`${col} = ?`);
-    values.push(k === 'spec' ? JSON.stringify(v) : (v ?? null));
-  }
-  return { sql: sets.join(', '), values };
+  const set = patchAssignments(patch);
+  return { sql: set.map(([col]) => `${col} = ?`).join(', '), values: set.map(([, v]) => v) };
 }
 
 /**
@@ -317,7 +241,8 @@ class SqliteRows {
   }
 
   getSandbox(id: string): Sandbox | undefined {
-    const r = this.db.prepare('SELECT * FROM sandboxes WHERE id = ?').get(id) as SandboxRow | undefined;
+    const r = this.db.prepare('SELECT * FROM sandboxes WHERE id = ?').get(id) as
+      SandboxRow<string> | undefined;
     return r && toSandbox(r);
   }
 
@@ -326,7 +251,7 @@ class SqliteRows {
       tenant === undefined
         ? this.db.prepare('SELECT * FROM sandboxes ORDER BY created_at, id').all()
         : this.db.prepare('SELECT * FROM sandboxes WHERE tenant = ? ORDER BY created_at, id').all(tenant)
-    ) as SandboxRow[];
+    ) as SandboxRow<string>[];
     return rows.map(toSandbox);
   }
 
@@ -361,7 +286,7 @@ class SqliteRows {
       .prepare(
         `SELECT * FROM sandboxes ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY created_at, id LIMIT ?`,
       )
-      .all(...args, q.limit) as SandboxRow[];
+      .all(...args, q.limit) as SandboxRow<string>[];
     return rows.map(toSandbox);
   }
 
@@ -455,7 +380,7 @@ class SqliteRows {
 
   getCheckpoint(id: string): CheckpointRecord | undefined {
     const r = this.db.prepare('SELECT * FROM checkpoints WHERE id = ? AND deleted_at IS NULL').get(id) as
-      CheckpointRow | undefined;
+      CheckpointRow<string> | undefined;
     return r && toCheckpoint(r);
   }
 
@@ -474,7 +399,7 @@ class SqliteRows {
       .prepare(
         `SELECT * FROM checkpoints ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY created_at DESC, id DESC`,
       )
-      .all(...args) as CheckpointRow[];
+      .all(...args) as CheckpointRow<string>[];
     return rows.map(toCheckpoint);
   }
 
@@ -484,7 +409,9 @@ class SqliteRows {
   }
 
   checkpointHistory(): (CheckpointRecord & { deletedAt?: number })[] {
-    const rows = this.db.prepare('SELECT * FROM checkpoints ORDER BY created_at').all() as (CheckpointRow & {
+    const rows = this.db
+      .prepare('SELECT * FROM checkpoints ORDER BY created_at')
+      .all() as (CheckpointRow<string> & {
       deleted_at: number | null;
     })[];
     return rows.map((r) => ({
