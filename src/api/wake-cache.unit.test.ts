@@ -6,32 +6,13 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { TrackingController } from '../control/activity.js';
 import { systemClock } from '../control/options.js';
-import { DEFAULT_POLICY, type Sandbox } from '../domain/sandbox.js';
+import type { Sandbox } from '../domain/sandbox.js';
+import { sandbox as fixture } from '../state/contract.js';
 import { SqliteStateStore } from '../state/sqlite.js';
 import type { StateStore } from '../state/store.js';
 import { wakeTarget } from './wake.js';
 
-function sandbox(id: string): Sandbox {
-  return {
-    id,
-    tenant: 't1',
-    name: id,
-    state: 'running',
-    spec: {
-      source: { kind: 'rootfs', path: '/srv/rootfs' },
-      command: ['sh'],
-      env: {},
-      ports: [{ port: 8080, public: false }],
-      memoryBytes: 64 * 1024 ** 2,
-      cpus: 1,
-      policy: { ...DEFAULT_POLICY },
-    },
-    createdAt: 1,
-    stateSince: 1,
-    lastActiveAt: 1,
-    memoryBytes: 0,
-  };
-}
+const sandbox = (id: string): Sandbox => fixture(id, { state: 'running' });
 
 /** `db` with its reads counted, and its sandboxVersion as `version` says. */
 function counted(

@@ -3,32 +3,12 @@ import assert from 'node:assert/strict';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { DEFAULT_POLICY, type Sandbox } from '../domain/sandbox.js';
+import type { Sandbox } from '../domain/sandbox.js';
 import { MIGRATIONS, SqliteStateStore } from './sqlite.js';
 import type { StateStore } from './store.js';
-import { stateStoreContract } from './contract.js';
+import { sandbox as fixture, stateStoreContract } from './contract.js';
 
-function sandbox(id: string, tenant = 't1', name = id): Sandbox {
-  return {
-    id,
-    tenant,
-    name,
-    state: 'creating',
-    spec: {
-      source: { kind: 'rootfs', path: '/srv/rootfs' },
-      command: ['sh', '-c', 'sleep 1000'],
-      env: { A: 'b' },
-      ports: [{ port: 8080, public: false }],
-      memoryBytes: 512 * 1024 ** 2,
-      cpus: 1,
-      policy: { ...DEFAULT_POLICY },
-    },
-    createdAt: 1000,
-    stateSince: 1000,
-    lastActiveAt: 1000,
-    memoryBytes: 0,
-  };
-}
+const sandbox = (id: string, tenant = 't1', name = id): Sandbox => fixture(id, { tenant, name });
 
 describe('SqliteStateStore', () => {
   const dirs: string[] = [];
