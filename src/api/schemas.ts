@@ -397,6 +397,12 @@ export const SandboxSchema = z.object({
     .nullable()
     .describe('its egress policy: `internet`, `none`, or its list; null: none at all (made before egress)'),
   runtime: z.enum(['runc', 'runsc']).describe('its container runtime: `runc`, or `runsc` (gVisor)'),
+  node: z
+    .string()
+    .nullable()
+    .describe(
+      'in a fleet, the node it lives on (awake) or last answered for it (asleep); null on a node alone',
+    ),
 });
 export type SandboxView = z.output<typeof SandboxSchema>;
 

@@ -3,6 +3,7 @@
  * schemas.ts, and answers errors as `{ error: { code, message, hint } }` with a stable code.
  * Another tenant's sandbox answers 404, exactly like one that does not exist.
  */
+import { installForwarding, registerFleetRoutes, type FleetHooks } from './fleet.js';
 import { egressText } from '../domain/egress.js';
 import { DEFAULT_GPU_POLICY } from '../domain/gpu.js';
 import Fastify, {
@@ -77,6 +78,8 @@ export interface ServerOptions {
   bodyLimitBytes?: number;
   /** Largest body of an exec (its stdin rides in it). Default 32 MiB. */
   execBodyLimitBytes?: number;
+  /** This node in a fleet: requests for other nodes' sandboxes are forwarded (api/fleet.ts). */
+  fleet?: FleetHooks;
 }
 
 /** Uploads bigger than this are refused unless the daemon says otherwise. */
@@ -126,6 +129,7 @@ export function sandboxView(s: Sandbox): SandboxView {
     labels: s.spec.labels ?? {},
     egress: s.spec.egress !== undefined ? egressText(s.spec.egress) : null,
     runtime: s.spec.runtime ?? 'runc',
+    node: s.node ?? null,
   };
 }
 
@@ -241,6 +245,9 @@ export function buildServer(opts: ServerOptions): FastifyInstance {
   /** The sandbox id of a route's :id, which may also be the sandbox's name. 404 if not visible. */
   const sandboxId = async (req: FastifyRequest): Promise<string> =>
     (await controller.get(parse(IdParams, req.params, 'path').id, scope(req))).id;
+
+  if (opts.fleet) installForwarding(app, { fleet: opts.fleet, controller, scope });
+  registerFleetRoutes(app, opts.fleet);
 
   app.get('/v1/health', async () => ({ ok: true, version: opts.version ?? '0.1.0' }));
   registerMetrics(app, { store, controller });

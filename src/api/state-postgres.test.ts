@@ -1,13 +1,14 @@
 /**
  * A daemon whose database of record is PostgreSQL (`--state postgres://...`): sandboxes made,
  * hibernated and resumed with their memory, their rows in PostgreSQL and no state.db on the
- * node; a restarted daemon finds them; a second node on the same database is refused until the
- * first lets go of it.
+ * node; a restarted daemon finds them; a second process as the same node (the host's name) is
+ * refused until the first lets go of it.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { hostname } from 'node:os';
 import pg from 'pg';
 import type { Daemon } from '../daemon/daemon.js';
 import { DormantError } from '../domain/errors.js';
@@ -73,14 +74,15 @@ describe('the database of record in PostgreSQL', { skip: missing }, () => {
     assert.equal(existsSync(join(dir, 'data', 'state.db')), false, 'no SQLite database beside PostgreSQL');
   });
 
-  test('a second node on the same database is refused, naming the first; nothing of it is made', async () => {
+  test('a second process as the same node on the database is refused, naming the first; nothing of it is made', async () => {
     const other = join(dir, 'other');
     await assert.rejects(
       startTestDaemon({ dataDir: other, state: { url } }),
       (e: unknown) =>
         e instanceof DormantError &&
         e.code === 'STATE_IN_USE' &&
-        e.message.includes('in use by another dormant node (dormant node ') &&
+        e.message.includes(`node ${hostname()} is already running on the state database`) &&
+        e.message.includes('(dormant node ') &&
         !e.message.includes(server.password),
     );
     assert.equal(existsSync(join(other, 'state.db')), false);

@@ -3,6 +3,8 @@
  * policy loop and the wake proxy, tied to the controller and the token store, and the
  * `GET /v1/sandboxes/{id}/url` route that says where a sandbox port is reached.
  */
+import type { NodeInfo } from '../domain/node.js';
+import { resumeOn } from './fleet.js';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
@@ -62,7 +64,21 @@ async function touchKeepingLease(controller: TrackingController, clock: Clock, i
   if (s.lastActiveAt < clock.now()) await controller.touch(id);
 }
 
-export function wakeTarget(controller: TrackingController, store: StateStore, clock: Clock): WakeTarget {
+/**
+ * In a fleet: the node that wakes a sandbox (undefined: this one) and the token this node
+ * asks it with (the admin token: the database, and so the tokens, are shared).
+ */
+export interface ProxyFleet {
+  placeWake(s: Sandbox): Promise<NodeInfo | undefined>;
+  token: string;
+}
+
+export function wakeTarget(
+  controller: TrackingController,
+  store: StateStore,
+  clock: Clock,
+  fleet?: ProxyFleet,
+): WakeTarget {
   // The proxy looks a sandbox up on every request, and a SQLite read costs tens of µs here:
   // what was read stays good until the store changes a sandbox, and is answered at once. A
   // store that other processes write too (no sandboxVersion) is read every time.
@@ -86,14 +102,23 @@ export function wakeTarget(controller: TrackingController, store: StateStore, cl
     },
     list: async () => (await controller.list()).map(proxied),
     wake: async (id, reason) => {
-      const s = await controller.resume(id, undefined, reason);
+      // In a fleet, where placement says; the proxy then connects to the sandbox's address
+      // there (nodes' sandbox subnets are routed between them: docs/FLEET.md).
+      const there = fleet ? await fleet.placeWake(await controller.get(id)) : undefined;
+      const s = there
+        ? await resumeOn(there, id, fleet!.token)
+        : await controller.resume(id, undefined, reason);
       if (s.state !== 'running' || s.address === undefined) {
         throw new DormantError(ErrorCode.INTERNAL, `sandbox ${id} is ${s.state} after a resume`);
       }
       return s.address;
     },
     touch: (id) => touchKeepingLease(controller, clock, id),
-    listening: (id, port) => controller.listensOn(id, port),
+    listening: async (id, port) => {
+      // Another node's sandbox: this node's runtime cannot tell; the proxy probes instead.
+      if (fleet && (await store.getSandbox(id))?.node !== controller.node) return undefined;
+      return controller.listensOn(id, port);
+    },
     authenticate: async (token) => {
       const tokens = await store.listTokens();
       try {
@@ -135,13 +160,15 @@ export async function startWakeServices(o: {
   policy?: PolicyConfig | false;
   /** Warnings of the wake proxy. Default: stderr. */
   warn?: (message: string) => void;
+  /** This node in a fleet: sleeping sandboxes wake where placement says. */
+  fleet?: ProxyFleet;
 }): Promise<WakeServices> {
   const { controller, store, clock } = o;
   const proxy =
     o.proxy === false
       ? undefined
       : await WakeProxy.start({
-          target: wakeTarget(controller, store, clock),
+          target: wakeTarget(controller, store, clock, o.fleet),
           listen: o.proxy?.listen ?? defaultProxyListen(o.apiListen),
           tcpPortsFile: join(o.dataDir, 'proxy-ports.json'),
           ...(o.proxy?.domain !== undefined ? { domain: o.proxy.domain } : {}),
@@ -152,7 +179,8 @@ export async function startWakeServices(o: {
   let policy: PolicyLoop | undefined;
   if (o.policy !== false) {
     const target: PolicyTarget = {
-      list: () => controller.list(),
+      // In a fleet, this node's sandboxes: each node applies the policy to its own.
+      list: () => controller.listOwn(),
       get: (id) => controller.get(id),
       // The controller's pause takes no reason yet; its transition reads 'pause'.
       pause: (id, tenant) => controller.pause(id, tenant),

@@ -60,6 +60,8 @@ export class LifecycleContext {
   readonly locks = new KeyedMutex();
   readonly opts: ControllerOptions;
   readonly gpu: GpuNode;
+  /** This node's name in a fleet (ControllerOptions.node). */
+  readonly node: string | undefined;
   readonly timings = new Map<string, OperationTimings>();
   /** Resolves true when resumes restore lazily on this node (asked once). */
   readonly lazy: Promise<boolean>;
@@ -70,6 +72,7 @@ export class LifecycleContext {
     this.opts = opts;
     this.gpu = opts.gpu ?? systemGpuNode();
     this.store = opts.store;
+    this.node = opts.node;
     this.runtime = opts.runtime;
     this.vault = opts.vault;
     this.clock = opts.clock ?? systemClock;
@@ -89,6 +92,17 @@ export class LifecycleContext {
               return false;
             },
           );
+  }
+
+  /** The field a sandbox this node makes or wakes gets: this node's name, in a fleet. */
+  placed(): { node?: string } {
+    return this.node !== undefined ? { node: this.node } : {};
+  }
+
+  /** The sandboxes this node answers for: its own in a fleet, every one on a node alone. */
+  async own(): Promise<Sandbox[]> {
+    if (this.node === undefined) return this.store.listSandboxes();
+    return this.store.querySandboxes({ node: this.node, limit: Number.MAX_SAFE_INTEGER });
   }
 
   step(name: string): void {

@@ -12,6 +12,8 @@ import type { Clock } from './options.js';
 
 export interface MeterSource {
   list(): Promise<{ id: string; state: string }[]>;
+  /** In a fleet, the sandboxes on this node: the only ones whose usage it can read. Default: list. */
+  listOwn?(): Promise<{ id: string; state: string }[]>;
   usage(id: string): Promise<{ memoryBytes: number; cpuUsageUsec: number } | undefined>;
   /** Bytes used on the sandbox's writable layer, when that is cheap to know (one statfs). */
   diskUsage?(id: string): Promise<number | undefined>;
@@ -155,7 +157,7 @@ export class Meter {
     // One read of every counter per pass; a failure leaves this pass's samples without egress.
     const counters = await this.opts.source.egressBytes?.().catch(() => undefined);
     const live = new Set<string>();
-    for (const s of await this.opts.source.list()) {
+    for (const s of await (this.opts.source.listOwn?.() ?? this.opts.source.list())) {
       if (s.state !== 'running' && s.state !== 'paused') continue;
       const u = await this.opts.source.usage(s.id);
       if (!u) continue;
@@ -243,7 +245,9 @@ export class Meter {
       });
       series.push({ at, spent: r.totals.spent, alwaysWarm: r.totals.alwaysWarm });
     }
-    const live = (await this.opts.source.list()).filter((s) => ids.has(s.id));
+    const live = (await (this.opts.source.listOwn?.() ?? this.opts.source.list())).filter((s) =>
+      ids.has(s.id),
+    );
     const resident: number[] = [];
     for (const s of live) {
       if (s.state !== 'running' && s.state !== 'paused') continue;

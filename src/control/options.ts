@@ -43,6 +43,12 @@ export const systemClock: Clock = { now: () => Date.now() };
 
 export interface ControllerOptions {
   store: StatePort;
+  /**
+   * This node's name in a fleet (the state in PostgreSQL, shared by nodes): its sandboxes are
+   * the ones it reconciles, meters and applies policy to, and a sandbox it makes or wakes
+   * becomes its own. Undefined on a node alone (SQLite): every sandbox is its own.
+   */
+  node?: string;
   runtime: Runtime;
   vault: VaultPort;
   /** Memory-backed folder for CRIU images in flight (never persistent disk). */

@@ -17,6 +17,7 @@ export type StatePort = Pick<
   | 'insertSandbox'
   | 'getSandbox'
   | 'listSandboxes'
+  | 'querySandboxes'
   | 'atomically'
   | 'transition'
   | 'updateSandbox'

@@ -9,6 +9,7 @@
  * the ports, the options and the helpers they share); this class takes the sandbox's lock
  * where an operation holds it throughout, and dispatches.
  */
+import { releaseForeign, reclaimLostNode, type Reclaimed } from './ops/nodes.js';
 import { open, statfs } from 'node:fs/promises';
 import { assertLegal, type Sandbox, type SandboxState } from '../domain/sandbox.js';
 import { errnoCode } from '../domain/errors.js';
@@ -79,10 +80,35 @@ export class SandboxController {
     return await this.ctx.store.listSandboxes(tenant);
   }
 
+  /**
+   * The sandboxes this node runs or answers for (in a fleet, those placed on it): what its
+   * policy loop and meter go over.
+   */
+  async listOwn(): Promise<Sandbox[]> {
+    return await this.ctx.own();
+  }
+
+  /** A lost node's awake sandboxes back to their checkpoints, now this node's (ops/nodes.ts). */
+  async reclaimLostNode(name: string): Promise<Reclaimed[]> {
+    return await reclaimLostNode(this.ctx, name);
+  }
+
+  /** Removes what this node still holds of sandboxes no longer its own (ops/nodes.ts). */
+  async releaseForeign(): Promise<string[]> {
+    return await releaseForeign(this.ctx);
+  }
+
+  /** This node's name in a fleet; undefined on a node alone. */
+  get node(): string | undefined {
+    return this.ctx.node;
+  }
+
   /** The sandbox with `memoryBytes` read from its cgroup now (0 unless running or paused). */
   async withUsage(s: Sandbox): Promise<Sandbox> {
     const usage = this.ctx.opts.usage;
     if ((s.state !== 'running' && s.state !== 'paused') || !usage) return { ...s, memoryBytes: 0 };
+    // Another node's: its cgroup is there; what that node last recorded.
+    if (s.node !== undefined && s.node !== this.ctx.node) return s;
     // No cgroup (its processes just ended): it holds no memory.
     const u = await usage(s.id).catch(() => undefined);
     return { ...s, memoryBytes: u?.memoryBytes ?? 0 };

@@ -10,6 +10,7 @@ import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { z } from 'zod';
 import { redactUrl } from '../state/redact.js';
+import { NODE_NAME_PATTERN } from '../domain/node.js';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { SandboxPolicy } from '../domain/sandbox.js';
 import type { PriceSheet } from '../domain/cost.js';
@@ -83,6 +84,11 @@ export interface DaemonConfig {
   vault: S3VaultConfig | undefined;
   /** The database of record: `<dataDir>/state.db` (SQLite) unless a PostgreSQL URL is set (docs/STATE.md). */
   state: { url: string } | undefined;
+  /**
+   * This node in a fleet (docs/FLEET.md): its name (default the host name), where the other
+   * nodes reach its API, and its lease. Used only with the state in PostgreSQL.
+   */
+  node: { name?: string; url?: string; leaseMs: number };
 }
 
 /** An S3-compatible bucket as the vault's store. */
@@ -265,6 +271,24 @@ const Layer = z.strictObject({
       default: egressPolicy.optional(),
       tenants: z.record(z.string().min(1), egressPolicy).optional(),
       dns: z.array(z.ipv4()).max(3).optional(),
+    })
+    .optional(),
+  node: z
+    .strictObject({
+      name: z
+        .string()
+        .regex(NODE_NAME_PATTERN, 'expected a name of letters, digits, ".", "_" and "-" (at most 63)')
+        .optional(),
+      url: z
+        .string()
+        .regex(
+          /^https?:\/\/[^\s/]+\/?$/,
+          'expected http(s)://HOST:PORT, where the other nodes reach this API',
+        )
+        .optional(),
+      lease: duration
+        .refine((ms) => ms >= 1_000 && ms <= 3_600_000, 'expected a lease from 1s to 1h')
+        .optional(),
     })
     .optional(),
   state: z
@@ -624,6 +648,11 @@ function resolveConfig(l: Layer): DaemonConfig {
     },
     vault: vaultOf(l.vault),
     state: l.state?.url !== undefined ? { url: l.state.url } : undefined,
+    node: {
+      ...(l.node?.name !== undefined ? { name: l.node.name } : {}),
+      ...(l.node?.url !== undefined ? { url: l.node.url.replace(/\/$/, '') } : {}),
+      leaseMs: l.node?.lease ?? D.node.leaseMs,
+    },
     meter: {
       intervalMs: l.meter?.interval ?? D.meter.intervalMs,
       prices: {
@@ -800,6 +829,11 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
         }
       : {}),
     ...(c.state ? { state: { url: redactUrl(c.state.url) } } : {}),
+    node: {
+      ...(c.node.name !== undefined ? { name: c.node.name } : {}),
+      ...(c.node.url !== undefined ? { url: c.node.url } : {}),
+      lease: exactDuration(c.node.leaseMs),
+    },
     importLimits: {
       maxBytes: exactSize(c.importLimits.maxBytes),
       maxMemberBytes: exactSize(c.importLimits.maxMemberBytes),

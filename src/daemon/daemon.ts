@@ -5,11 +5,16 @@
  * every sandbox with what really exists.
  */
 import { createHash } from 'node:crypto';
-import { chmod, mkdir, rmdir } from 'node:fs/promises';
+import { chmod, mkdir, readdir, rmdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { hostname } from 'node:os';
+import { availableParallelism, hostname, totalmem } from 'node:os';
 import type { FastifyInstance } from 'fastify';
-import { errnoCode } from '../domain/errors.js';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
+import { NODE_NAME_PATTERN } from '../domain/node.js';
+import { NodeMembership } from '../control/fleet.js';
+import { DEFAULTS } from './defaults.js';
+import { placeWakeFor, type FleetHooks } from '../api/fleet.js';
+import type { Sandbox } from '../domain/sandbox.js';
 import type { PriceSheet } from '../domain/cost.js';
 import { formatTimings, type OperationTimings } from '../domain/timings.js';
 import { cgroupUsage } from '../sys/cgroup.js';
@@ -92,6 +97,8 @@ export interface DaemonOptions extends ControllerSettings, RuntimeSettings, Serv
   vault?: S3VaultConfig;
   /** The database of record in PostgreSQL instead of `<dataDir>/state.db` (docs/STATE.md). */
   state?: { url: string };
+  /** This node in a fleet (with `state`): name (default the host name), advertised URL, lease. */
+  node?: { name?: string; url?: string; leaseMs?: number };
   /** A seccomp profile file (OCI `linux.seccomp` JSON) for every sandbox. */
   seccompProfile?: string;
   /** gVisor's platform for runsc sandboxes (runsc.ts). Default ptrace. */
@@ -194,6 +201,7 @@ export function optionsFromConfig(c: DaemonConfig, sink?: LogSink): DaemonOption
     masterKey: masterKeySource(c),
     ...(c.vault ? { vault: c.vault } : {}),
     ...(c.state ? { state: c.state } : {}),
+    node: c.node,
     logger: c.log,
     log,
     seccompProfile: c.sandbox.seccompProfile,
@@ -297,9 +305,29 @@ export function bundleDirFor(dataDir: string): string {
   return `${stagingDirFor(dataDir)}-bundles`;
 }
 
+/** Removes the cgroup folder `path` from every hierarchy where it is empty; a busy one stays. */
+async function removeEmptyCgroup(path: string): Promise<void> {
+  const root = '/sys/fs/cgroup';
+  const hierarchies = await readdir(root).catch(() => [] as string[]);
+  for (const h of ['', ...hierarchies]) await rmdir(join(root, h, path)).catch(() => undefined);
+}
+
+/** A URL the other nodes can reach: a wildcard listen address becomes the host's name. */
+function advertised(url: string): string {
+  const u = new URL(url);
+  if (u.hostname === '0.0.0.0' || u.hostname === '[::]') u.hostname = hostname();
+  return u.origin;
+}
+
+/** This node's name in a fleet: the one configured, else the host's. */
+export function nodeNameOf(opts: Pick<DaemonOptions, 'node'>): string {
+  return opts.node?.name ?? hostname();
+}
+
 /**
- * The database of record: SQLite in the data folder, or PostgreSQL held for this node alone
- * (lockStateForNode: taken before the schema is touched, so a second node changes nothing).
+ * The database of record: SQLite in the data folder, or PostgreSQL shared by the fleet, with
+ * this node's name held (lockStateForNode: taken before the schema is touched, so a second
+ * process started as the same node changes nothing).
  */
 async function openState(
   opts: DaemonOptions,
@@ -308,9 +336,14 @@ async function openState(
 ): Promise<{ store: StateStore; nodeLock: NodeLock | undefined }> {
   if (opts.state === undefined)
     return { store: new SqliteStateStore(join(dataDir, 'state.db')), nodeLock: undefined };
-  const nodeLock = await lockStateForNode(opts.state.url, `${hostname()} ${resolve(dataDir)}`, {
-    onLost: warn,
-  });
+  const nodeLock = await lockStateForNode(
+    opts.state.url,
+    nodeNameOf(opts),
+    `${hostname()} ${resolve(dataDir)}`,
+    {
+      onLost: warn,
+    },
+  );
   try {
     const store = await openPostgresStore(opts.state.url, {
       onIdleError: (e) =>
@@ -349,7 +382,19 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   // With user namespaces, searchable (not listable) by others: a sandbox's mapped root walks
   // through it to its root filesystem (runtime/userns.ts).
   await chmod(dataDir, opts.userNamespace === true ? 0o701 : 0o700);
+  // In a fleet (the state in PostgreSQL), this node's name; undefined on a node alone.
+  const nodeName = opts.state !== undefined ? nodeNameOf(opts) : undefined;
+  if (nodeName !== undefined && !NODE_NAME_PATTERN.test(nodeName))
+    throw new DormantError(
+      ErrorCode.INVALID_ARGUMENT,
+      `node name ${JSON.stringify(nodeName)} (the host name) is not a usable node name`,
+      { hint: 'name the node: --node NAME (letters, digits, ".", "_", "-")' },
+    );
+  // Its sandboxes' cgroups under a folder of its own: nodes sharing one host (scripts/fleet.sh)
+  // never end each other's processes through a sandbox's cgroup.
+  const cgroupParent = nodeName !== undefined ? `/dormant/${nodeName}` : '/dormant';
   const { store, nodeLock } = await openState(opts, dataDir, warn);
+  let membership: NodeMembership | undefined;
   try {
     const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
     if (!(await store.listTokens()).some((t) => t.hash === hashToken(admin.token))) {
@@ -387,6 +432,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
       ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
       egressRefresh: true,
+      cgroupParent,
+      ...(nodeName !== undefined ? { node: nodeName } : {}),
     });
     await runtime.dropStaleConfigs();
     // gVisor beside runc when runsc is installed: its own state folder and config folder (each
@@ -407,6 +454,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
             ...(opts.egressResolvers !== undefined ? { egressResolvers: opts.egressResolvers } : {}),
             ...(opts.egressRefreshMinMs !== undefined ? { egressRefreshMinMs: opts.egressRefreshMinMs } : {}),
             egressRefresh: true,
+            cgroupParent,
+            ...(nodeName !== undefined ? { node: nodeName } : {}),
           });
     await runsc?.dropStaleConfigs();
     const { gcIntervalMs, ...pulls } = opts.images ?? {};
@@ -448,14 +497,21 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
         opts.lazyRestoreProbe ?? (() => lazyRestoreProblem(criu.path, criu.env, opts.userNamespace === true)),
       warn,
       // runc puts each sandbox in <cgroupParent>/<id>; the runtime's default parent is /dormant.
-      usage: (id) => cgroupUsage(`/dormant/${id}`),
+      usage: (id) => cgroupUsage(`${cgroupParent}/${id}`),
+      ...(nodeName !== undefined ? { node: nodeName } : {}),
       platform: async () => ({ arch: cpu.arch, criuVersion: criu.version, cpuFlags: cpu.flags }),
     };
     const controller = new TrackingController(controllerOpts);
     // Rows from before sealing: their values sealed now, and the database rewritten so the old
     // pages and WAL frames holding them in clear are gone from its files.
     if ((await controller.sealStoredEnv((env) => TenantSecrets.isSealed(env))) > 0) await store.compact?.();
+    // Rows from before the fleet (no node) that are awake ran here: this node's.
+    if (nodeName !== undefined) await store.fleet?.adoptUnplaced(nodeName);
     const reconciled = await controller.reconcile();
+    const fleetHooks: FleetHooks | undefined =
+      nodeName !== undefined && store.fleet !== undefined
+        ? { name: nodeName, store: store.fleet }
+        : undefined;
     const serverOpts: ServerOptions = {
       controller,
       store,
@@ -466,6 +522,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       bodyLimitBytes: opts.bodyLimitBytes,
       execBodyLimitBytes: opts.execBodyLimitBytes,
       maxUploadBytes: opts.maxUploadBytes,
+      ...(fleetHooks ? { fleet: fleetHooks } : {}),
     };
     const app = buildServer(serverOpts);
     const prices = priceSheet(opts.prices);
@@ -491,6 +548,9 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       clock,
       dataDir,
       apiListen: listen,
+      ...(fleetHooks
+        ? { fleet: { placeWake: (s: Sandbox) => placeWakeFor(fleetHooks, s), token: admin.token } }
+        : {}),
       ...(opts.proxy !== undefined ? { proxy: opts.proxy } : {}),
       ...(opts.policy !== undefined
         ? { policy: opts.policy && { ...opts.policy, defaults: policyDefaults } }
@@ -509,6 +569,29 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       typeof addr === 'object' && addr
         ? `http://${host.includes(':') ? `[${host}]` : host}:${addr.port}`
         : `http://${host}:${port}`;
+    if (fleetHooks) {
+      const proxyAddr = wake.proxy
+        ? `http://${wake.proxy.host.includes(':') ? `[${wake.proxy.host}]` : wake.proxy.host}:${wake.proxy.port}`
+        : undefined;
+      membership = await NodeMembership.join({
+        fleet: fleetHooks.store,
+        target: controller,
+        name: fleetHooks.name,
+        url: opts.node?.url ?? advertised(url),
+        ...(proxyAddr !== undefined ? { proxyUrl: advertised(proxyAddr) } : {}),
+        capacity: {
+          memoryBytes: totalmem(),
+          cpus: availableParallelism(),
+          arch: cpu.arch,
+          criuVersion: criu.version,
+          cpuFlags: cpu.flags,
+          runtimes: runsc ? ['runc', 'runsc'] : ['runc'],
+        },
+        leaseMs: opts.node?.leaseMs ?? DEFAULTS.node.leaseMs,
+        warn,
+      });
+      fleetHooks.membership = membership;
+    }
     if (opts.e2b) {
       e2b = await startE2bFront({
         controller,
@@ -549,6 +632,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
         Object.assign(prices, priceSheet(s.prices));
       },
       async close() {
+        // Stops renewing: a restart within the lease is seamless (docs/FLEET.md).
+        await membership?.close();
         // Pages still streaming from the vault's page server: let them finish first.
         await controller.settleLazyRestores();
         await meter.close();
@@ -564,6 +649,8 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
         await nodeLock?.release();
         secrets.close();
         await releaseStaging(stagingDir);
+        // The node's cgroup folder, once its sandboxes' are gone (those still running keep it).
+        if (nodeName !== undefined) await removeEmptyCgroup(cgroupParent);
         // Empty unless containers still run (their configs stay for runc exec after a restart).
         for (const d of [bundleDir, `${bundleDir}-runsc`])
           await rmdir(d).catch((e: unknown) => {
@@ -573,6 +660,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     };
   } catch (e) {
     // Nothing else holds the database open: a failed start must not keep the process alive.
+    await membership?.close().catch(() => undefined);
     await store.close().catch(() => undefined);
     await nodeLock?.release();
     throw e;

@@ -63,6 +63,8 @@ export const DEFAULTS = {
   },
   /** An S3 vault's local pack cache and upload part size (docs/VAULT.md). */
   vault: { cacheBytes: 2 * 1024 ** 3, partSizeBytes: 8 * 1024 ** 2 },
+  /** A node stops renewing its lease (killed, cut off): after this its sandboxes go back to their checkpoints. */
+  node: { leaseMs: 30_000 },
   restore: {
     lazy: true,
     pagesFromVault: true,

@@ -326,6 +326,26 @@ export const SETTINGS: readonly Setting[] = [
     help: 'keep the database of record in PostgreSQL, postgres://USER[:PASSWORD]@HOST[:PORT]/DB, instead of <data-dir>/state.db (docs/STATE.md)',
   },
   {
+    key: 'node.name',
+    kind: 'string',
+    env: 'DORMANT_NODE',
+    flag: '--node <name>',
+    help: "this node's name in a fleet (default the host name); needs the state in PostgreSQL (docs/FLEET.md)",
+  },
+  {
+    key: 'node.url',
+    kind: 'string',
+    env: 'DORMANT_ADVERTISE',
+    flag: '--advertise <url>',
+    help: "where the other nodes reach this node's API, http://HOST:PORT (default: the address it listens on)",
+  },
+  {
+    key: 'node.lease',
+    kind: 'duration',
+    env: 'DORMANT_NODE_LEASE',
+    help: 'how long a node that stops renewing is trusted; past it, its sandboxes go back to their checkpoints',
+  },
+  {
     key: 'vault.url',
     kind: 'string',
     env: 'DORMANT_VAULT',

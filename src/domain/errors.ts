@@ -219,12 +219,18 @@ export const ERRORS = {
     'unavailable',
     'the database of record is out of reach; retry, and check the PostgreSQL server and the state URL',
   ),
-  /** Another dormant node holds the state database (one node per database until fleets land). */
-  STATE_IN_USE: e(
-    409,
-    'conflict',
-    'another dormant node uses this state database; give each node its own database',
+  /** Another process already runs as this node on the state database. */
+  STATE_IN_USE: e(409, 'conflict', 'another process runs as this node; give each node its own name (--node)'),
+  // ---- the fleet ---------------------------------------------------------------------------
+  NODE_NOT_FOUND: e(404, 'not-found', 'dormant node ls lists the nodes'),
+  /** The node a request must go to does not answer, or no node takes placements. */
+  NODE_UNAVAILABLE: e(
+    503,
+    'unavailable',
+    'retry: a node that stopped renewing its lease has its sandboxes taken back once the lease runs out',
   ),
+  /** Another node got there first (two nodes waking the same sandbox). */
+  SANDBOX_BUSY: e(409, 'conflict', 'another node is changing this sandbox; retry once it is done'),
   // ---- the vault -------------------------------------------------------------------------
   VAULT_CORRUPT: e(500, 'vault', 'stored data failed its integrity check; resume from an older checkpoint'),
   VAULT_KEY_MISSING: e(500, 'vault', 'the vault key is missing on this node; restore it from a backup'),

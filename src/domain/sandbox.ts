@@ -264,6 +264,12 @@ export interface Sandbox {
    * this checkpoint.
    */
   lazyRestoreOf?: string;
+  /**
+   * The node it lives on, in a fleet (state in PostgreSQL): the one whose runtime holds its
+   * processes while it is awake, and the one that last ran it while it sleeps. Absent on a
+   * node with SQLite, and on a sandbox taken back from a lost node (any node may wake it).
+   */
+  node?: string;
 }
 
 export interface Transition {

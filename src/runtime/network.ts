@@ -69,11 +69,15 @@ export function netnsName(id: string): string {
   return `dormant-${id}`;
 }
 
-/** The addresses of slot `slot`. Pure. */
-export function slotNetwork(id: string, subnet: Subnet, slot: number): SandboxNetwork {
+/**
+ * The addresses of slot `slot`. Pure. `node`: in a fleet, the node holding it, whose name is
+ * in the namespace's: nodes sharing a host (scripts/fleet.sh) each hold their own copy of a
+ * sandbox that moved between them, and remove theirs without touching the other's.
+ */
+export function slotNetwork(id: string, subnet: Subnet, slot: number, node?: string): SandboxNetwork {
   const first = subnet.base + slot * 4;
   return {
-    netns: netnsName(id),
+    netns: node !== undefined ? `dormant-${node}-${id}` : netnsName(id),
     hostAddress: ipv4(first + 1),
     address: ipv4(first + 2),
     prefixLength: 30,

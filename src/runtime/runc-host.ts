@@ -66,6 +66,12 @@ export interface RuncRuntimeOptions {
   subnet?: string;
   /** Parent of every sandbox's cgroup. Default `/dormant`. */
   cgroupParent?: string;
+  /**
+   * In a fleet, this node's name: the sandbox's address reservation and network namespace are
+   * this node's own (network.ts slotNetwork), so another node on the same host holding the
+   * same sandbox never shares them.
+   */
+  node?: string;
   /** Host-wide folder of network slot reservations. Default `/var/lib/dormant-net`. */
   netSlotDir?: string;
   /**
@@ -307,6 +313,7 @@ export class RuncHost {
   protected readonly cgroupParent: string;
 
   protected readonly netSlotDir: string;
+  protected readonly node: string | undefined;
 
   protected readonly checkpointTimeoutMs: number;
 
@@ -360,6 +367,7 @@ export class RuncHost {
     this.subnet = parseSubnet(options.subnet ?? '10.213.0.0/16');
     this.cgroupParent = options.cgroupParent ?? '/dormant';
     this.netSlotDir = options.netSlotDir ?? '/var/lib/dormant-net';
+    this.node = options.node;
     this.bundleRoot =
       options.bundleDir ??
       `/dev/shm/dormant-bundles-${createHash('sha256').update(options.stateDir).digest('hex').slice(0, 12)}`;
@@ -513,6 +521,11 @@ export class RuncHost {
    */
   protected netDir(): string {
     return this.netSlotDir;
+  }
+
+  /** What a slot's reservation file holds for sandbox `id`: the id, and in a fleet the node too. */
+  protected slotHolder(id: string): string {
+    return this.node !== undefined ? `${id} ${this.node}` : id;
   }
 
   /** Where the shared rootfs is mounted idmapped for a sandbox with a user namespace. */

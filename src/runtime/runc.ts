@@ -162,11 +162,11 @@ export class RuncRuntime extends RuncHost implements Runtime {
       await mkdir(dir, { mode: 0o700 }).catch((e: unknown) => {
         if (errnoCode(e) !== 'EEXIST') throw e;
       });
-      const slot = await reserveSlot(this.netDir(), id, this.subnet);
+      const slot = await reserveSlot(this.netDir(), this.slotHolder(id), this.subnet);
       rec = {
         spec: recordSpec(spec),
         slot,
-        network: slotNetwork(id, this.subnet, slot),
+        network: slotNetwork(id, this.subnet, slot, this.node),
         ...(this.userNamespace !== undefined ? { userns: this.userNamespace } : {}),
       };
       await writeFileAtomic(recordPath, JSON.stringify(rec, null, 2));
@@ -873,7 +873,7 @@ export class RuncRuntime extends RuncHost implements Runtime {
     // After the container: killing the collector first would leave the sandbox writing
     // into a pipe nobody reads.
     await stopCollector(join(dir, 'log'));
-    const slot = rec?.slot ?? (await findSlot(this.netDir(), id));
+    const slot = rec?.slot ?? (await findSlot(this.netDir(), this.slotHolder(id)));
     if (rec)
       await tearDownNetwork(rec.network, { markerPath: join(dir, 'network.done'), signal: opts.signal });
     if (slot !== undefined) await releaseSlot(this.netDir(), slot);

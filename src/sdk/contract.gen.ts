@@ -73,6 +73,8 @@ export interface SandboxInfo {
   egress: string | null;
   /** its container runtime: `runc`, or `runsc` (gVisor) */
   runtime: 'runc' | 'runsc';
+  /** in a fleet, the node it lives on (awake) or last answered for it (asleep); null on a node alone */
+  node: string | null;
 }
 
 /** A checkpoint (GET /v1/checkpoints). */
@@ -453,6 +455,9 @@ export type ApiErrorCode =
   | 'CRIU_IMAGE_MALFORMED'
   | 'STATE_UNAVAILABLE'
   | 'STATE_IN_USE'
+  | 'NODE_NOT_FOUND'
+  | 'NODE_UNAVAILABLE'
+  | 'SANDBOX_BUSY'
   | 'VAULT_CORRUPT'
   | 'VAULT_KEY_MISSING'
   | 'VAULT_NOT_FOUND'
@@ -775,7 +780,18 @@ export const API_ERRORS: {
   STATE_IN_USE: {
     status: 409,
     family: 'conflict',
-    hint: 'another dormant node uses this state database; give each node its own database',
+    hint: 'another process runs as this node; give each node its own name (--node)',
+  },
+  NODE_NOT_FOUND: { status: 404, family: 'not-found', hint: 'dormant node ls lists the nodes' },
+  NODE_UNAVAILABLE: {
+    status: 503,
+    family: 'unavailable',
+    hint: 'retry: a node that stopped renewing its lease has its sandboxes taken back once the lease runs out',
+  },
+  SANDBOX_BUSY: {
+    status: 409,
+    family: 'conflict',
+    hint: 'another node is changing this sandbox; retry once it is done',
   },
   VAULT_CORRUPT: {
     status: 500,

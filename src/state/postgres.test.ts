@@ -18,10 +18,10 @@ let n = 0;
 const code = (c: string) => (e: unknown) => e instanceof DormantError && e.code === c;
 
 /** The node lock, once the server has noticed its last holder is gone (it ends that session). */
-async function eventuallyLocked(url: string, holder: string): Promise<NodeLock> {
+async function eventuallyLocked(url: string, node: string, holder: string): Promise<NodeLock> {
   for (let i = 0; ; i++) {
     try {
-      return await lockStateForNode(url, holder);
+      return await lockStateForNode(url, node, holder);
     } catch (e) {
       if (i >= 50 || !code('STATE_IN_USE')(e)) throw e;
       await new Promise((r) => setTimeout(r, 100));
@@ -423,18 +423,22 @@ describe('PostgresStateStore', { skip: missing }, () => {
     }
   });
 
-  test('one node per database: a second is refused naming the holder; a release or a crash of the holder frees it', async () => {
+  test('one process per node name: a second is refused naming the holder, another name is not; a release or a crash of the holder frees it', async () => {
     const db = await freshDb();
-    const first = await lockStateForNode(db.url, 'node-a /srv/a');
+    const first = await lockStateForNode(db.url, 'n1', 'node-a /srv/a');
     await assert.rejects(
-      lockStateForNode(db.url, 'node-b /srv/b'),
+      lockStateForNode(db.url, 'n1', 'node-b /srv/b'),
       (e: unknown) =>
         code('STATE_IN_USE')(e) &&
+        (e as Error).message.includes('node n1 is already running') &&
         (e as Error).message.includes('dormant node node-a /srv/a') &&
         !(e as Error).message.includes(server.password),
     );
+    // Another node on the same database: its own name, its own lock.
+    const other = await lockStateForNode(db.url, 'n2', 'node-b /srv/b');
+    await other.release();
     await first.release();
-    const second = await lockStateForNode(db.url, 'node-b /srv/b');
+    const second = await lockStateForNode(db.url, 'n1', 'node-b /srv/b');
     await second.release();
     // A holder killed outright: the server ends its session, and the lock with it.
     const child = spawn(
@@ -443,7 +447,7 @@ describe('PostgresStateStore', { skip: missing }, () => {
         '--input-type=module',
         '-e',
         `const { lockStateForNode } = await import(${JSON.stringify(new URL('./postgres.js', import.meta.url).href)});
-         await lockStateForNode(process.env.URL, 'node-c');
+         await lockStateForNode(process.env.URL, 'n1', 'node-c');
          process.stdout.write('locked\\n');
          setInterval(() => {}, 1000);`,
       ],
@@ -452,12 +456,12 @@ describe('PostgresStateStore', { skip: missing }, () => {
     try {
       const [line] = (await once(child.stdout, 'data')) as [Buffer];
       assert.equal(line.toString().trim(), 'locked');
-      await assert.rejects(lockStateForNode(db.url, 'node-d'), code('STATE_IN_USE'));
+      await assert.rejects(lockStateForNode(db.url, 'n1', 'node-d'), code('STATE_IN_USE'));
     } finally {
       child.kill('SIGKILL');
       await once(child, 'exit');
     }
-    const after = await eventuallyLocked(db.url, 'node-d');
+    const after = await eventuallyLocked(db.url, 'n1', 'node-d');
     await after.release();
     await dropDb(db.name);
   });

@@ -11,6 +11,7 @@ import { DormantError, ErrorCode } from '../domain/errors.js';
 import type { Sandbox, SandboxSpec, SandboxState, Transition } from '../domain/sandbox.js';
 import type {
   CheckpointRecord,
+  FleetStore,
   RegistryCredentialRow,
   SandboxQuery,
   StateStore,
@@ -19,6 +20,7 @@ import type {
 } from './store.js';
 import type { TemplateRecord, TemplateStore } from './templates.js';
 import { redactUrl } from './redact.js';
+import { AWAKE_STATES, type NodeCapacity, type NodeInfo, type NodeState } from '../domain/node.js';
 import {
   checkpointFromRow,
   patchAssignments,
@@ -145,6 +147,22 @@ export const PG_MIGRATIONS: readonly string[] = [
      origin TEXT NOT NULL,
      created_at BIGINT NOT NULL,
      CONSTRAINT templates_tenant_name UNIQUE (tenant, name)
+   );`,
+  // The fleet: the node each sandbox lives on, and the nodes with their leases (times in
+  // milliseconds of the database's clock: dormant_now_ms).
+  `ALTER TABLE sandboxes ADD COLUMN node TEXT COLLATE "C";
+   CREATE INDEX sandboxes_node ON sandboxes (node, state);
+   CREATE FUNCTION dormant_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE AS
+     $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
+   CREATE TABLE nodes (
+     name TEXT COLLATE "C" PRIMARY KEY,
+     url TEXT NOT NULL,
+     proxy_url TEXT,
+     state TEXT NOT NULL,
+     capacity JSON NOT NULL,
+     started_at BIGINT NOT NULL,
+     lease_until BIGINT NOT NULL,
+     lost_at BIGINT
    );`,
 ];
 
@@ -549,8 +567,8 @@ export class PostgresStateStore implements StateStore {
       await this.guarded(
         `WITH s AS (
            INSERT INTO sandboxes (id, tenant, name, state, spec, created_at, state_since, last_active_at,
-                                  checkpoint_id, last_error, memory_bytes, address, gpus, gpu_policy)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                                  checkpoint_id, last_error, memory_bytes, address, gpus, gpu_policy, node)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16)
            RETURNING id, tenant, state, state_since)
          INSERT INTO transitions (sandbox_id, tenant, from_state, to_state, at, reason)
          SELECT id, tenant, NULL, state, state_since, $15 FROM s`,
@@ -570,6 +588,7 @@ export class PostgresStateStore implements StateStore {
           s.gpus ?? null,
           s.gpuPolicy ?? DEFAULT_GPU_POLICY,
           reason,
+          s.node ?? null,
         ],
       );
     } catch (e) {
@@ -612,6 +631,7 @@ export class PostgresStateStore implements StateStore {
     if (q.tenant !== undefined) where.push(`tenant = ${p(q.tenant)}`);
     if (q.states !== undefined) where.push(`state = ANY(${p([...q.states])}::text[])`);
     if (q.name !== undefined) where.push(`name = ${p(q.name)}`);
+    if (q.node !== undefined) where.push(`node = ${p(q.node)}`);
     // Labels live in the spec (spec.labels): matched in the database, so the page boundary
     // is the database's.
     for (const [key, value] of q.labels ?? []) {
@@ -865,6 +885,106 @@ export class PostgresStateStore implements StateStore {
   }
 
   /** The templates, in the same database; bound to the transaction when this store is. */
+  get fleet(): FleetStore {
+    const now = 'dormant_now_ms()';
+    return {
+      registerNode: async (n, leaseMs) => {
+        const { rows } = await this.q<{ state: NodeState }>(
+          `INSERT INTO nodes (name, url, proxy_url, state, capacity, started_at, lease_until)
+           VALUES ($1, $2, $3, 'active', $4, $5, ${now} + $6)
+           ON CONFLICT (name) DO UPDATE SET url = $2, proxy_url = $3, capacity = $4, started_at = $5,
+             lease_until = ${now} + $6, lost_at = NULL,
+             state = CASE WHEN nodes.state = 'draining' THEN 'draining' ELSE 'active' END
+           RETURNING state`,
+          [n.name, n.url, n.proxyUrl ?? null, JSON.stringify(n.capacity), n.startedAt, leaseMs],
+        );
+        return rows[0]!.state;
+      },
+      renewNode: async (name, leaseMs) => {
+        const { rows } = await this.q<{ state: NodeState }>(
+          `UPDATE nodes SET lease_until = ${now} + $2 WHERE name = $1 AND state <> 'lost' RETURNING state`,
+          [name, leaseMs],
+        );
+        return rows[0]?.state;
+      },
+      listNodes: () => this.nodes(),
+      getNode: async (name) => (await this.nodes(name))[0],
+      setNodeState: async (name, state) => {
+        const r = await this.q(`UPDATE nodes SET state = $2 WHERE name = $1 AND state <> 'lost'`, [
+          name,
+          state,
+        ]);
+        return (r.rowCount ?? 0) > 0;
+      },
+      expiredNodes: async () => {
+        const { rows } = await this.q<{ name: string }>(
+          `SELECT name FROM nodes WHERE state <> 'lost' AND lease_until < ${now} ORDER BY name`,
+        );
+        return rows.map((r) => r.name);
+      },
+      markNodeLost: async (name, by, at) => {
+        const r = await this.q(
+          `UPDATE nodes SET state = 'lost', lost_at = $2
+            WHERE name = $1 AND state <> 'lost' AND lease_until < ${now}`,
+          [name, at],
+        );
+        if ((r.rowCount ?? 0) === 0) return false;
+        // A row another node claims meanwhile (a resume) is re-read after its commit and
+        // skipped: it is no longer the lost node's.
+        await this.q(`UPDATE sandboxes SET node = $2 WHERE node = $1 AND state = ANY($3::text[])`, [
+          name,
+          by,
+          ['hibernated', 'archived', 'failed'],
+        ]);
+        return true;
+      },
+      adoptUnplaced: async (name) => {
+        const r = await this.q(
+          `UPDATE sandboxes SET node = $1 WHERE node IS NULL AND state = ANY($2::text[])`,
+          [name, [...AWAKE_STATES, 'failed']],
+        );
+        return r.rowCount ?? 0;
+      },
+    };
+  }
+
+  /** The nodes (or the one named), with their sandboxes counted by state. */
+  private async nodes(name?: string): Promise<NodeInfo[]> {
+    const { rows } = await this.q<{
+      name: string;
+      url: string;
+      proxy_url: string | null;
+      state: NodeState;
+      capacity: NodeCapacity;
+      started_at: number;
+      lease_until: number;
+      lost_at: number | null;
+      expired: boolean;
+      counts: Record<string, number> | null;
+      memory_used: number | null;
+    }>(
+      `SELECT n.*, n.lease_until < dormant_now_ms() AS expired,
+              (SELECT json_object_agg(c.state, c.n) FROM
+                 (SELECT state, count(*) AS n FROM sandboxes WHERE node = n.name GROUP BY state) c) AS counts,
+              (SELECT sum(memory_bytes) FROM sandboxes WHERE node = n.name)::BIGINT AS memory_used
+         FROM nodes n ${name === undefined ? '' : 'WHERE n.name = $1'} ORDER BY n.name`,
+      name === undefined ? [] : [name],
+    );
+    return rows.map((r) => ({
+      name: r.name,
+      url: r.url,
+      ...(r.proxy_url !== null ? { proxyUrl: r.proxy_url } : {}),
+      state: r.state,
+      capacity: r.capacity,
+      startedAt: r.started_at,
+      leaseUntil: r.lease_until,
+      expired: r.expired,
+      ...(r.lost_at !== null ? { lostAt: r.lost_at } : {}),
+      sandboxes: r.counts ?? {},
+      memoryUsedBytes: r.memory_used ?? 0,
+    }));
+  }
+
   templates(): TemplateStore {
     return {
       insertTemplate: async (t) => {
@@ -922,8 +1042,8 @@ export class PostgresStateStore implements StateStore {
 }
 
 /**
- * The key of the advisory lock a node holds on its state database while it runs. Its low 32
- * bits are `objid` in pg_locks (the high ones, 0, `classid`): how the holder is found.
+ * The advisory lock a node holds on the state database while it runs: (this key, the hash of
+ * the node's name), `classid` and `objid` in pg_locks, which is how its holder is found.
  */
 const NODE_LOCK_KEY = 0x646f726d; // "dorm"
 
@@ -934,16 +1054,17 @@ export interface NodeLock {
 }
 
 /**
- * Holds the state database for this node for as long as it runs: a session-level advisory
- * lock on a connection of its own, so the server drops it the moment the node's process or
- * connection dies (a crash leaves nothing to clean up). A second node on the same database is
- * refused with STATE_IN_USE naming the holder: until nodes share a database (the fleet), two
- * would each reconcile the other's sandboxes as their own. A lost connection (the server
- * restarted) is reported through `onLost` and the lock taken again, every `retryMs`, until
- * released; `onLost` hears again if another node got it meanwhile.
+ * Holds the node's name in the state database for as long as it runs: a session-level
+ * advisory lock on a connection of its own, so the server drops it the moment the node's
+ * process or connection dies (a crash leaves nothing to clean up). A second process started
+ * as the same node is refused with STATE_IN_USE naming the holder: the two would each take
+ * the other's sandboxes for their own. A lost connection (the server restarted) is reported
+ * through `onLost` and the lock taken again, every `retryMs`, until released; `onLost` hears
+ * again if another process got it meanwhile.
  */
 export async function lockStateForNode(
   url: string,
+  node: string,
   holder: string,
   opts: { connectTimeoutMs?: number; retryMs?: number; onLost?: (why: string) => void } = {},
 ): Promise<NodeLock> {
@@ -963,23 +1084,28 @@ export async function lockStateForNode(
     c.on('error', () => undefined); // the end that follows is what counts
     try {
       await c.connect();
-      const got = await c.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1) AS ok', [NODE_LOCK_KEY]);
+      const got = await c.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, hashtext($2)) AS ok', [
+        NODE_LOCK_KEY,
+        node,
+      ]);
       if (got.rows[0]?.ok !== true) {
+        // objid is the hash's bits read as unsigned (oid).
         const by = await c.query<{ who: string; addr: string | null }>(
           `SELECT a.application_name AS who, a.client_addr::text AS addr
              FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-            WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = $1
+            WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1
+              AND l.objid = (hashtext($2)::BIGINT & 4294967295)::TEXT::oid
               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-          [NODE_LOCK_KEY],
+          [NODE_LOCK_KEY, node],
         );
         const h = by.rows[0];
         throw new DormantError(
           ErrorCode.STATE_IN_USE,
-          `the state database ${where} is in use by another dormant node${
+          `node ${node} is already running on the state database ${where}${
             h ? ` (${h.who || 'unnamed'}${h.addr ? ` from ${h.addr}` : ''})` : ''
           }`,
           {
-            hint: 'give each node its own database (nodes that share one come with the fleet: docs/STATE.md)',
+            hint: 'give each node its own name (--node NAME): nodes share a database, each under its own name',
           },
         );
       }

@@ -23,6 +23,7 @@ export interface SandboxRow<J> {
   gpus: string | null;
   gpu_policy: string;
   lazy_restore_of: string | null;
+  node: string | null;
 }
 
 export interface CheckpointRow<J> {
@@ -54,6 +55,7 @@ export function sandboxFromRow<J>(r: SandboxRow<J>, json: (v: J) => unknown): Sa
   if (r.last_error !== null) s.lastError = r.last_error;
   if (r.address !== null) s.address = r.address;
   if (r.lazy_restore_of !== null) s.lazyRestoreOf = r.lazy_restore_of;
+  if (r.node !== null && r.node !== undefined) s.node = r.node;
   return s;
 }
 
@@ -85,6 +87,7 @@ const COLUMNS: Record<string, string> = {
   gpus: 'gpus',
   gpuPolicy: 'gpu_policy',
   lazyRestoreOf: 'lazy_restore_of',
+  node: 'node',
 };
 
 /**

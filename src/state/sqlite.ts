@@ -102,6 +102,8 @@ export const MIGRATIONS: string[] = [
   // Egress per sample: the running total and the raw counter it came from (NULL: no egress).
   `ALTER TABLE samples ADD COLUMN egress_bytes INTEGER;
    ALTER TABLE samples ADD COLUMN egress_counter INTEGER;`,
+  // The node a sandbox lives on: only a fleet (PostgreSQL) fills it in; kept in step here.
+  `ALTER TABLE sandboxes ADD COLUMN node TEXT;`,
 ];
 
 interface TransitionRow {
@@ -217,8 +219,8 @@ class SqliteRows {
     this.db.transaction(() => {
       this.db
         .prepare(
-          `INSERT INTO sandboxes (id, tenant, name, state, spec, created_at, state_since, last_active_at, checkpoint_id, last_error, memory_bytes, address, gpus, gpu_policy)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+          `INSERT INTO sandboxes (id, tenant, name, state, spec, created_at, state_since, last_active_at, checkpoint_id, last_error, memory_bytes, address, gpus, gpu_policy, node)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         )
         .run(
           s.id,
@@ -235,6 +237,7 @@ class SqliteRows {
           s.address ?? null,
           s.gpus ?? null,
           s.gpuPolicy ?? DEFAULT_GPU_POLICY,
+          s.node ?? null,
         );
       this.recordTransition(s.id, s.tenant, null, s.state, reason, s.stateSince);
     })();
@@ -269,6 +272,10 @@ class SqliteRows {
     if (q.name !== undefined) {
       where.push('name = ?');
       args.push(q.name);
+    }
+    if (q.node !== undefined) {
+      where.push('node = ?');
+      args.push(q.node);
     }
     // Labels live in the spec's JSON (spec.labels): matched there, so a filter never needs
     // the rows in memory and the page boundary is the database's.

@@ -6,6 +6,7 @@
 import type { MeterSample } from '../domain/cost.js';
 import type { Sandbox, SandboxState, Transition } from '../domain/sandbox.js';
 import type { TemplateStore } from './templates.js';
+import type { NodeCapacity, NodeInfo, NodeState } from '../domain/node.js';
 
 export interface CheckpointRecord {
   id: string;
@@ -34,6 +35,8 @@ export interface SandboxQuery {
   /** Any of these states. */
   states?: readonly SandboxState[];
   name?: string;
+  /** Only those living on this node (Sandbox.node). */
+  node?: string;
   /** Each must match: `[key, value]` the label has that value, `[key]` the key is present. */
   labels?: readonly (readonly [string, string?])[];
   /** Only sandboxes after this one in the listing order (createdAt, then id). */
@@ -57,6 +60,46 @@ export interface RegistryCredentialRow {
   username: string;
   sealed: string;
   createdAt: number;
+}
+
+/** What a node says of itself as it registers (FleetStore.registerNode). */
+export interface NodeRegistration {
+  name: string;
+  url: string;
+  proxyUrl?: string;
+  capacity: NodeCapacity;
+  startedAt: number;
+}
+
+/**
+ * The nodes of a fleet, in the database they share (PostgreSQL only). Lease times are the
+ * database's clock, so the nodes' own clocks never decide who is alive.
+ */
+export interface FleetStore {
+  /**
+   * Registers the node (or comes back as it) with a lease of `leaseMs`; a node that was
+   * draining stays draining, a lost one is active again. Answers its state.
+   */
+  registerNode(n: NodeRegistration, leaseMs: number): Promise<NodeState>;
+  /**
+   * Extends the node's lease by `leaseMs` from now and answers its state; undefined when the
+   * node was marked lost meanwhile (its sandboxes are no longer its own) or is unknown.
+   */
+  renewNode(name: string, leaseMs: number): Promise<NodeState | undefined>;
+  listNodes(): Promise<NodeInfo[]>;
+  getNode(name: string): Promise<NodeInfo | undefined>;
+  /** Drain or undrain: false when there is no such node or it is lost. */
+  setNodeState(name: string, state: 'active' | 'draining'): Promise<boolean>;
+  /** Nodes not lost whose lease ran out. */
+  expiredNodes(): Promise<string[]>;
+  /**
+   * Marks the node lost if its lease has still run out (compare-and-set: of several nodes
+   * finding it, one gets true), and gives its sleeping sandboxes (hibernated, archived,
+   * failed) to node `by`. Meant inside `atomically`, with taking back its awake ones.
+   */
+  markNodeLost(name: string, by: string, at: number): Promise<boolean>;
+  /** Rows from before the fleet (no node) still awake: this node's, which ran them. */
+  adoptUnplaced(name: string): Promise<number>;
 }
 
 /**
@@ -126,6 +169,8 @@ export interface StateStore {
   listRegistryCredentials(tenant?: string): Promise<RegistryCredentialRow[]>;
   /** False when it was not there. */
   deleteRegistryCredential(tenant: string, host: string): Promise<boolean>;
+  /** The fleet's nodes, where the database is shared by nodes (PostgreSQL); bound to the transaction on a `tx`. */
+  readonly fleet?: FleetStore;
   /** The templates, in the same database (state/templates.ts); bound to the transaction on a `tx`. */
   templates(): TemplateStore;
   /**

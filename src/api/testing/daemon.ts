@@ -96,7 +96,11 @@ export async function startTestDaemon(opts: DaemonOptions): Promise<TestDaemon> 
 /** Removes every sandbox `daemon` still has (as cleanup: errors are ignored), then closes it. */
 export async function stopTestDaemon(daemon: Daemon | undefined): Promise<void> {
   if (daemon === undefined) return;
-  for (const s of await daemon.controller.list()) await daemon.controller.remove(s.id).catch(() => undefined);
+  // Its own: in a fleet, the other nodes' sandboxes are theirs to remove (and what it still
+  // held of those is released).
+  for (const s of await daemon.controller.listOwn())
+    await daemon.controller.remove(s.id).catch(() => undefined);
+  await daemon.controller.releaseForeign().catch(() => undefined);
   await daemon.close();
 }
 

@@ -206,6 +206,7 @@ async function recordSandbox(
   const now = ctx.clock.now();
   const sandbox: Sandbox = {
     id,
+    ...ctx.placed(),
     tenant: input.tenant,
     name,
     state: 'creating',

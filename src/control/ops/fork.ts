@@ -31,6 +31,8 @@ export async function forkSandbox(
   const now = ctx.clock.now();
   const sandbox: Sandbox = {
     ...src,
+    // On this node, wherever the source lives.
+    node: ctx.node,
     // Sealed again: a sealed value names the sandbox it belongs to.
     spec: {
       ...src.spec,

@@ -239,6 +239,7 @@ async function importFrom(
     const cwd = facts.cwd ?? base.image.workingDir;
     const sandbox: Sandbox = {
       id,
+      ...ctx.placed(),
       tenant: input.tenant,
       name,
       state: 'creating',

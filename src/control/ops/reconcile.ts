@@ -14,7 +14,8 @@ export async function reconcileAll(
   ctx: LifecycleContext,
 ): Promise<{ id: string; from: SandboxState; to: SandboxState }[]> {
   const changes: { id: string; from: SandboxState; to: SandboxState }[] = [];
-  for (const s of await ctx.store.listSandboxes()) {
+  // In a fleet, the sandboxes placed on this node: the others' runtimes are not this one.
+  for (const s of await ctx.own()) {
     await ctx.locks.run(s.id, async () => {
       if (s.lazyRestoreOf !== undefined && s.state !== 'deleting') {
         const to = await reconcileLazy(ctx, s);

@@ -47,6 +47,16 @@ async function resumeLocked(
 ): Promise<{ sandbox: Sandbox; pagesLoaded?: Promise<void> }> {
   {
     const s = await ctx.get(id, tenant);
+    if (
+      (s.state === 'resuming' || s.state === 'hibernating') &&
+      s.node !== undefined &&
+      s.node !== ctx.node
+    ) {
+      // Another node's operation in flight (two nodes woke it at once; this one lost).
+      throw new DormantError('SANDBOX_BUSY', `sandbox ${id} is ${s.state} on node ${s.node}`, {
+        hint: 'another node got to it first; retry once it has settled (dormant get ID)',
+      });
+    }
     assertLegal('resume', s.state, id);
     if (opts.from !== undefined) {
       const ck = await ctx.store.getCheckpoint(opts.from);
@@ -74,12 +84,24 @@ async function resumeLocked(
       return { sandbox: await ctx.get(id) };
     }
     const from = s.state;
-    await ctx.store.transition(id, from, 'resuming', reason, ctx.clock.now());
+    // A compare-and-set, and in a fleet the claim: the sandbox becomes this node's. Of two
+    // nodes waking it at once, one gets it; the other changes nothing.
+    if (!(await ctx.store.transition(id, from, 'resuming', reason, ctx.clock.now(), ctx.placed()))) {
+      const now = await ctx.store.getSandbox(id);
+      throw new DormantError(
+        'SANDBOX_BUSY',
+        `sandbox ${id} is no longer ${from}: it is ${now?.state ?? 'gone'}${now?.node !== undefined && now.node !== ctx.node ? ` on node ${now.node}` : ''}`,
+        { hint: 'another request (or node) got to it first; dormant ls shows where it is now' },
+      );
+    }
     let pagesLoaded: Promise<void> | undefined;
+    // Its address as this node's runtime made it: another one than before when it woke on
+    // another node (each node has its own addresses).
+    let address: string;
     try {
       if (from === 'hibernated')
-        ({ pagesLoaded } = await restoreFromVault(ctx, s, opts.from ?? s.checkpointId, t));
-      else await freshStart(ctx, s);
+        ({ pagesLoaded, address } = await restoreFromVault(ctx, s, opts.from ?? s.checkpointId, t));
+      else address = await freshStart(ctx, s);
     } catch (e) {
       await ctx.store.transition(id, 'resuming', from, 'resume failed', ctx.clock.now(), {
         lastError: asError(e).message,
@@ -113,6 +135,7 @@ async function resumeLocked(
     await ctx.store.transition(id, 'resuming', 'running', why, now, {
       lastActiveAt: Math.max(s.lastActiveAt, now),
       lastError: undefined,
+      address,
     });
     // The marker (set by restoreFromVault) stays until afterLazyRestore has every page.
     return { sandbox: await ctx.get(id), ...(pagesLoaded ? { pagesLoaded } : {}) };
@@ -147,7 +170,8 @@ async function runResumeHook(ctx: LifecycleContext, s: Sandbox): Promise<string>
   return outcome;
 }
 
-async function freshStart(ctx: LifecycleContext, s: Sandbox): Promise<void> {
+/** Starts the sandbox afresh on its filesystem; its address. */
+async function freshStart(ctx: LifecycleContext, s: Sandbox): Promise<string> {
   // Ends anything left and unmounts the overlay, so the writable layer is at rest.
   await ctx.endProcesses(s.id);
   // An archive keeps the diff in the vault: back into the writable layer first.
@@ -163,6 +187,7 @@ async function freshStart(ctx: LifecycleContext, s: Sandbox): Promise<void> {
       await ctx.wipe(dir);
     }
   }
-  await ctx.runtime.create(await ctx.runtimeSpec(s));
+  const st = await ctx.runtime.create(await ctx.runtimeSpec(s));
   await ctx.runtime.start(s.id);
+  return st.network.address;
 }

@@ -75,6 +75,7 @@ async function startFrom(
   const env = ctx.opts.secrets ? await ctx.opts.secrets.open(tpl.tenant, tpl.id, tpl.spec.env) : tpl.spec.env;
   const sandbox: Sandbox = {
     id,
+    ...ctx.placed(),
     tenant: input.tenant,
     name,
     state: 'creating',

@@ -1,0 +1,196 @@
+/**
+ * A node's membership in a fleet: it registers in the shared database, renews its lease,
+ * hibernates its sandboxes while drained, and takes back the sandboxes of nodes whose lease ran
+ * out. Leases are timed by the database's clock (FleetStore), never by the nodes'.
+ */
+import { asError } from '../domain/errors.js';
+import type { NodeCapacity, NodeState } from '../domain/node.js';
+import type { FleetStore } from '../state/store.js';
+import type { Sandbox } from '../domain/sandbox.js';
+import type { Reclaimed } from './ops/nodes.js';
+
+/** What membership needs of the controller. */
+export interface FleetTarget {
+  listOwn(): Promise<Sandbox[]>;
+  hibernate(id: string, tenant: string | undefined, reason: string): Promise<unknown>;
+  reclaimLostNode(name: string): Promise<Reclaimed[]>;
+  releaseForeign(): Promise<string[]>;
+}
+
+export interface MembershipOptions {
+  fleet: FleetStore;
+  target: FleetTarget;
+  name: string;
+  url: string;
+  proxyUrl?: string;
+  capacity: NodeCapacity;
+  leaseMs: number;
+  warn: (m: string) => void;
+  info?: (m: string) => void;
+  /** Default: a third of the lease. */
+  renewEveryMs?: number;
+}
+
+export class NodeMembership {
+  private timer: NodeJS.Timeout | undefined;
+  private closed = false;
+  private ticking: Promise<void> | undefined;
+  private draining: Promise<void> | undefined;
+  /** Others are judged only after this: a node (re)joining, or back from an outage, gives the rest a lease to renew. */
+  private judgeAfter: number;
+  private lastState: NodeState;
+  /** Drain failures already reported, by sandbox. */
+  private readonly drainFailed = new Set<string>();
+
+  private constructor(
+    private readonly o: MembershipOptions,
+    state: NodeState,
+  ) {
+    this.lastState = state;
+    this.judgeAfter = Date.now() + o.leaseMs;
+  }
+
+  /** Registers the node (a draining one stays draining) and starts renewing its lease. */
+  static async join(o: MembershipOptions): Promise<NodeMembership> {
+    const state = await o.fleet.registerNode(
+      {
+        name: o.name,
+        url: o.url,
+        ...(o.proxyUrl !== undefined ? { proxyUrl: o.proxyUrl } : {}),
+        capacity: o.capacity,
+        startedAt: Date.now(),
+      },
+      o.leaseMs,
+    );
+    const m = new NodeMembership(o, state);
+    m.schedule();
+    return m;
+  }
+
+  /** What the database said of this node at the last renewal. */
+  get state(): NodeState {
+    return this.lastState;
+  }
+
+  private schedule(): void {
+    if (this.closed) return;
+    this.timer = setTimeout(
+      () => {
+        this.ticking = this.tick().finally(() => {
+          this.ticking = undefined;
+          this.schedule();
+        });
+      },
+      this.o.renewEveryMs ?? Math.max(200, Math.floor(this.o.leaseMs / 3)),
+    );
+    this.timer.unref();
+  }
+
+  /** One renewal, and what follows from it; exported for tests that cannot wait. */
+  async tick(): Promise<void> {
+    const { fleet, name, leaseMs } = this.o;
+    let state: NodeState | undefined;
+    try {
+      state = await fleet.renewNode(name, leaseMs);
+    } catch (e) {
+      // Out of reach: the others cannot mark anyone lost either. Once back, this node waits a
+      // lease before judging them, so nodes that were cut off as long have time to renew.
+      this.judgeAfter = Date.now() + leaseMs;
+      this.o.warn(`node ${name}: could not renew its lease: ${asError(e).message}`);
+      return;
+    }
+    if (state === undefined) {
+      // The others took this node's sandboxes back: what still runs here is a stale copy.
+      const ended = await this.release();
+      this.o.warn(
+        `node ${name} was marked lost by the fleet (its lease ran out); it ended ${ended.length} sandbox(es) taken back to their checkpoints, and joins again`,
+      );
+      try {
+        state = await fleet.registerNode(
+          {
+            name,
+            url: this.o.url,
+            ...(this.o.proxyUrl !== undefined ? { proxyUrl: this.o.proxyUrl } : {}),
+            capacity: this.o.capacity,
+            startedAt: Date.now(),
+          },
+          leaseMs,
+        );
+      } catch (e) {
+        this.o.warn(`node ${name}: could not join again: ${asError(e).message}`);
+        return;
+      }
+      this.judgeAfter = Date.now() + leaseMs;
+    }
+    this.lastState = state;
+    // Sandboxes that moved to another node (or were removed through one) leave their
+    // leftovers here: released on the way.
+    if (this.draining === undefined) await this.release();
+    if (state === 'draining') this.drain();
+    else this.drainFailed.clear();
+    if (Date.now() >= this.judgeAfter) await this.judgeOthers();
+  }
+
+  private async release(): Promise<string[]> {
+    return this.o.target.releaseForeign().catch((e: unknown) => {
+      this.o.warn(`node ${this.o.name}: releasing sandboxes no longer its own failed: ${asError(e).message}`);
+      return [];
+    });
+  }
+
+  /** Nodes whose lease ran out: their sandboxes taken back (one node does it; reclaimLostNode). */
+  private async judgeOthers(): Promise<void> {
+    let expired: string[];
+    try {
+      expired = (await this.o.fleet.expiredNodes()).filter((n) => n !== this.o.name);
+    } catch (e) {
+      this.o.warn(`node ${this.o.name}: could not look for lost nodes: ${asError(e).message}`);
+      return;
+    }
+    for (const lost of expired) {
+      try {
+        const back = await this.o.target.reclaimLostNode(lost);
+        if (back.length > 0)
+          this.o.warn(
+            `node ${lost} is lost (its lease ran out): ${back.length} sandbox(es) taken back to their checkpoints by ${this.o.name}`,
+          );
+      } catch (e) {
+        this.o.warn(
+          `node ${this.o.name}: taking back lost node ${lost}'s sandboxes failed: ${asError(e).message}`,
+        );
+      }
+    }
+  }
+
+  /** Hibernates this node's awake sandboxes, one at a time, while it is draining. */
+  private drain(): void {
+    if (this.draining) return;
+    this.draining = (async () => {
+      for (const s of await this.o.target.listOwn()) {
+        if (this.closed || this.lastState !== 'draining') return;
+        if (s.state !== 'running' && s.state !== 'paused') continue;
+        try {
+          await this.o.target.hibernate(s.id, undefined, `node ${this.o.name} drained`);
+        } catch (e) {
+          if (this.drainFailed.has(s.id)) continue;
+          this.drainFailed.add(s.id);
+          this.o.warn(
+            `node ${this.o.name} is draining but sandbox ${s.id} did not hibernate: ${asError(e).message}`,
+          );
+        }
+      }
+    })()
+      .catch((e: unknown) => this.o.warn(`node ${this.o.name}: drain pass failed: ${asError(e).message}`))
+      .finally(() => {
+        this.draining = undefined;
+      });
+  }
+
+  /** Stops renewing (the lease runs out by itself unless the node starts again within it). */
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.timer) clearTimeout(this.timer);
+    await this.ticking;
+    await this.draining;
+  }
+}

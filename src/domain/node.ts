@@ -1,0 +1,79 @@
+/**
+ * Nodes of a fleet: machines that share one database of record (PostgreSQL) and one vault
+ * (S3), each running the sandboxes placed on it. No I/O here.
+ */
+import type { SandboxState } from './sandbox.js';
+
+/**
+ * `active`: takes placements. `draining`: hibernates what runs there and takes none (until
+ * undrained). `lost`: its lease ran out; its sandboxes were taken back to their checkpoints.
+ */
+export const NODE_STATES = ['active', 'draining', 'lost'] as const;
+export type NodeState = (typeof NODE_STATES)[number];
+
+/** What a node has, as it registers: what placement and compatibility look at. */
+export interface NodeCapacity {
+  memoryBytes: number;
+  cpus: number;
+  arch: string;
+  criuVersion?: string;
+  /** The CPU flags a checkpoint may depend on (domain/compat.ts). */
+  cpuFlags?: string[];
+  /** The container runtimes it has: runc, runsc. */
+  runtimes: string[];
+}
+
+export interface NodeInfo {
+  name: string;
+  /** Where the other nodes reach its API. */
+  url: string;
+  /** Where the other nodes reach its wake proxy, if it runs one. */
+  proxyUrl?: string;
+  state: NodeState;
+  capacity: NodeCapacity;
+  startedAt: number;
+  /** When its lease runs out (the database's clock), unless renewed. */
+  leaseUntil: number;
+  /** Whether the lease ran out (by the database's clock, when this was read). */
+  expired: boolean;
+  lostAt?: number;
+  /** Its sandboxes by state, and the memory its awake ones use. */
+  sandboxes: Partial<Record<SandboxState, number>>;
+  memoryUsedBytes: number;
+}
+
+/** States in which a sandbox's processes (or what is left of them) are on its node. */
+export const AWAKE_STATES: readonly SandboxState[] = [
+  'creating',
+  'running',
+  'paused',
+  'hibernating',
+  'resuming',
+  'deleting',
+];
+
+/** A node name: what `--node` accepts (it appears in URLs, logs and cgroup-free names). */
+export const NODE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+
+/**
+ * Where a sleeping sandbox wakes: its own node while that one takes placements (its packs are
+ * in that node's cache), else `here` if it takes them, else the active node with the most
+ * memory free. Undefined: no node takes placements.
+ */
+export function placeWake(
+  nodes: readonly NodeInfo[],
+  last: string | undefined,
+  here: string,
+): NodeInfo | undefined {
+  const open = nodes.filter((n) => n.state === 'active' && !n.expired);
+  return open.find((n) => n.name === last) ?? open.find((n) => n.name === here) ?? mostRoom(open);
+}
+
+/** The open node with the most memory free (ties: the fewest awake sandboxes, then by name). */
+export function mostRoom(open: readonly NodeInfo[]): NodeInfo | undefined {
+  const free = (n: NodeInfo): number => n.capacity.memoryBytes - n.memoryUsedBytes;
+  const awake = (n: NodeInfo): number => AWAKE_STATES.reduce((a, s) => a + (n.sandboxes[s] ?? 0), 0);
+  return [...open].sort(
+    (a, b) => free(b) - free(a) || awake(a) - awake(b) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
+  )[0];
+}
