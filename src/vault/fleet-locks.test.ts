@@ -86,8 +86,8 @@ async function twoNodes(lockTimeoutMs?: number): Promise<{
   locksA: VaultLocks;
   locksB: VaultLocks;
   /** One more node on the prefix, with locks of its own (closed with the others; close the node first). */
-  third(lockTimeoutMs?: number): Promise<Node>;
-  close(): Promise<void>;
+  third: (lockTimeoutMs?: number) => Promise<Node>;
+  close: () => Promise<void>;
 }> {
   const prefix = `fleet${++n}/vault`;
   const key = randomBytes(32);
