@@ -11,6 +11,8 @@ import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { S3VaultConfig } from '../daemon/config.js';
+import { s3VaultStore, vaultLocksFor } from '../daemon/vault-store.js';
 import { DormantError } from '../domain/errors.js';
 import { openVaultLocks } from '../state/pg-locks.js';
 import { pgMissing, startPostgres, type TestPostgres } from '../state/testing/postgres.js';
@@ -395,6 +397,46 @@ describe(
         await releaseGc();
       } finally {
         await locks.close();
+      }
+    });
+
+    test("the daemon's and the vault commands' locks (vaultLocksFor): PostgreSQL's for an S3 vault with PostgreSQL state, else the lock files", async () => {
+      const warn = (m: string): void => assert.fail(`unexpected warning: ${m}`);
+      const cfg: S3VaultConfig = {
+        url: `s3://${rgw.bucket}/fleet${++n}/vault`,
+        endpoint: rgw.endpoint,
+        accessKeyId: rgw.accessKeyId,
+        secretAccessKey: { value: rgw.secretAccessKey },
+        cacheBytes: 0,
+        partSizeBytes: 8 * 1024 * 1024,
+      };
+      assert.equal(await vaultLocksFor(undefined, cfg, warn), undefined);
+      assert.equal(await vaultLocksFor({ url }, undefined, warn), undefined);
+      const locks = await vaultLocksFor({ url }, cfg, warn);
+      assert.ok(locks);
+      const other = await openVaultLocks(url);
+      const store = await s3VaultStore(cfg, join(root, `d${n}`, 'vault'), () => undefined, locks);
+      const held = gate();
+      try {
+        // Another node is creating FORMAT: this node's create of it waits, then finds it there.
+        const hold = other.whileCreating(store.location, 'FORMAT', async () => {
+          await held.wait;
+          await store.write('FORMAT', Buffer.from('theirs'));
+        });
+        await sleep(100);
+        const mine = store.writeNew('FORMAT', Buffer.from('mine'));
+        const mineDone = watch(mine);
+        await sleep(300);
+        assert.equal(mineDone.settled, false, "the store's writeNew waits for the other node's create");
+        held.open();
+        await hold;
+        assert.equal(await mine, false);
+        assert.equal((await store.read('FORMAT')).toString(), 'theirs');
+      } finally {
+        held.open();
+        store.destroy();
+        await locks.close();
+        await other.close();
       }
     });
 
