@@ -234,7 +234,10 @@ export class PgVaultLocks {
  */
 class WritersHolder {
   private client: pg.Client | undefined;
+  /** Writers of this process running now. */
   private count = 0;
+  /** Whether `client`'s session holds WRITERS_CLASS shared (false after it was lost). */
+  private held = false;
   private tail: Promise<unknown> = Promise.resolve();
   private closed = false;
 
@@ -257,12 +260,28 @@ class WritersHolder {
     return r.rows[0]?.ok === true;
   }
 
+  private takeShared(c: pg.Client): Promise<boolean> {
+    return this.ok(c, 'SELECT pg_try_advisory_lock_shared($1, hashtext($2)) AS ok', WRITERS_CLASS);
+  }
+
+  private async dropShared(c: pg.Client): Promise<void> {
+    this.held = false;
+    await c.query('SELECT pg_advisory_unlock_shared($1, hashtext($2))', [WRITERS_CLASS, this.location]);
+  }
+
   /** The holder's connection, made (and the shared lock taken back, if writers run) when gone. */
   private async connection(): Promise<pg.Client> {
     if (this.client !== undefined) return this.client;
     const c = this.locks.client('writers');
     try {
       await c.connect();
+      if (this.count > 0) {
+        this.held = await this.takeShared(c);
+        if (!this.held)
+          this.onLost?.(
+            `a garbage collection took the vault ${this.location} while the connection holding its writer lock was down`,
+          );
+      }
     } catch (e) {
       await c.end().catch(() => undefined);
       throw e;
@@ -270,6 +289,7 @@ class WritersHolder {
     c.once('end', () => {
       if (this.client !== c) return;
       this.client = undefined;
+      this.held = false;
       if (this.closed || this.count === 0) return;
       this.onLost?.(
         `the connection holding the writer lock of the vault ${this.location} on ${this.where} ended while ${this.count} write(s) ran; taking it again`,
@@ -281,13 +301,6 @@ class WritersHolder {
         ),
       );
     });
-    if (
-      this.count > 0 &&
-      !(await this.ok(c, 'SELECT pg_try_advisory_lock_shared($1, hashtext($2)) AS ok', WRITERS_CLASS))
-    )
-      this.onLost?.(
-        `the writer lock of the vault ${this.location} went to a garbage collection while the connection holding it was down`,
-      );
     this.client = c;
     return c;
   }
@@ -310,21 +323,15 @@ class WritersHolder {
         got = await this.serial(async () => {
           if (this.closed) throw new DormantError(ErrorCode.INTERNAL, 'the vault locks are closed');
           const c = await this.connection();
-          if (this.count > 0) {
-            if (!(await this.gcFree(c))) return false;
-          } else {
-            // Writers' key first, then the look at gc's: see the file's comment for why.
-            if (
-              !(await this.ok(c, 'SELECT pg_try_advisory_lock_shared($1, hashtext($2)) AS ok', WRITERS_CLASS))
-            )
-              return false;
-            if (!(await this.gcFree(c))) {
-              await c.query('SELECT pg_advisory_unlock_shared($1, hashtext($2))', [
-                WRITERS_CLASS,
-                this.location,
-              ]);
-              return false;
-            }
+          // Writers' key first, then the look at gc's: see the file's comment for why.
+          if (!this.held) {
+            if (!(await this.takeShared(c))) return false;
+            this.held = true;
+          }
+          if (!(await this.gcFree(c))) {
+            // Kept while writers of this process run: the gc waits for them.
+            if (this.count === 0) await this.dropShared(c);
+            return false;
           }
           this.count++;
           return true;
@@ -346,15 +353,13 @@ class WritersHolder {
       released = true;
       return this.serial(async () => {
         this.count--;
-        if (this.count > 0 || this.client === undefined) return;
+        const c = this.client;
+        if (this.count > 0 || !this.held || c === undefined) return;
         try {
-          await this.client.query('SELECT pg_advisory_unlock_shared($1, hashtext($2))', [
-            WRITERS_CLASS,
-            this.location,
-          ]);
+          await this.dropShared(c);
         } catch {
           // The connection is going: ending it drops the lock all the same.
-          await this.client?.end().catch(() => undefined);
+          await c.end().catch(() => undefined);
         }
       });
     };
@@ -365,6 +370,7 @@ class WritersHolder {
     await this.serial(async () => {
       const c = this.client;
       this.client = undefined;
+      this.held = false;
       await c?.end().catch(() => undefined);
     }).catch(() => undefined);
   }
