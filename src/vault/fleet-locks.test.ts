@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
+import pg from 'pg';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { S3VaultConfig } from '../daemon/config.js';
@@ -397,6 +398,47 @@ describe(
         await releaseGc();
       } finally {
         await locks.close();
+      }
+    });
+
+    test("a writers' connection the server ends is reported and its lock taken again: gc elsewhere still waits", async () => {
+      const location = `s3://${rgw.bucket}/fleet${++n}/vault`;
+      const lost: string[] = [];
+      const locks = await openVaultLocks(url, { onLost: (m) => lost.push(m) });
+      const other = await openVaultLocks(url);
+      const admin = new pg.Client({ connectionString: url });
+      await admin.connect();
+      try {
+        const release = await locks.writersAndGc(location).shared({ timeoutMs: 1_000 });
+        const ended = await admin.query<{ n: number }>(
+          `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+            WHERE application_name = 'dormant vault writers' AND pid <> pg_backend_pid()`,
+        );
+        assert.equal(ended.rows[0]?.n, 1);
+        for (let i = 0; i < 100 && lost.length === 0; i++) await sleep(20);
+        assert.match(lost[0] ?? '', /ended while 1 write\(s\) ran; taking it again/);
+        // Taken again on a new connection: another node's gc waits for the write as before.
+        for (let i = 0; i < 100; i++) {
+          const r = await admin.query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM pg_locks
+              WHERE locktype = 'advisory' AND classid = $1 AND objsubid = 2 AND mode = 'ShareLock' AND granted`,
+            [0x76617577], // the writers' key class in state/pg-locks.ts
+          );
+          if (r.rows[0]?.n === 1) break;
+          await sleep(20);
+        }
+        await assert.rejects(
+          other.writersAndGc(location).exclusive({ timeoutMs: 300 }),
+          (e: unknown) => code('VAULT_BUSY')(e) && /checkpoints are being written/.test((e as Error).message),
+        );
+        await release();
+        const gc = await other.writersAndGc(location).exclusive({ timeoutMs: 1_000 });
+        await gc();
+        assert.equal(lost.length, 1, lost.join('; '));
+      } finally {
+        await admin.end();
+        await locks.close();
+        await other.close();
       }
     });
 
