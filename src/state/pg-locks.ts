@@ -4,13 +4,13 @@
  * machine, across machines. Every lock is a session lock, so a process that dies (or whose
  * connection dies) drops its locks with its session: nothing to clear after a crash.
  *
- * Keys are the two-int4 form `(class, hashtext(text))`. That form is a key space of its own
- * (pg_locks.objsubid 2), apart from the one-bigint form the state layer's locks use (the node
- * lock `0x646f726d`, the schema and transitions locks), so none can meet them; the classes
- * below differ from each other and from the node lock's value besides. The text hashed is the
- * vault's location (`s3://bucket/prefix`), with the object's name for creates: two vaults in
- * one database do not wait for each other, and a hash collision only makes two unrelated
- * callers take turns.
+ * Keys are the two-int4 form `(class, hashtext(text))`. The classes ("vaun", "vauw", "vagc")
+ * differ from each other and from the state layer's node lock class `0x646f726d` ("dorm",
+ * `lockStateForNode`: also a (class, hash) pair there, or the same number as one bigint, which
+ * is another key space: pg_locks.objsubid 1, not 2); its schema and transitions locks are
+ * one-bigint keys. So none can meet them. The text hashed is the vault's location
+ * (`s3://bucket/prefix`), with the object's name for creates: two vaults in one database do
+ * not wait for each other, and a hash collision only makes two unrelated callers take turns.
  *
  * - Creates (`whileCreating`, the S3 store's writeNew): an exclusive lock on
  *   `(CREATE_CLASS, hashtext(location + '\n' + name))`, taken on a pooled connection with the
