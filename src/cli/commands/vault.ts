@@ -57,10 +57,10 @@ async function withVault<T>(opts: CommonOpts, create: boolean, fn: (v: Vault) =>
   const warn = (m: string): void => void process.stderr.write(`warning: ${m}\n`);
   // An S3 vault (the daemon's vault.url) is opened the way the daemon opens it, with the same
   // locks: a gc here must wait for the daemon's writers, and theirs for it.
-  const s3Store = s3 ? await import('../../daemon/vault-store.js') : undefined;
-  const locks = await s3Store?.vaultLocksFor(state, s3, warn);
+  const s3Module = s3 ? await import('../../daemon/vault-store.js') : undefined;
+  const locks = await s3Module?.vaultLocksFor(state, s3, warn);
   try {
-    const store = s3 ? await s3Store?.s3VaultStore(s3, dir, warn, locks) : undefined;
+    const store = s3 ? await s3Module?.s3VaultStore(s3, dir, warn, locks) : undefined;
     try {
       const vault = await openVault({
         dir,
