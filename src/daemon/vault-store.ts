@@ -1,13 +1,30 @@
 /**
- * The vault's store as the configuration names it: an S3-compatible bucket (docs/VAULT.md).
- * What stays local in `<data-dir>/vault`: the writer/gc locks, writeNew's lock, and the
- * bounded cache of packs.
+ * The vault's store as the configuration names it: an S3-compatible bucket (docs/VAULT.md),
+ * and its locks. What stays local in `<data-dir>/vault`: the bounded cache of packs, and the
+ * writer/gc and writeNew lock files unless the locks are PostgreSQL's (vaultLocksFor).
  */
 import { join } from 'node:path';
 import { DormantError, ErrorCode } from '../domain/errors.js';
+import { openVaultLocks } from '../state/pg-locks.js';
 import { run } from '../sys/exec.js';
-import { S3Store, parseS3Url } from '../vault/index.js';
+import { S3Store, parseS3Url, type VaultLocks } from '../vault/index.js';
 import type { S3VaultConfig } from './config.js';
+
+/**
+ * Where the vault's writers, gc and key creation take turns. A vault in a bucket with the
+ * state in PostgreSQL: advisory locks in that database, since the nodes that share the bucket
+ * prefix share the database (and the daemon and the `dormant vault` commands of one node must
+ * use the same ones). Otherwise undefined: the lock files in `<data-dir>/vault/locks`.
+ * The caller closes what it gets, after the vault.
+ */
+export async function vaultLocksFor(
+  state: { url: string } | undefined,
+  vault: S3VaultConfig | undefined,
+  warn: (m: string) => void,
+): Promise<VaultLocks | undefined> {
+  if (state === undefined || vault === undefined) return undefined;
+  return openVaultLocks(state.url, { onLost: warn });
+}
 
 async function secretOf(v: S3VaultConfig): Promise<string | undefined> {
   const s = v.secretAccessKey;
@@ -41,6 +58,7 @@ export async function s3VaultStore(
   v: S3VaultConfig,
   vaultDir: string,
   warn: (m: string) => void,
+  locks?: VaultLocks,
 ): Promise<S3Store> {
   const loc = parseS3Url(v.url);
   const secret = await secretOf(v);
@@ -52,6 +70,7 @@ export async function s3VaultStore(
       ? { credentials: { accessKeyId: v.accessKeyId, secretAccessKey: secret } }
       : {}),
     lockDir: join(vaultDir, 'locks'),
+    ...(locks ? { locks } : {}),
     ...(v.cacheBytes > 0 ? { cache: { dir: join(vaultDir, 'cache'), maxBytes: v.cacheBytes } } : {}),
     partSizeBytes: v.partSizeBytes,
   });

@@ -211,7 +211,7 @@ const UNREACHABLE = new Set([
  * refused connection; 57P01-57P03 a server shutting down or starting; 57014 a statement
  * cancelled by statement_timeout; pg's own errors carry no code, only their message.
  */
-function translate(e: unknown, where: string): unknown {
+export function translate(e: unknown, where: string): unknown {
   if (e instanceof DormantError || !(e instanceof Error)) return e;
   const code = (e as { code?: string }).code ?? '';
   // Node's connect errors for a name with several addresses are an AggregateError with no

@@ -30,6 +30,8 @@ export type { CheckpointReader, CheckpointFile } from './reader.js';
 export type { MasterKeySource } from './keys.js';
 export { TenantSecrets, SEALED_VALUE_PREFIX } from './keys.js';
 export type { VaultStore, StoreEntry, StoreReader, StoreWriter } from './store.js';
+export { LocalVaultLocks } from './locks.js';
+export type { LockWait, Release, VaultLocks, WriterGcLock } from './locks.js';
 export { LocalDirStore } from './store.js';
 export { S3Store, parseS3Url } from './s3-store.js';
 export type { S3StoreOptions, S3Location, S3ServerProblems } from './s3-store.js';

@@ -8,7 +8,7 @@ import type { TenantKeys } from './crypto.js';
 import type { ManifestBody, ManifestHeader } from './format.js';
 import type { ChunkLocation } from './ingest.js';
 import { TMP_MARK, type VaultStore } from './store.js';
-import type { LocalLock } from './lock.js';
+import type { WriterGcLock } from './locks.js';
 
 export const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
@@ -66,7 +66,7 @@ export async function tenantNames(store: VaultStore): Promise<string[]> {
 /** The vault as its parts (verify.ts, gc.ts, stats.ts) see it. */
 export interface VaultInternals {
   readonly store: VaultStore;
-  readonly lock: LocalLock;
+  readonly lock: WriterGcLock;
   lockOpts(signal?: AbortSignal): { timeoutMs: number; signal?: AbortSignal };
   /** Pack size before rolling to a new pack (VaultOptions.packTargetBytes). */
   readonly packTargetBytes: number | undefined;

@@ -6,8 +6,8 @@
  * Files under `<vault>/locks`: each writer holds `w-<pid>-<rand>`, gc holds `gc` (O_EXCL).
  * Both create their own file first and then look for the other kind, so at least one of two
  * racing parties sees the other and backs off. A lock whose process is gone (kill -9) is
- * stale and is removed by whoever finds it. An S3 deployment needs a lease in the database
- * of record instead; that is why this is not part of the storage port.
+ * stale and is removed by whoever finds it. Exact on one machine only: nodes that share a
+ * bucket prefix use PostgreSQL's advisory locks instead (locks.ts, state/pg-locks.ts).
  */
 import { mkdir, open, readdir, readFile, rm } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';

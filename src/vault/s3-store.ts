@@ -10,10 +10,9 @@
  * - Every request goes through the SDK's standard retry strategy (exponential backoff with
  *   jitter on 5xx, throttling and connection errors).
  * - `writeNew` (create-if-absent, for keys and tombstones) does NOT use conditional writes
- *   (`If-None-Match: *` is not on every S3 server, and a fleet's leases are to live in the
- *   database of record): it is serialized on this node by a local lock file held across a
- *   HEAD and the PUT. That is exact for one node; several nodes writing the same new key at
- *   the same moment need the database's lease (docs/VAULT.md).
+ *   (`If-None-Match: *` is not on every S3 server): it is a HEAD and then the PUT, under the
+ *   vault's create lock (locks.ts): a local lock file by default, exact for one node; for
+ *   nodes sharing the bucket prefix, a PostgreSQL advisory lock keyed by the object's name.
  * - `shred` is a DELETE: what S3 does with the bytes after that (versioned buckets keep them)
  *   is the provider's; the crypto-shred guarantee comes from the keys (docs/VAULT.md).
  * - Optionally, a local cache of packs (`cache`): a node keeps the packs it wrote or read,
@@ -42,7 +41,7 @@ import { Agent as HttpAgent } from 'node:http';
 import { Agent as HttpsAgent } from 'node:https';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { checkName, type StoreEntry, type StoreReader, type StoreWriter, type VaultStore } from './store.js';
-import { LocalMutex } from './local-mutex.js';
+import { LocalVaultLocks, type VaultLocks } from './locks.js';
 import { PackCache, type CacheWriter } from './pack-cache.js';
 
 export interface S3Location {
@@ -81,8 +80,14 @@ export interface S3StoreOptions extends S3Location {
   region?: string;
   /** Default: the SDK's credential chain (AWS_ACCESS_KEY_ID, profiles, instance roles). */
   credentials?: { accessKeyId: string; secretAccessKey: string };
-  /** A local folder for this node's lock files (writeNew). */
+  /** A local folder for this node's lock files (writeNew), used when `locks` is not given. */
   lockDir: string;
+  /**
+   * What `writeNew` takes its create lock from. Default: a lock file in `lockDir` (one node).
+   * Nodes sharing the bucket prefix pass the PostgreSQL locks (state/pg-locks.ts); the store
+   * does not close them.
+   */
+  locks?: VaultLocks;
   /** A local cache of packs: a folder and its bound in bytes. */
   cache?: { dir: string; maxBytes: number };
   /** Multipart part size; at least 5 MiB (S3's minimum for all parts but the last). Default 8 MiB. */
@@ -154,7 +159,7 @@ export class S3Store implements VaultStore {
   private readonly partsInFlight: number;
   private readonly attempts: number;
   private readonly pageSize: number;
-  private readonly mutex: LocalMutex;
+  private readonly locks: VaultLocks;
   private readonly cache: PackCache | undefined;
 
   constructor(o: S3StoreOptions) {
@@ -165,7 +170,7 @@ export class S3Store implements VaultStore {
     this.partsInFlight = Math.max(1, o.partsInFlight ?? 4);
     this.attempts = Math.max(1, o.maxAttempts ?? 5);
     this.pageSize = Math.min(1000, Math.max(1, o.listPageSize ?? 1000));
-    this.mutex = new LocalMutex(o.lockDir, 's3-write-new');
+    this.locks = o.locks ?? new LocalVaultLocks(o.lockDir);
     this.cache = o.cache ? new PackCache(o.cache.dir, o.cache.maxBytes) : undefined;
     this.clientOptions = {
       region: o.region ?? 'us-east-1',
@@ -366,8 +371,8 @@ export class S3Store implements VaultStore {
 
   async writeNew(name: string, data: Uint8Array): Promise<boolean> {
     this.key(name);
-    // No conditional PUT: HEAD then PUT, with every writer of this node queued on one lock.
-    return this.mutex.run(async () => {
+    // No conditional PUT: HEAD then PUT, with every other writer of this name kept out.
+    return this.locks.whileCreating(this.location, name, async () => {
       if (await this.exists(name)) return false;
       await this.put(name, Buffer.from(data.buffer, data.byteOffset, data.length));
       return true;

@@ -28,7 +28,8 @@ import {
   tenantTombstoneName,
   type MasterKeySource,
 } from './keys.js';
-import { LocalLock, type Release } from './lock.js';
+import type { Release } from './lock.js';
+import { LocalVaultLocks, type VaultLocks, type WriterGcLock } from './locks.js';
 import { SealPool } from './seal-pool.js';
 import { restoreInto, type RestoreContext } from './restore.js';
 import { CheckpointReader } from './reader.js';
@@ -66,6 +67,12 @@ export interface VaultOptions {
   create?: boolean;
   /** How long writers wait for a running gc (and gc for running writers). Default 10 min. */
   lockTimeoutMs?: number;
+  /**
+   * Where writers and gc exclude each other. Default: lock files in `dir/locks`, exact on one
+   * machine; nodes sharing a bucket prefix pass the PostgreSQL ones (state/pg-locks.ts), the
+   * same object their S3 store was given. The vault does not close them.
+   */
+  locks?: VaultLocks;
   /**
    * Worker threads that compress and seal chunks during ingest. Default: one per CPU but one,
    * at least 1 and at most 4; 0 runs everything on the calling thread.
@@ -194,7 +201,7 @@ export class Vault {
 
   private constructor(
     readonly store: VaultStore,
-    private readonly lock: LocalLock,
+    private readonly lock: WriterGcLock,
     private master: Buffer,
     private readonly opts: VaultOptions,
   ) {}
@@ -228,7 +235,8 @@ export class Vault {
     const wrap = deriveKey(master, 'tenant-key-wrap');
     master.fill(0);
     await checkMasterKey(store, wrap, vaultIsNew);
-    return new Vault(store, new LocalLock(join(opts.dir, 'locks')), wrap, opts);
+    const locks = opts.locks ?? new LocalVaultLocks(join(opts.dir, 'locks'));
+    return new Vault(store, locks.writersAndGc(store.location), wrap, opts);
   }
 
   private check(): void {

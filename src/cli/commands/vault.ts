@@ -51,24 +51,34 @@ function refuseWithPostgresState(state: { url: string } | undefined, what: strin
 }
 
 async function withVault<T>(opts: CommonOpts, create: boolean, fn: (v: Vault) => Promise<T>): Promise<T> {
-  const { dataDir, masterKey, s3 } = await vaultOf(opts);
+  const { dataDir, masterKey, s3, state } = await vaultOf(opts);
   const { openVault } = await import('../../vault/index.js');
   const dir = join(dataDir, 'vault');
-  // An S3 vault (the daemon's vault.url) is opened the way the daemon opens it.
-  const store = s3
-    ? await (
-        await import('../../daemon/vault-store.js')
-      ).s3VaultStore(s3, dir, (m) => process.stderr.write(`warning: ${m}\n`))
-    : undefined;
+  const warn = (m: string): void => void process.stderr.write(`warning: ${m}\n`);
+  // An S3 vault (the daemon's vault.url) is opened the way the daemon opens it, with the same
+  // locks: a gc here must wait for the daemon's writers, and theirs for it.
+  const s3Module = s3 ? await import('../../daemon/vault-store.js') : undefined;
+  const locks = await s3Module?.vaultLocksFor(state, s3, warn);
   try {
-    const vault = await openVault({ dir, masterKey, create, ...(store ? { store } : {}) });
+    const store = s3 ? await s3Module?.s3VaultStore(s3, dir, warn, locks) : undefined;
     try {
-      return await fn(vault);
+      const vault = await openVault({
+        dir,
+        masterKey,
+        create,
+        ...(store ? { store } : {}),
+        ...(locks ? { locks } : {}),
+      });
+      try {
+        return await fn(vault);
+      } finally {
+        await vault.close();
+      }
     } finally {
-      await vault.close();
+      store?.destroy();
     }
   } finally {
-    store?.destroy();
+    await locks?.close();
   }
 }
 
