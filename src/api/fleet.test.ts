@@ -11,6 +11,7 @@ import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
+import { rm } from 'node:fs/promises';
 import type { Daemon, DaemonOptions } from '../daemon/daemon.js';
 import { DEFAULTS } from '../daemon/defaults.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
@@ -21,7 +22,7 @@ import { eventually, httpGet } from './testing/host.js';
 import { apiError, startTestDaemon, stopTestDaemon, testFolder } from './testing/daemon.js';
 
 const missing = (await pgMissing()) ?? (await rgwMissing());
-const LEASE_MS = 2_000;
+const LEASE_MS = 3_000;
 
 describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, () => {
   let pgServer: TestPostgres;
@@ -49,6 +50,10 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
       },
       proxy: { domain: 'dormant.test', listen: '127.0.0.1:0' },
       policy: false,
+      // The fleet's own warnings (a node marked lost, a drain that failed) in the test's output.
+      warn: (m: string) => {
+        if (/lost|drain|releas|renew/.test(m)) process.stderr.write(`[${name}] ${m}\n`);
+      },
     };
     const { daemon } = await startTestDaemon(opts);
     nodes[name] = daemon;
@@ -94,11 +99,13 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
   });
 
   after(async () => {
-    for (const d of Object.values(nodes)) await stopTestDaemon(d).catch(() => undefined);
-    const { rm } = await import('node:fs/promises');
-    await rm(dir, { recursive: true, force: true });
-    await rgw.stop();
-    await pgServer.stop();
+    try {
+      for (const d of Object.values(nodes)) await stopTestDaemon(d).catch(() => undefined);
+      await rm(dir, { recursive: true, force: true });
+    } finally {
+      await rgw.stop();
+      await pgServer.stop();
+    }
   });
 
   let sb: SandboxInfo;

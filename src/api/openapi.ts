@@ -33,6 +33,8 @@ import {
   LogsQuery,
   MetricsQuery,
   ResumeBody,
+  ResumeQuery,
+  NodeSchema,
   SandboxListSchema,
   SandboxMetricsSchema,
   UpdateSandboxBody,
@@ -59,6 +61,7 @@ export interface Route {
 const idParam = { name: 'id', in: 'path', required: true, schema: { type: 'string' } } as const;
 const cidParam = { name: 'cid', in: 'path', required: true, schema: { type: 'string' } } as const;
 const hostParam = { name: 'host', in: 'path', required: true, schema: { type: 'string' } } as const;
+const nameParam = { name: 'name', in: 'path', required: true, schema: { type: 'string' } } as const;
 
 const RegistryLoginSchema = z.object({
   host: z.string(),
@@ -182,6 +185,7 @@ const ROUTES: Route[] = [
     method: 'post',
     path: '/v1/sandboxes/{id}/resume',
     summary: 'back to running from paused, hibernated or archived',
+    query: ResumeQuery,
     body: ResumeBody,
     ok: [200, SandboxSchema],
   },
@@ -284,6 +288,34 @@ const ROUTES: Route[] = [
     ok: [200, 'application/json'],
   },
   {
+    method: 'get',
+    path: '/v1/nodes',
+    summary: "a fleet's nodes, with their sandboxes by state (empty on a node alone)",
+    ok: [200, z.object({ node: z.string().nullable(), nodes: z.array(NodeSchema) })],
+    admin: true,
+  },
+  {
+    method: 'get',
+    path: '/v1/nodes/{name}',
+    summary: 'one node',
+    ok: [200, NodeSchema],
+    admin: true,
+  },
+  {
+    method: 'post',
+    path: '/v1/nodes/{name}/drain',
+    summary: 'hibernate the node’s sandboxes and keep it out of placement',
+    ok: [200, NodeSchema],
+    admin: true,
+  },
+  {
+    method: 'post',
+    path: '/v1/nodes/{name}/undrain',
+    summary: 'let the node take sandboxes again',
+    ok: [200, NodeSchema],
+    admin: true,
+  },
+  {
     method: 'post',
     path: '/v1/tokens',
     summary: 'mint a token for a tenant (answered once)',
@@ -323,6 +355,7 @@ export function openApiDocument(version: string): Record<string, unknown> {
     if (r.path.includes('{id}')) parameters.push(idParam);
     if (r.path.includes('{cid}')) parameters.push(cidParam);
     if (r.path.includes('{host}')) parameters.push(hostParam);
+    if (r.path.includes('{name}')) parameters.push(nameParam);
     if (r.query) {
       const q = json(r.query, 'input') as { properties?: Record<string, unknown>; required?: string[] };
       for (const [name, schema] of Object.entries(q.properties ?? {}))

@@ -590,3 +590,32 @@ export const TemplateListSchema = z.object({ templates: z.array(TemplateSchema) 
 export const PublishTemplateBody = z.strictObject({
   public: z.boolean().describe('true: every tenant sees it; false: only its own tenant again'),
 });
+
+/** A node of a fleet (GET /v1/nodes; api/fleet.ts nodeView). */
+export const NodeSchema = z.object({
+  name: z.string(),
+  url: z.string().describe('where the other nodes reach its API'),
+  proxyUrl: z.string().nullable().describe('its wake proxy, if it runs one'),
+  state: z
+    .enum(['active', 'draining', 'unreachable', 'lost'])
+    .describe(
+      'active: takes sandboxes; draining: hibernates its own, takes none; unreachable: its lease ran out, not yet marked; lost: its sandboxes were taken back',
+    ),
+  leaseUntil: z.string().describe('when its lease runs out unless renewed (ISO 8601, the database’s clock)'),
+  startedAt: z.string(),
+  lostAt: z.string().nullable(),
+  capacity: z.object({
+    memoryBytes: z.number().int(),
+    cpus: z.number().int(),
+    arch: z.string(),
+    criuVersion: z.string().optional(),
+    cpuFlags: z.array(z.string()).optional(),
+    runtimes: z.array(z.string()),
+  }),
+  sandboxes: z.record(z.string(), z.number().int()).describe('its sandboxes by state'),
+  memoryUsedBytes: z.number().int(),
+});
+
+export const ResumeQuery = z.strictObject({
+  node: z.string().min(1).max(63).optional().describe('in a fleet, wake a sleeping sandbox on this node'),
+});

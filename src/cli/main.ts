@@ -21,6 +21,7 @@ import { registerDashboard } from './commands/dashboard.js';
 import { registerService } from './commands/service.js';
 import { registerVersion } from './commands/version.js';
 import { registerE2b } from './commands/e2b.js';
+import { registerNodes } from './commands/nodes.js';
 import { DORMANT_VERSION } from '../domain/version.js';
 import { EXIT_USAGE, reportError } from './output.js';
 import { DEFAULT_URL } from '../sdk/client.js';
@@ -58,6 +59,7 @@ The daemon's configuration (file, DORMANT_* variables, flags): docs/CONFIG.md.`,
   registerUrl(program);
   registerE2b(program);
   registerTokens(program);
+  registerNodes(program);
   registerImages(program);
   registerDashboard(program);
   registerDoctor(program);

@@ -36,6 +36,8 @@ export class NodeMembership {
   private closed = false;
   private ticking: Promise<void> | undefined;
   private draining: Promise<void> | undefined;
+  /** Releasing leftovers and judging other nodes: beside the renewals, never in their way. */
+  private chores: Promise<void> | undefined;
   /** Others are judged only after this: a node (re)joining, or back from an outage, gives the rest a lease to renew. */
   private judgeAfter: number;
   private lastState: NodeState;
@@ -123,12 +125,18 @@ export class NodeMembership {
       this.judgeAfter = Date.now() + leaseMs;
     }
     this.lastState = state;
-    // Sandboxes that moved to another node (or were removed through one) leave their
-    // leftovers here: released on the way.
-    if (this.draining === undefined) await this.release();
     if (state === 'draining') this.drain();
     else this.drainFailed.clear();
-    if (Date.now() >= this.judgeAfter) await this.judgeOthers();
+    // Not awaited: a renewal never waits on sandbox operations (a long hibernate holding a
+    // sandbox's lock), or a busy node would lose its lease to its own work.
+    this.chores ??= (async () => {
+      // Sandboxes that moved to another node (or were removed through one) leave their
+      // leftovers here.
+      if (this.draining === undefined) await this.release();
+      if (Date.now() >= this.judgeAfter) await this.judgeOthers();
+    })().finally(() => {
+      this.chores = undefined;
+    });
   }
 
   private async release(): Promise<string[]> {
@@ -191,6 +199,7 @@ export class NodeMembership {
     this.closed = true;
     if (this.timer) clearTimeout(this.timer);
     await this.ticking;
+    await this.chores;
     await this.draining;
   }
 }

@@ -65,6 +65,8 @@ export interface DaemonConfig {
     userNamespace: boolean;
     /** Disk quota of a sandbox's writable layer when its create names none. */
     diskBytes: number;
+    /** The IPv4 subnet sandboxes get their /30s from (runtime/network.ts); distinct per node in a fleet across hosts. */
+    subnet?: string;
   };
   /** templateCacheBytes: templates' checkpoints kept decrypted in staging (control/ops/template-cache.ts). */
   checkpoint: { keep: number; timeoutMs: number; templateCacheBytes: number };
@@ -198,6 +200,10 @@ const Layer = z.strictObject({
       apparmorProfile: z.string().min(1).optional(),
       userNamespace: bool.optional(),
       diskQuota: size.optional(),
+      subnet: z
+        .string()
+        .regex(/^\d{1,3}(\.\d{1,3}){3}\/\d{1,2}$/, 'expected an IPv4 CIDR such as 10.213.0.0/16')
+        .optional(),
     })
     .optional(),
   checkpoint: z
@@ -602,6 +608,7 @@ function resolveConfig(l: Layer): DaemonConfig {
       ...(l.sandbox?.apparmorProfile !== undefined ? { apparmorProfile: l.sandbox.apparmorProfile } : {}),
       userNamespace: l.sandbox?.userNamespace ?? D.sandbox.userNamespace,
       diskBytes: l.sandbox?.diskQuota ?? D.sandbox.diskBytes,
+      ...(l.sandbox?.subnet !== undefined ? { subnet: l.sandbox.subnet } : {}),
     },
     checkpoint: {
       keep: l.checkpoint?.keep ?? D.checkpoint.keep,
@@ -793,6 +800,7 @@ export function configFileView(c: DaemonConfig): Record<string, unknown> {
       ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
       userNamespace: c.sandbox.userNamespace,
       diskQuota: exactSize(c.sandbox.diskBytes),
+      ...(c.sandbox.subnet !== undefined ? { subnet: c.sandbox.subnet } : {}),
     },
     checkpoint: {
       keep: c.checkpoint.keep,

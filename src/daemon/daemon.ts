@@ -48,7 +48,8 @@ import { registerImageRoutes } from '../api/routes-images.js';
 import { ImageService, type ImageServiceOptions } from '../control/images.js';
 import { registerE2bInfo, startE2bFront, type E2bFront } from '../api/e2b/front.js';
 import { defaultConfig, type DaemonConfig, type E2bTemplateConfig, type S3VaultConfig } from './config.js';
-import { s3VaultStore } from './vault-store.js';
+import { s3VaultStore, vaultLocksFor } from './vault-store.js';
+import type { VaultLocks } from '../vault/index.js';
 
 /** What the daemon hands to the controller as the operator set it (documented on ControllerOptions). */
 const CONTROLLER_SETTINGS = [
@@ -79,6 +80,7 @@ type RuntimeSettings = Pick<
   | 'egressResolvers'
   | 'egressRefreshMinMs'
   | 'userNamespace'
+  | 'subnet'
 >;
 /** ... to the API server (documented on ServerOptions). */
 type ServerSettings = Pick<ServerOptions, 'bodyLimitBytes' | 'execBodyLimitBytes' | 'maxUploadBytes'>;
@@ -207,6 +209,7 @@ export function optionsFromConfig(c: DaemonConfig, sink?: LogSink): DaemonOption
     seccompProfile: c.sandbox.seccompProfile,
     ...(c.sandbox.apparmorProfile !== undefined ? { apparmorProfile: c.sandbox.apparmorProfile } : {}),
     userNamespace: c.sandbox.userNamespace,
+    ...(c.sandbox.subnet !== undefined ? { subnet: c.sandbox.subnet } : {}),
     allowedSourceRoots: c.sandbox.allowedSourceRoots,
     defaultDiskBytes: c.sandbox.diskBytes,
     defaultEgress: { node: c.egress.default, tenants: c.egress.tenants },
@@ -395,6 +398,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   const cgroupParent = nodeName !== undefined ? `/dormant/${nodeName}` : '/dormant';
   const { store, nodeLock } = await openState(opts, dataDir, warn);
   let membership: NodeMembership | undefined;
+  let vaultLocks: VaultLocks | undefined;
   try {
     const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
     if (!(await store.listTokens()).some((t) => t.hash === hashToken(admin.token))) {
@@ -407,12 +411,15 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     }
     const masterKey = opts.masterKey!;
     const vaultDir = join(dataDir, 'vault');
-    const s3 = opts.vault ? await s3VaultStore(opts.vault, vaultDir, warn) : undefined;
+    // Nodes sharing a bucket prefix and a database arbitrate the vault in the database.
+    vaultLocks = await vaultLocksFor(opts.state, opts.vault, warn);
+    const s3 = opts.vault ? await s3VaultStore(opts.vault, vaultDir, warn, vaultLocks) : undefined;
     const vault = await openVault({
       dir: vaultDir,
       masterKey,
       onWarning: warn,
       ...(s3 ? { store: s3 } : {}),
+      ...(vaultLocks ? { locks: vaultLocks } : {}),
     });
     // --env values are sealed in the database with the tenant's key from the vault.
     const secrets = await TenantSecrets.open({ store: vault.store, masterKey });
@@ -434,6 +441,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       egressRefresh: true,
       cgroupParent,
       ...(nodeName !== undefined ? { node: nodeName } : {}),
+      ...(opts.subnet !== undefined ? { subnet: opts.subnet } : {}),
     });
     await runtime.dropStaleConfigs();
     // gVisor beside runc when runsc is installed: its own state folder and config folder (each
@@ -456,6 +464,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
             egressRefresh: true,
             cgroupParent,
             ...(nodeName !== undefined ? { node: nodeName } : {}),
+            ...(opts.subnet !== undefined ? { subnet: opts.subnet } : {}),
           });
     await runsc?.dropStaleConfigs();
     const { gcIntervalMs, ...pulls } = opts.images ?? {};
@@ -645,6 +654,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
         await images.close();
         await vault.close();
         s3?.destroy();
+        await vaultLocks?.close();
         await store.close();
         await nodeLock?.release();
         secrets.close();
@@ -661,6 +671,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   } catch (e) {
     // Nothing else holds the database open: a failed start must not keep the process alive.
     await membership?.close().catch(() => undefined);
+    await vaultLocks?.close().catch(() => undefined);
     await store.close().catch(() => undefined);
     await nodeLock?.release();
     throw e;

@@ -326,6 +326,13 @@ export const SETTINGS: readonly Setting[] = [
     help: 'keep the database of record in PostgreSQL, postgres://USER[:PASSWORD]@HOST[:PORT]/DB, instead of <data-dir>/state.db (docs/STATE.md)',
   },
   {
+    key: 'sandbox.subnet',
+    kind: 'string',
+    env: 'DORMANT_SUBNET',
+    flag: '--subnet <cidr>',
+    help: 'the IPv4 subnet sandboxes get their addresses from (default 10.213.0.0/16); give each node of a fleet across hosts its own',
+  },
+  {
     key: 'node.name',
     kind: 'string',
     env: 'DORMANT_NODE',

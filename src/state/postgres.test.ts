@@ -112,6 +112,71 @@ describe('PostgresStateStore', { skip: missing }, () => {
     }
   });
 
+  test('fleet: nodes register and renew leases on the database clock; an expired node is marked lost once, its sleeping sandboxes handed over', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    const capacity = { memoryBytes: 1024, cpus: 2, arch: 'x86_64', runtimes: ['runc'] };
+    try {
+      assert.equal(
+        await a.fleet.registerNode({ name: 'na', url: 'http://a', capacity, startedAt: 1 }, 60_000),
+        'active',
+      );
+      assert.equal(
+        await b.fleet.registerNode({ name: 'nb', url: 'http://b', capacity, startedAt: 1 }, 300),
+        'active',
+      );
+      await a.insertSandbox(sandbox('sb-run', { state: 'running', node: 'nb' }), 'c');
+      await a.insertSandbox(sandbox('sb-hib', { state: 'hibernated', node: 'nb' }), 'c');
+      await a.insertSandbox(sandbox('sb-own', { state: 'running', node: 'na' }), 'c');
+      assert.deepEqual(
+        (await a.querySandboxes({ node: 'nb', limit: 10 })).map((s) => s.id),
+        ['sb-run', 'sb-hib'].sort(),
+      );
+      // Drain survives a re-registration; a renewal answers the state.
+      assert.equal(await a.fleet.setNodeState('na', 'draining'), true);
+      assert.equal(await a.fleet.renewNode('na', 60_000), 'draining');
+      assert.equal(
+        await a.fleet.registerNode({ name: 'na', url: 'http://a2', capacity, startedAt: 2 }, 60_000),
+        'draining',
+      );
+      assert.equal(await a.fleet.setNodeState('na', 'active'), true);
+      assert.deepEqual(await a.fleet.expiredNodes(), []);
+      await new Promise((r) => setTimeout(r, 400));
+      assert.deepEqual(await a.fleet.expiredNodes(), ['nb']);
+      const listed = await a.fleet.listNodes();
+      assert.deepEqual(
+        listed.map((n) => [n.name, n.state, n.expired, n.sandboxes]),
+        [
+          ['na', 'active', false, { running: 1 }],
+          ['nb', 'active', true, { running: 1, hibernated: 1 }],
+        ],
+      );
+      // Two nodes marking it at once: one does.
+      const marks = await Promise.all([
+        a.atomically((tx) => tx.fleet!.markNodeLost('nb', 'na', 5)),
+        b.atomically((tx) => tx.fleet!.markNodeLost('nb', 'nb2', 5)),
+      ]);
+      assert.deepEqual(marks.map(Number).sort(), [0, 1]);
+      assert.equal((await a.fleet.getNode('nb'))?.state, 'lost');
+      // Its sleeping sandbox is the marker's now; its awake one is left to the caller (reclaimLostNode).
+      const winner = marks[0] ? 'na' : 'nb2';
+      assert.equal((await a.getSandbox('sb-hib'))?.node, winner);
+      assert.equal((await a.getSandbox('sb-run'))?.node, 'nb');
+      // A lost node cannot renew (it learns it was lost), and comes back by registering.
+      assert.equal(await b.fleet.renewNode('nb', 60_000), undefined);
+      assert.equal(
+        await b.fleet.registerNode({ name: 'nb', url: 'http://b', capacity, startedAt: 3 }, 60_000),
+        'active',
+      );
+      assert.equal(await a.fleet.setNodeState('nobody', 'draining'), false);
+    } finally {
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
   test('nodes opening a fresh database at once all succeed; the schema is migrated once', async () => {
     const db = await freshDb();
     const stores = await Promise.all(Array.from({ length: 4 }, () => openPostgresStore(db.url)));

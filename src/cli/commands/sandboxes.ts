@@ -364,6 +364,7 @@ export function registerSandboxes(program: Command): void {
       '--from <checkpoint>',
       'restore this older checkpoint instead of the newest (when the newest is damaged)',
     )
+    .option('--node <name>', 'in a fleet, wake a sleeping sandbox on this node (dormant node ls)')
     .option('--json', 'print the sandbox as JSON')
     .addHelpText(
       'after',
@@ -371,12 +372,11 @@ export function registerSandboxes(program: Command): void {
     )
     .action(async (id, o) => {
       const client = clientFromEnv();
+      const path = `/v1/sandboxes/${encodeURIComponent(id)}/resume${o.node !== undefined ? `?node=${encodeURIComponent(o.node)}` : ''}`;
       const s = await withProgress(`resume ${id}`, !!o.json, () =>
-        o.from === undefined
+        o.from === undefined && o.node === undefined
           ? client.resume(id)
-          : client.request<SandboxInfo>('POST', `/v1/sandboxes/${encodeURIComponent(id)}/resume`, {
-              from: o.from,
-            }),
+          : client.request<SandboxInfo>('POST', path, o.from !== undefined ? { from: o.from } : undefined),
       );
       if (o.json) printJson(s);
       else process.stdout.write(`${s.id} ${s.state}\n`);

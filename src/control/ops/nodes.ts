@@ -91,6 +91,8 @@ export async function releaseForeign(ctx: LifecycleContext): Promise<string[]> {
   if (me === undefined) return [];
   const released: string[] = [];
   for (const id of await ctx.runtime.list()) {
+    // One this node is working on is its own (a resume claims it first): never waited for.
+    if (ctx.locks.busy(id)) continue;
     await ctx.locks.run(id, async () => {
       const s = await ctx.store.getSandbox(id);
       if (s && (s.node === me || s.node === undefined)) return;
