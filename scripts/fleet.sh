@@ -228,6 +228,13 @@ start_node() {
   return 1
 }
 
+# Two nodes on one database need `dormant serve --node`: without it a node holds the database
+# alone, and a second one is refused (STATE_IN_USE).
+detect_node_flags() {
+  NODE_FLAGS=no
+  if "${DORMANT[@]}" serve --help 2>/dev/null | grep -q -- '--advertise'; then NODE_FLAGS=yes; fi
+}
+
 up() {
   local n=$1 ports i k
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "up N: N is a number of nodes, 1 to 99 (got '$n')"
@@ -238,10 +245,7 @@ up() {
   if [ -e "$FLEET" ] && [ -n "$(ls -A "$FLEET" 2>/dev/null)" ]; then
     die "$FLEET exists and is not empty; remove it or set DORMANT_FLEET_DIR to another folder"
   fi
-  # Two nodes on one database need `dormant serve --node`: without it a node holds the
-  # database alone, and a second one is refused (STATE_IN_USE).
-  NODE_FLAGS=no
-  if "${DORMANT[@]}" serve --help 2>/dev/null | grep -q -- '--advertise'; then NODE_FLAGS=yes; fi
+  detect_node_flags
   if [ "$NODE_FLAGS" = no ] && [ "$n" -gt 1 ]; then
     die "this build's \`dormant serve\` has no --node/--advertise (one node per database): up $n needs them; up 1 works"
   fi
@@ -338,8 +342,10 @@ mounts_under() {
   done </proc/self/mountinfo | awk '{ print length($0) "\t" $0 }' | sort -rn | cut -f2-
 }
 
+# Everything down: `down_all restart` first starts a node that died again to remove its
+# sandboxes (`down`); `down_all` alone does not (a failed `up`: its nodes made none).
 down_all() {
-  local dir pid failed=0 paths=() m shm
+  local restart=${1:-} dir pid failed=0 paths=() m shm k
   if [ ! -d "$FLEET" ]; then
     log "down: no fleet in $FLEET"
     return 0
@@ -347,7 +353,16 @@ down_all() {
   # Sandboxes first, while every node still runs: a node's own shutdown leaves its sandboxes
   # running (by design: a restarted daemon adopts them).
   for dir in "$FLEET"/nodes/node*; do
-    [ -d "$dir" ] || continue
+    [ -d "$dir/data" ] || continue
+    # A node that died (killed, crashed) left its sandboxes running: started again on its
+    # folder it adopts them (it reconciles at start), and they go through its API like the
+    # others'. That needs the database and the S3 server, still up at this point.
+    if [ "$restart" = restart ] && ! alive "$(readf "$dir/pid")" && [ -s "$dir/port" ] && [ -s "$dir/proxy-port" ]; then
+      k=${dir##*/node}
+      log "node$k is not running: starting it again to remove its sandboxes"
+      [ -n "${NODE_FLAGS:-}" ] || detect_node_flags
+      start_node "$k" "$(readf "$dir/port")" "$(readf "$dir/proxy-port")" || failed=1
+    fi
     if alive "$(readf "$dir/pid")"; then remove_sandboxes "$dir" || failed=1; fi
   done
   for dir in "$FLEET"/nodes/node*; do
@@ -400,7 +415,8 @@ case "${1:-}" in
     ;;
   down)
     [ $# -eq 1 ] || usage
-    down_all
+    [ "$(id -u)" = 0 ] || die "run as root (it stops what up started as root)"
+    down_all restart
     ;;
   *) usage ;;
 esac

@@ -72,6 +72,22 @@ function alive(pid: number): boolean {
   }
 }
 
+/** Processes whose command line names `path` (a node restarted by `down` has no pid we read). */
+function processesNaming(path: string): string[] {
+  const found: string[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p) || Number(p) === process.pid) continue;
+    let cmdline: string;
+    try {
+      cmdline = readFileSync(`/proc/${p}/cmdline`, 'utf8').replaceAll('\0', ' ');
+    } catch {
+      continue; // gone meanwhile
+    }
+    if (cmdline.includes(path)) found.push(`${p}: ${cmdline.slice(0, 200)}`);
+  }
+  return found;
+}
+
 /** `dormant serve`'s staging folder for a data folder (stagingDirFor in daemon.ts). */
 function stagingDir(dataDir: string): string {
   return `/dev/shm/dormant-${createHash('sha256').update(dataDir).digest('hex').slice(0, 12)}`;
@@ -170,6 +186,7 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
     assert.equal(down.stdout, '');
     for (const p of pids) assert.ok(!alive(p.pid), `${p.what} (pid ${p.pid}) ended`);
     assert.ok(!existsSync(fleetDir), `${fleetDir} removed`);
+    assert.deepEqual(processesNaming(fleetDir), []);
     assert.ok(sandboxId !== undefined);
     assert.deepEqual(leftovers(sandboxId), [], 'the sandbox left nothing on the host');
     const mounts = readFileSync('/proc/self/mountinfo', 'utf8');
@@ -183,5 +200,44 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
     const twice = await fleet(['down'], env);
     assert.equal(twice.code, 0, twice.stderr);
     assert.match(twice.stderr, /no fleet in/);
+  });
+});
+
+describe('scripts/fleet.sh down after a node was killed', { skip: missing }, () => {
+  let dir: string;
+  let rootfs: string;
+  let fleetDir: string;
+  let env: Record<string, string>;
+
+  before(async () => {
+    ({ dir, rootfs } = await testFolder('fleet-killed'));
+    fleetDir = join(dir, 'fleet');
+    env = { DORMANT_FLEET_DIR: fleetDir };
+  });
+
+  after(async () => {
+    if (existsSync(fleetDir)) await fleet(['down'], env);
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  test('starts the node again to remove its sandboxes, then leaves nothing', async () => {
+    const up = await fleet(['up', '1'], env);
+    assert.equal(up.code, 0, up.stderr);
+    const { nodes, token } = JSON.parse(up.stdout) as { nodes: { url: string }[]; token: string };
+    const c = new DormantClient({ url: nodes[0]!.url, token });
+    const sb = await c.createSandbox({ rootfs, command: ['sleep', '3600'], memory: 64 * 1024 * 1024 });
+    // A crash: the node's own shutdown never runs, its sandbox keeps running.
+    const pid = Number(readFileSync(join(fleetDir, 'nodes', 'node1', 'pid'), 'utf8'));
+    process.kill(pid, 'SIGKILL');
+    for (let i = 0; i < 100 && alive(pid); i++) await new Promise((r) => setTimeout(r, 50));
+    assert.notDeepEqual(leftovers(sb.id), [], 'the sandbox outlives its node');
+
+    const down = await fleet(['down'], env);
+    assert.equal(down.code, 0, down.stderr);
+    assert.match(down.stderr, /node1 is not running: starting it again/);
+    assert.match(down.stderr, /node1: removed 1 sandbox/);
+    assert.deepEqual(leftovers(sb.id), [], 'the sandbox left nothing on the host');
+    assert.deepEqual(processesNaming(fleetDir), []);
+    assert.ok(!existsSync(fleetDir), `${fleetDir} removed`);
   });
 });
