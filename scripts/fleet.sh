@@ -16,6 +16,7 @@
 #              password; it listens on 127.0.0.1 only, on a free port
 #   rgw/       RGW's configuration, its SQLite database, log and S3 keys; bucket `dormant`
 #   master.key the vault's master key, one for every node: they share the bucket's keys
+#   config.json the nodes' configuration file, empty (the host's /etc/dormant/config.json is not theirs)
 #   nodes/nodeK/data  the node's data folder; nodeK/{port,proxy-port,pid,log}
 #
 # Sandboxes of every node share the host's default sandbox subnet: their /30 slots are
@@ -169,11 +170,11 @@ CONF
   setsid dormant-radosgw "${base[@]}" -d </dev/null >>"$dir/out.log" 2>&1 &
   echo $! >"$dir/pid"
   for ((i = 0; i < 300; i++)); do
-    if curl -s -o /dev/null "http://127.0.0.1:$port/"; then break; fi
+    if curl -s --max-time 5 -o /dev/null "http://127.0.0.1:$port/"; then break; fi
     alive "$(readf "$dir/pid")" || break
     sleep 0.1
   done
-  curl -s -o /dev/null "http://127.0.0.1:$port/" || {
+  curl -s --max-time 5 -o /dev/null "http://127.0.0.1:$port/" || {
     tail -n 20 "$dir/out.log" >&2
     die "the S3 server (dormant-radosgw) did not start on 127.0.0.1:$port"
   }
@@ -192,7 +193,7 @@ CONF
   rm -f "$dir/user.json"
   # RGW checks the payload hash header that curl's SigV4 does not send by itself (an empty
   # body's SHA-256 here).
-  curl -sf --aws-sigv4 "aws:amz:us-east-1:s3" --user "$access:$secret" -X PUT \
+  curl -sf --max-time 30 --aws-sigv4 "aws:amz:us-east-1:s3" --user "$access:$secret" -X PUT \
     -H "x-amz-content-sha256: $(printf '' | sha256sum | cut -d' ' -f1)" \
     "http://127.0.0.1:$port/$BUCKET" >/dev/null || die "could not make bucket $BUCKET on the S3 server"
   printf 'http://127.0.0.1:%s\n' "$port" >"$dir/endpoint"
@@ -205,7 +206,7 @@ start_node() {
   mkdir -p "$dir/data"
   printf '%s\n' "$port" >"$dir/port"
   printf '%s\n' "$pport" >"$dir/proxy-port"
-  local args=(serve --data-dir "$dir/data" --listen "127.0.0.1:$port" --proxy-listen "127.0.0.1:$pport"
+  local args=(serve --config "$FLEET/config.json" --data-dir "$dir/data" --listen "127.0.0.1:$port" --proxy-listen "127.0.0.1:$pport"
     --state "postgres://dormant@127.0.0.1:$(readf "$FLEET/pg/port")/dormant"
     --vault "s3://$BUCKET/fleet" --master-key-file "$FLEET/master.key")
   if [ "$NODE_FLAGS" = yes ]; then args+=(--node "node$k" --advertise "http://127.0.0.1:$port"); fi
@@ -216,7 +217,7 @@ start_node() {
     setsid nohup "${DORMANT[@]}" "${args[@]}" </dev/null >>"$dir/log" 2>&1 &
   echo $! >"$dir/pid"
   for ((i = 0; i < NODE_START_TENTHS; i++)); do
-    if curl -sf -o /dev/null "http://127.0.0.1:$port/v1/health"; then
+    if curl -sf --max-time 5 -o /dev/null "http://127.0.0.1:$port/v1/health"; then
       log "node$k: http://127.0.0.1:$port (proxy 127.0.0.1:$pport, pid $(readf "$dir/pid"), log $dir/log)"
       return 0
     fi
@@ -260,6 +261,9 @@ up() {
   read -r -a ports <<<"$(free_ports $((2 + 2 * n)))"
   start_postgres "${ports[0]}"
   start_rgw "${ports[1]}"
+  # The nodes' own configuration file, empty: without --config a node would read the host's
+  # /etc/dormant/config.json, whose addresses (e2b.listen, say) every node would then share.
+  echo '{}' >"$FLEET/config.json"
   random_hex 32 >"$FLEET/master.key"
   chmod 0600 "$FLEET/master.key"
   # Node 1 alone first: it writes the vault's first objects (FORMAT, the master key check)
@@ -303,14 +307,14 @@ remove_sandboxes() {
   url="http://127.0.0.1:$(readf "$dir/port")"
   token=$(readf "$dir/data/admin-token")
   token=${token//$'\n'/}
-  if ! curl -sf -o /dev/null "$url/v1/health" || [ -z "$token" ]; then
+  if ! curl -sf --max-time 5 -o /dev/null "$url/v1/health" || [ -z "$token" ]; then
     log "$(basename "$dir") does not answer at $url: its sandboxes (if any) cannot be removed through its API"
     return 1
   fi
   # The ids first, every page, then the deletes: deleting while paging would move the pages.
   ids=()
   while :; do
-    page=$(curl -sf -H "Authorization: Bearer $token" "$url/v1/sandboxes?limit=100${cursor:+&cursor=$cursor}") || {
+    page=$(curl -sf --max-time 60 -H "Authorization: Bearer $token" "$url/v1/sandboxes?limit=100${cursor:+&cursor=$cursor}") || {
       log "$(basename "$dir"): listing its sandboxes failed"
       return 1
     }
@@ -319,7 +323,8 @@ remove_sandboxes() {
     [ -n "$cursor" ] || break
   done
   for id in "${ids[@]}"; do
-    curl -sf -o /dev/null -X DELETE -H "Authorization: Bearer $token" "$url/v1/sandboxes/$id" || {
+    # A removal waits for the sandbox's operation in flight (a hibernate) to end.
+    curl -sf --max-time 300 -o /dev/null -X DELETE -H "Authorization: Bearer $token" "$url/v1/sandboxes/$id" || {
       log "$(basename "$dir"): removing sandbox $id failed"
       return 1
     }
