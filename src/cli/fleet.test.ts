@@ -241,3 +241,42 @@ describe('scripts/fleet.sh down after a node was killed', { skip: missing }, () 
     assert.ok(!existsSync(fleetDir), `${fleetDir} removed`);
   });
 });
+
+describe('scripts/fleet.sh up that fails', { skip: missing }, () => {
+  let dir: string;
+
+  before(async () => {
+    ({ dir } = await testFolder('fleet-failed'));
+  });
+
+  after(async () => {
+    const fleetDir = join(dir, 'fleet');
+    if (existsSync(fleetDir)) await fleet(['down'], { DORMANT_FLEET_DIR: fleetDir });
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  test('a node count outside 1..99 is refused before anything starts', async () => {
+    const fleetDir = join(dir, 'fleet');
+    for (const n of ['0', 'two', '100']) {
+      const r = await fleet(['up', n], { DORMANT_FLEET_DIR: fleetDir });
+      assert.equal(r.code, 1);
+      assert.match(r.stderr, /N is a number of nodes, 1 to 99/);
+      assert.ok(!existsSync(fleetDir));
+    }
+  });
+
+  test('a node that does not answer in time: its log is shown, and what up started is removed', async () => {
+    const fleetDir = join(dir, 'fleet');
+    // A bound of 0.1 s: the node cannot answer that soon.
+    const r = await fleet(['up', '1'], { DORMANT_FLEET_DIR: fleetDir, DORMANT_FLEET_NODE_START_TENTHS: '1' });
+    assert.equal(r.code, 1);
+    assert.equal(r.stdout, '');
+    assert.match(
+      r.stderr,
+      /node1 did not answer on http:\/\/127\.0\.0\.1:\d+\/v1\/health; the end of its log/,
+    );
+    assert.match(r.stderr, /up failed; removing what it started/);
+    assert.ok(!existsSync(fleetDir), `${fleetDir} removed`);
+    assert.deepEqual(processesNaming(fleetDir), []);
+  });
+});
