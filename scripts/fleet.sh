@@ -318,7 +318,11 @@ remove_sandboxes() {
       log "$(basename "$dir"): listing its sandboxes failed"
       return 1
     }
-    mapfile -t -O "${#ids[@]}" ids < <(node -e 'for (const s of JSON.parse(process.argv[1]).sandboxes) console.log(s.id)' "$page")
+    # With a `node` field (nodes sharing a database list each other's sandboxes), only this
+    # node's own: each node removes what runs on it.
+    mapfile -t -O "${#ids[@]}" ids < <(node -e '
+      for (const s of JSON.parse(process.argv[1]).sandboxes)
+        if (s.node === undefined || s.node === null || s.node === process.argv[2]) console.log(s.id)' "$page" "$(basename "$dir")")
     cursor=$(node -e 'const c = JSON.parse(process.argv[1]).nextCursor; if (c) console.log(encodeURIComponent(c))' "$page")
     [ -n "$cursor" ] || break
   done
