@@ -51,7 +51,8 @@ USAGE
   exit 2
 }
 
-alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+# A zombie (ended, its parent not yet reaped it) counts as gone.
+alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null && ! grep -q '^[0-9]* (.*) Z ' "/proc/$1/stat" 2>/dev/null; }
 # Reads a file that may be missing (a fleet half made, or half removed).
 readf() { cat "$1" 2>/dev/null || true; }
 random_hex() { head -c "$1" /dev/urandom | od -An -tx1 | tr -d ' \n'; }
@@ -365,8 +366,10 @@ down_all() {
     [ -d "$dir/data" ] || continue
     # A node that died (killed, crashed) left its sandboxes running: started again on its
     # folder it adopts them (it reconciles at start), and they go through its API like the
-    # others'. That needs the database and the S3 server, still up at this point.
-    if [ "$restart" = restart ] && ! alive "$(readf "$dir/pid")" && [ -s "$dir/port" ] && [ -s "$dir/proxy-port" ]; then
+    # others'. That needs the database and the S3 server; with those gone too (a reboot),
+    # so are the sandboxes.
+    if [ "$restart" = restart ] && ! alive "$(readf "$dir/pid")" && [ -s "$dir/port" ] && [ -s "$dir/proxy-port" ] &&
+      alive "$(readf "$FLEET/pg/pid")" && alive "$(readf "$FLEET/rgw/pid")"; then
       k=${dir##*/node}
       log "node$k is not running: starting it again to remove its sandboxes"
       [ -n "${NODE_FLAGS:-}" ] || detect_node_flags
