@@ -62,14 +62,16 @@ function fleet(args: string[], env: Record<string, string>, timeoutMs = 240_000)
   });
 }
 
+/** Whether `pid` runs: a zombie (ended, not yet reaped by its parent) does not. */
 function alive(pid: number): boolean {
+  let stat: string;
   try {
-    process.kill(pid, 0);
-    return true;
+    stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   } catch (e) {
-    if ((e as { code?: string }).code === 'ESRCH') return false;
+    if ((e as { code?: string }).code === 'ENOENT') return false;
     throw e;
   }
+  return !/^\d+ \(.*\) Z /.test(stat);
 }
 
 /** Processes whose command line names `path` (a node restarted by `down` has no pid we read). */
