@@ -90,6 +90,22 @@ function processesNaming(path: string): string[] {
   return found;
 }
 
+/**
+ * {@link leftovers}, and what a fleet's node names after itself: the sandbox's network
+ * namespace (`dormant-NODE-ID`) and cgroup (`dormant/NODE/ID`), and the node's cgroup folder.
+ */
+function fleetLeftovers(id: string, node: string): string[] {
+  const found = leftovers(id);
+  if (existsSync(`/run/netns/dormant-${node}-${id}`)) found.push(`network namespace dormant-${node}-${id}`);
+  const roots = existsSync('/sys/fs/cgroup/cgroup.controllers')
+    ? ['/sys/fs/cgroup']
+    : readdirSync('/sys/fs/cgroup').map((h) => `/sys/fs/cgroup/${h}`);
+  for (const root of roots)
+    for (const path of [`${root}/dormant/${node}/${id}`, `${root}/dormant/${node}`])
+      if (existsSync(path)) found.push(`cgroup ${path}`);
+  return found;
+}
+
 /** `dormant serve`'s staging folder for a data folder (stagingDirFor in daemon.ts). */
 function stagingDir(dataDir: string): string {
   return `/dev/shm/dormant-${createHash('sha256').update(dataDir).digest('hex').slice(0, 12)}`;
@@ -158,6 +174,7 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
     const sb = await c1.createSandbox({ rootfs, command: ['sleep', '3600'], memory: 64 * 1024 * 1024 });
     sandboxId = sb.id;
     assert.equal(sb.state, 'running');
+    if (NODES > 1) assert.equal(sb.node, 'node1');
     assert.deepEqual(
       (await c1.listSandboxes()).map((s) => s.id),
       [sb.id],
@@ -168,9 +185,11 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
   test('node 2 lists the sandbox node 1 made (one database)', { skip: NO_SECOND_NODE }, async () => {
     const c2 = new DormantClient({ url: out.nodes[1]!.url, token: out.token });
     assert.deepEqual(
-      (await c2.listSandboxes()).map((s) => s.id),
-      [sandboxId],
+      (await c2.listSandboxes()).map((s) => [s.id, s.node]),
+      [[sandboxId, 'node1']],
     );
+    // Asked of node 2, answered by node 1 (forwarded): the sandbox runs there.
+    assert.equal((await c2.exec(sandboxId!, ['echo', 'from node 1'])).stdout, 'from node 1\n');
   });
 
   test('up over a running fleet is refused, and changes nothing', async () => {
@@ -186,11 +205,14 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
     const down = await fleet(['down'], env);
     assert.equal(down.code, 0, down.stderr);
     assert.equal(down.stdout, '');
+    // Each node removes its own: node 1 the one sandbox, node 2 none.
+    assert.match(down.stderr, /node1: removed 1 sandbox/);
+    if (NODES > 1) assert.match(down.stderr, /node2: removed 0 sandbox/);
     for (const p of pids) assert.ok(!alive(p.pid), `${p.what} (pid ${p.pid}) ended`);
     assert.ok(!existsSync(fleetDir), `${fleetDir} removed`);
     assert.deepEqual(processesNaming(fleetDir), []);
     assert.ok(sandboxId !== undefined);
-    assert.deepEqual(leftovers(sandboxId), [], 'the sandbox left nothing on the host');
+    assert.deepEqual(fleetLeftovers(sandboxId, 'node1'), [], 'the sandbox left nothing on the host');
     const mounts = readFileSync('/proc/self/mountinfo', 'utf8');
     assert.ok(!mounts.includes(fleetDir), 'nothing mounted under the fleet folder');
     for (const d of dataDirs) {
@@ -238,7 +260,7 @@ describe('scripts/fleet.sh down after a node was killed', { skip: missing }, () 
     assert.equal(down.code, 0, down.stderr);
     assert.match(down.stderr, /node1 is not running: starting it again/);
     assert.match(down.stderr, /node1: removed 1 sandbox/);
-    assert.deepEqual(leftovers(sb.id), [], 'the sandbox left nothing on the host');
+    assert.deepEqual(fleetLeftovers(sb.id, 'node1'), [], 'the sandbox left nothing on the host');
     assert.deepEqual(processesNaming(fleetDir), []);
     assert.ok(!existsSync(fleetDir), `${fleetDir} removed`);
   });
