@@ -20,9 +20,10 @@
 #   nodes/nodeK/data  the node's data folder; nodeK/{port,proxy-port,pid,log}
 #
 # Sandboxes of every node share the host's default sandbox subnet: their /30 slots are
-# reserved host-wide (/var/lib/dormant-net, O_EXCL files), their cgroups and network
-# namespaces are named by sandbox id, so nodes on one host cannot collide there, and
-# `dormant serve` has no subnet setting to give each node its own.
+# reserved host-wide (/var/lib/dormant-net, O_EXCL files naming sandbox and node), and their
+# cgroups (/dormant/NODE/ID) and network namespaces (dormant-NODE-ID) carry the node's name,
+# so nodes on one host cannot collide there; `dormant serve` has no subnet setting to give
+# each node its own, and needs none.
 #
 # `up` on a folder that already holds a fleet is refused (run `down` first); a failed `up`
 # removes what it started. Secrets stay out of command lines (visible to every user in ps):
