@@ -210,8 +210,8 @@ start_node() {
   printf '%s\n' "$pport" >"$dir/proxy-port"
   local args=(serve --config "$FLEET/config.json" --data-dir "$dir/data" --listen "127.0.0.1:$port" --proxy-listen "127.0.0.1:$pport"
     --state "postgres://dormant@127.0.0.1:$(readf "$FLEET/pg/port")/dormant"
-    --vault "s3://$BUCKET/fleet" --master-key-file "$FLEET/master.key")
-  if [ "$NODE_FLAGS" = yes ]; then args+=(--node "node$k" --advertise "http://127.0.0.1:$port"); fi
+    --vault "s3://$BUCKET/fleet" --master-key-file "$FLEET/master.key"
+    --node "node$k" --advertise "http://127.0.0.1:$port")
   PGPASSWORD=$(readf "$FLEET/pg/password") \
     DORMANT_VAULT_ENDPOINT=$(readf "$FLEET/rgw/endpoint") \
     DORMANT_VAULT_ACCESS_KEY_ID=$(readf "$FLEET/rgw/access-key-id") \
@@ -231,13 +231,6 @@ start_node() {
   return 1
 }
 
-# Two nodes on one database need `dormant serve --node`: without it a node holds the database
-# alone, and a second one is refused (STATE_IN_USE).
-detect_node_flags() {
-  NODE_FLAGS=no
-  if "${DORMANT[@]}" serve --help 2>/dev/null | grep -q -- '--advertise'; then NODE_FLAGS=yes; fi
-}
-
 up() {
   local n=$1 ports i k
   [[ "$n" =~ ^[1-9][0-9]?$ ]] || die "up N: N is a number of nodes, 1 to 99 (got '$n')"
@@ -247,10 +240,6 @@ up() {
   fi
   if [ -e "$FLEET" ] && [ -n "$(ls -A "$FLEET" 2>/dev/null)" ]; then
     die "$FLEET exists and is not empty; remove it or set DORMANT_FLEET_DIR to another folder"
-  fi
-  detect_node_flags
-  if [ "$NODE_FLAGS" = no ] && [ "$n" -gt 1 ]; then
-    die "this build's \`dormant serve\` has no --node/--advertise (one node per database): up $n needs them; up 1 works"
   fi
   mkdir -p "$FLEET"
   # Searchable by others: the postgres user reaches pg/ through it, and a sandbox's mapped
@@ -373,7 +362,6 @@ down_all() {
       alive "$(readf "$FLEET/pg/pid")" && alive "$(readf "$FLEET/rgw/pid")"; then
       k=${dir##*/node}
       log "node$k is not running: starting it again to remove its sandboxes"
-      [ -n "${NODE_FLAGS:-}" ] || detect_node_flags
       start_node "$k" "$(readf "$dir/port")" "$(readf "$dir/proxy-port")" || failed=1
     fi
     if alive "$(readf "$dir/pid")"; then remove_sandboxes "$dir" || failed=1; fi

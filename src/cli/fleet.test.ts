@@ -28,19 +28,8 @@ const missing =
     ? 'needs root (the nodes run sandboxes)'
     : ((await pgMissing()) ?? (await rgwMissing()));
 
-/** Whether this build's `dormant serve` has the fleet's node flags (a shared database). */
-function hasNodeFlags(): Promise<boolean> {
-  return new Promise((resolve) => {
-    execFile(join(ROOT, 'bin', 'dormant'), ['serve', '--help'], (_e, stdout) => {
-      resolve(stdout.includes('--advertise'));
-    });
-  });
-}
-const NODES = missing === undefined && (await hasNodeFlags()) ? 2 : 1;
-const NO_SECOND_NODE =
-  NODES < 2
-    ? '`dormant serve` has no --node/--advertise in this build: one node per PostgreSQL database (STATE_IN_USE), so the fleet runs one node'
-    : false;
+/** Two nodes: enough to see them share the database and forward to each other. */
+const NODES = 2;
 
 interface Run {
   code: number;
@@ -174,7 +163,7 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
     const sb = await c1.createSandbox({ rootfs, command: ['sleep', '3600'], memory: 64 * 1024 * 1024 });
     sandboxId = sb.id;
     assert.equal(sb.state, 'running');
-    if (NODES > 1) assert.equal(sb.node, 'node1');
+    assert.equal(sb.node, 'node1');
     assert.deepEqual(
       (await c1.listSandboxes()).map((s) => s.id),
       [sb.id],
@@ -182,7 +171,7 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
     assert.notDeepEqual(leftovers(sb.id), [], 'the sandbox has processes on the host');
   });
 
-  test('node 2 lists the sandbox node 1 made (one database)', { skip: NO_SECOND_NODE }, async () => {
+  test('node 2 lists the sandbox node 1 made (one database)', async () => {
     const c2 = new DormantClient({ url: out.nodes[1]!.url, token: out.token });
     assert.deepEqual(
       (await c2.listSandboxes()).map((s) => [s.id, s.node]),
@@ -207,7 +196,7 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
     assert.equal(down.stdout, '');
     // Each node removes its own: node 1 the one sandbox, node 2 none.
     assert.match(down.stderr, /node1: removed 1 sandbox/);
-    if (NODES > 1) assert.match(down.stderr, /node2: removed 0 sandbox/);
+    assert.match(down.stderr, /node2: removed 0 sandbox/);
     for (const p of pids) assert.ok(!alive(p.pid), `${p.what} (pid ${p.pid}) ended`);
     assert.ok(!existsSync(fleetDir), `${fleetDir} removed`);
     assert.deepEqual(processesNaming(fleetDir), []);
