@@ -113,7 +113,7 @@ describe('scripts/fleet.sh: a fleet on one machine', { skip: missing }, () => {
   let sandboxId: string | undefined;
 
   before(async () => {
-    ({ dir, rootfs } = await testFolder('fleet'));
+    ({ dir, rootfs } = await testFolder('fleetsh'));
     fleetDir = join(dir, 'fleet');
     env = { DORMANT_FLEET_DIR: fleetDir };
     upRun = await fleet(['up', String(NODES)], env);
@@ -223,7 +223,7 @@ describe('scripts/fleet.sh down after a node was killed', { skip: missing }, () 
   let env: Record<string, string>;
 
   before(async () => {
-    ({ dir, rootfs } = await testFolder('fleet-killed'));
+    ({ dir, rootfs } = await testFolder('fleetsh-killed'));
     fleetDir = join(dir, 'fleet');
     env = { DORMANT_FLEET_DIR: fleetDir };
   });
@@ -259,7 +259,7 @@ describe('scripts/fleet.sh up that fails', { skip: missing }, () => {
   let dir: string;
 
   before(async () => {
-    ({ dir } = await testFolder('fleet-failed'));
+    ({ dir } = await testFolder('fleetsh-failed'));
   });
 
   after(async () => {
