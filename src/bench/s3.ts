@@ -32,7 +32,7 @@ const TICKS_PER_S = 100;
  * finding it in the vault; every GET answers the SHA-256 of the memory, which reads every
  * page: the check that a resume brought it all back, and the moment the last lazy page is in.
  */
-const HOLDER = pythonServer({
+export const HOLDER = pythonServer({
   setup: `
 import os, sys, hashlib
 mib = int(sys.argv[1])
@@ -49,7 +49,7 @@ def digest(path):
 });
 
 /** The holder's digest, after `path` (waits for it to answer: up to 2 minutes). */
-const digestOf = (host: string, path = '/'): Promise<string> =>
+export const digestOf = (host: string, path = '/'): Promise<string> =>
   eventually('holder', () => httpGet(host, 8080, path, 60_000), 120_000);
 
 /** S3 requests of one kind: how many, bytes sent and received, and their summed wall time. */
