@@ -128,6 +128,13 @@ export function installForwarding(
         );
     }
     if (!target || target.name === fleet.name) return;
+    if (req.headers.upgrade !== undefined)
+      // A WebSocket (a PTY, a command's output) is not relayed between nodes yet.
+      throw new DormantError(
+        ErrorCode.NODE_UNAVAILABLE,
+        `sandbox ${m?.[1] ?? ''} is on node ${target.name}: open the WebSocket there (${target.url})`,
+        { hint: 'the x-dormant-node header of any answer about it names its node' },
+      );
     await forward(req, reply, target, fleet.name);
   });
 }
@@ -195,7 +202,8 @@ export async function placeWakeFor(fleet: FleetHooks, s: Sandbox): Promise<NodeI
     const owner = await fleet.store.getNode(s.node);
     return owner && alive(owner) ? owner : undefined;
   }
-  return routeFor(fleet, s, 'POST', '/resume', null);
+  const place = await routeFor(fleet, s, 'POST', '/resume', null);
+  return place?.name === fleet.name ? undefined : place;
 }
 
 /** Resumes sandbox `id` on node `to` through its API; the sandbox as that node answers it. */
@@ -233,7 +241,9 @@ async function forward(req: FastifyRequest, reply: FastifyReply, to: NodeInfo, f
   reply.hijack();
   const out = reply.raw;
   await new Promise<void>((resolve) => {
-    const up = httpRequest(url, { method: req.method, headers }, (res: IncomingMessage) => {
+    // Connecting is bounded (a node past its lease may not answer at all); an answer may take
+    // as long as the operation (a hibernate), so the socket's idle bound is generous.
+    const up = httpRequest(url, { method: req.method, headers, timeout: 600_000 }, (res: IncomingMessage) => {
       const h: Record<string, string | string[]> = {};
       for (const [k, v] of Object.entries(res.headers)) if (v !== undefined && !HOP.has(k)) h[k] = v;
       h['x-dormant-node'] = to.name;
@@ -256,6 +266,12 @@ async function forward(req: FastifyRequest, reply: FastifyReply, to: NodeInfo, f
       } else out.destroy();
       resolve();
     });
+    up.on('timeout', () => up.destroy(new Error('no answer within 10 minutes')));
+    const connectBound = setTimeout(() => {
+      if (!up.socket || up.socket.connecting) up.destroy(new Error('could not connect within 5 s'));
+    }, 5_000);
+    up.on('socket', (sock) => sock.once('connect', () => clearTimeout(connectBound)));
+    up.on('close', () => clearTimeout(connectBound));
     // The client gone: the forwarded request goes too.
     out.on('close', () => up.destroy());
     req.raw.pipe(up);

@@ -49,19 +49,19 @@ const KNOWN: Record<string, string> = {
     'a failed thaw is not retried nor recorded: the processes stay frozen while the sandbox is recorded running',
   'archive (running) | #3 store.atomically':
     'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
-  'archive (running) | #4 store.insertCheckpoint':
+  'archive (running) | #4 store.transition':
     'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
-  'archive (running) | #5 store.transition':
+  'archive (running) | #5 store.insertCheckpoint':
     'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
   'archive (running) | #6 runtime.stop':
     'processes that could not be ended after the archive was recorded keep running while the sandbox is recorded archived (hibernate handles this case; archive does not)',
   'archive (hibernated) | #2 store.atomically':
     'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
-  'archive (hibernated) | #3 store.insertCheckpoint':
+  'archive (hibernated) | #3 store.transition':
     'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
-  'archive (hibernated) | #4 store.deleteCheckpoint':
+  'archive (hibernated) | #4 store.insertCheckpoint':
     'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
-  'archive (hibernated) | #5 store.transition':
+  'archive (hibernated) | #5 store.deleteCheckpoint':
     'a failed database write after the vault stored the checkpoint leaves the vault copy, which no record names, until the daemon restarts (its start-up sweep deletes it)',
   'archive (hibernated) | #6 runtime.stop':
     'a failure ending the processes after the archive was recorded skips deleting the old checkpoints from the vault (their records are gone) until a restart',

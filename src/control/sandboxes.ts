@@ -9,10 +9,11 @@
  * the ports, the options and the helpers they share); this class takes the sandbox's lock
  * where an operation holds it throughout, and dispatches.
  */
+import { AWAKE_STATES } from '../domain/node.js';
 import { releaseForeign, reclaimLostNode, type Reclaimed } from './ops/nodes.js';
 import { open, statfs } from 'node:fs/promises';
 import { assertLegal, type Sandbox, type SandboxState } from '../domain/sandbox.js';
-import { errnoCode } from '../domain/errors.js';
+import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import type { OperationTimings } from '../domain/timings.js';
 import type { Compression } from '../checkpoint/archive.js';
 import type { GpuHolder } from '../sys/gpu.js';
@@ -98,6 +99,23 @@ export class SandboxController {
     return await releaseForeign(this.ctx);
   }
 
+  /**
+   * In a fleet, refuses work on a sandbox that is awake on another node: its processes are
+   * there (the API forwards such requests; this stops whatever reaches the controller
+   * directly: the E2B front, a forged forwarding header, a node forwarding to itself).
+   */
+  private async here(id: string, tenant?: string): Promise<void> {
+    if (this.ctx.node === undefined) return;
+    // Not found and the like: the operation says so itself.
+    const s = await this.ctx.get(id, tenant).catch(() => undefined);
+    if (s?.node !== undefined && s.node !== this.ctx.node && AWAKE_STATES.includes(s.state))
+      throw new DormantError(
+        ErrorCode.NODE_UNAVAILABLE,
+        `sandbox ${s.id} is ${s.state} on node ${s.node}, not on this node (${this.ctx.node})`,
+        { hint: `send the request to node ${s.node} (dormant node ls shows its URL)` },
+      );
+  }
+
   /** This node's name in a fleet; undefined on a node alone. */
   get node(): string | undefined {
     return this.ctx.node;
@@ -178,6 +196,7 @@ export class SandboxController {
     opts: ExecOptions = {},
   ): Promise<ExecOutcome> {
     if (args.length === 0) throw invalid('exec needs a command');
+    await this.here(id, tenant);
     try {
       return await this.toolbox(id, tenant, (agent, s) => execCommand(agent, s.id, args, opts));
     } catch (e) {
@@ -201,6 +220,7 @@ export class SandboxController {
     tenant: string | undefined,
     fn: (agent: AgentClient, s: Sandbox) => Promise<T>,
   ): Promise<T> {
+    await this.here(id, tenant);
     const wake = (sid: string): Promise<Sandbox> => this.resume(sid, undefined, 'toolbox');
     let sid: string | undefined;
     try {
@@ -254,6 +274,7 @@ export class SandboxController {
   }
 
   async pause(id: string, tenant?: string, reason = 'pause'): Promise<Sandbox> {
+    await this.here(id, tenant);
     return this.ctx.locks.run(id, () => pauseSandbox(this.ctx, id, tenant, reason));
   }
 
@@ -263,6 +284,7 @@ export class SandboxController {
    * commit thaws the sandbox back to where it was.
    */
   async hibernate(id: string, tenant?: string, reason = 'hibernate'): Promise<Sandbox> {
+    await this.here(id, tenant);
     // The caller gets the sandbox once it is hibernated (checkpoint committed, processes gone,
     // memory freed); the container's remains are removed after that, the lock still held.
     return this.answerEarly(id, (answer) => hibernate(this.ctx, id, tenant, reason, answer));
@@ -299,6 +321,7 @@ export class SandboxController {
     tenant: string | undefined,
     opts: { name?: string; labels?: Record<string, string> } = {},
   ): Promise<Sandbox> {
+    await this.here(id, tenant);
     return forkSandbox(this.ctx, id, tenant, opts);
   }
 
@@ -382,6 +405,7 @@ export class SandboxController {
    * processes end, the memory checkpoints are deleted and the writable layer is emptied.
    */
   async archive(id: string, tenant?: string, reason = 'archive'): Promise<Sandbox> {
+    await this.here(id, tenant);
     return this.ctx.locks.run(id, () => archiveSandbox(this.ctx, id, tenant, reason));
   }
 
@@ -402,6 +426,7 @@ export class SandboxController {
 
   /** A new egress policy (ops/update.ts): the firewall follows at once, or at the next resume. */
   async updateEgress(id: string, tenant: string | undefined, egress: string | string[]): Promise<Sandbox> {
+    await this.here(id, tenant);
     return this.ctx.locks.run(id, () => updateEgress(this.ctx, id, tenant, egress));
   }
 
@@ -434,6 +459,7 @@ export class SandboxController {
   }
 
   async remove(id: string, tenant?: string, reason = 'rm'): Promise<void> {
+    await this.here(id, tenant);
     await this.ctx.locks.run(id, () => removeSandbox(this.ctx, id, tenant, reason));
   }
 

@@ -399,6 +399,21 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   const { store, nodeLock } = await openState(opts, dataDir, warn);
   let membership: NodeMembership | undefined;
   let vaultLocks: VaultLocks | undefined;
+  // A node starting again renews its lease from the moment it holds its name: a start slower
+  // than the lease (a big reconcile, a slow vault) must not get it marked lost by the others
+  // (who would take back the sandboxes it still runs). Until it joins, below.
+  const leaseMs = opts.node?.leaseMs ?? DEFAULTS.node.leaseMs;
+  let earlyRenewal: NodeJS.Timeout | undefined;
+  if (nodeName !== undefined && store.fleet !== undefined) {
+    const fleet = store.fleet;
+    const renew = (): void =>
+      void fleet
+        .renewNode(nodeName, leaseMs)
+        .catch((e: unknown) => warn(`node ${nodeName}: renewal failed: ${String(e)}`));
+    renew();
+    earlyRenewal = setInterval(renew, Math.max(200, Math.floor(leaseMs / 3)));
+    earlyRenewal.unref();
+  }
   try {
     const admin = await ensureAdminToken(join(dataDir, 'admin-token'));
     if (!(await store.listTokens()).some((t) => t.hash === hashToken(admin.token))) {
@@ -582,6 +597,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       const proxyAddr = wake.proxy
         ? `http://${wake.proxy.host.includes(':') ? `[${wake.proxy.host}]` : wake.proxy.host}:${wake.proxy.port}`
         : undefined;
+      clearInterval(earlyRenewal);
       membership = await NodeMembership.join({
         fleet: fleetHooks.store,
         target: controller,
@@ -596,7 +612,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
           cpuFlags: cpu.flags,
           runtimes: runsc ? ['runc', 'runsc'] : ['runc'],
         },
-        leaseMs: opts.node?.leaseMs ?? DEFAULTS.node.leaseMs,
+        leaseMs,
         warn,
       });
       fleetHooks.membership = membership;
@@ -670,6 +686,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     };
   } catch (e) {
     // Nothing else holds the database open: a failed start must not keep the process alive.
+    clearInterval(earlyRenewal);
     await membership?.close().catch(() => undefined);
     await vaultLocks?.close().catch(() => undefined);
     await store.close().catch(() => undefined);

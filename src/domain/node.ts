@@ -37,7 +37,7 @@ export interface NodeInfo {
   /** Whether the lease ran out (by the database's clock, when this was read). */
   expired: boolean;
   lostAt?: number;
-  /** Its sandboxes by state, and the memory its awake ones use. */
+  /** Its sandboxes by state, and the memory its awake ones may use (their limits, summed). */
   sandboxes: Partial<Record<SandboxState, number>>;
   memoryUsedBytes: number;
 }

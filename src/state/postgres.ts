@@ -966,9 +966,10 @@ export class PostgresStateStore implements StateStore {
       `SELECT n.*, n.lease_until < dormant_now_ms() AS expired,
               (SELECT json_object_agg(c.state, c.n) FROM
                  (SELECT state, count(*) AS n FROM sandboxes WHERE node = n.name GROUP BY state) c) AS counts,
-              (SELECT sum(memory_bytes) FROM sandboxes WHERE node = n.name)::BIGINT AS memory_used
+              (SELECT sum((spec->>'memoryBytes')::BIGINT) FROM sandboxes
+                WHERE node = n.name AND state = ANY($${name === undefined ? 1 : 2}::text[]))::BIGINT AS memory_used
          FROM nodes n ${name === undefined ? '' : 'WHERE n.name = $1'} ORDER BY n.name`,
-      name === undefined ? [] : [name],
+      name === undefined ? [[...AWAKE_STATES]] : [name, [...AWAKE_STATES]],
     );
     return rows.map((r) => ({
       name: r.name,
@@ -1084,10 +1085,12 @@ export async function lockStateForNode(
     c.on('error', () => undefined); // the end that follows is what counts
     try {
       await c.connect();
-      const got = await c.query<{ ok: boolean }>('SELECT pg_try_advisory_lock($1, hashtext($2)) AS ok', [
-        NODE_LOCK_KEY,
-        node,
-      ]);
+      // And the key alone, shared: a daemon from before the fleet held it, exclusively, for
+      // the whole database; while one still runs, a node of this version keeps out.
+      const got = await c.query<{ ok: boolean }>(
+        `SELECT pg_try_advisory_lock_shared($3::BIGINT) AND pg_try_advisory_lock($1::INTEGER, hashtext($2)) AS ok`,
+        [NODE_LOCK_KEY, node, NODE_LOCK_KEY],
+      );
       if (got.rows[0]?.ok !== true) {
         // objid is the hash's bits read as unsigned (oid).
         const by = await c.query<{ who: string; addr: string | null }>(

@@ -5,6 +5,7 @@ import { mkdir, rename } from 'node:fs/promises';
 import { arch } from 'node:os';
 import { join } from 'node:path';
 import { assertLegal, isNoop, newId, type Sandbox } from '../../domain/sandbox.js';
+import { DormantError } from '../../domain/errors.js';
 import type { CheckpointRecord } from '../../state/store.js';
 import { FS_DIFF, FS_META } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
@@ -59,12 +60,23 @@ export async function archiveSandbox(
   const old = await ctx.store.listCheckpoints({ sandboxId: id });
   const now = ctx.clock.now();
   await ctx.store.atomically(async (tx) => {
+    // First, and checked: in a fleet another node may have woken it meanwhile (from the very
+    // checkpoints this would drop); then nothing is recorded or deleted.
+    if (
+      !(await tx.transition(id, s.state, 'archived', reason, now, {
+        memoryBytes: 0,
+        checkpointId: fsCk.id,
+      }))
+    ) {
+      const now2 = await tx.getSandbox(id);
+      throw new DormantError(
+        'SANDBOX_BUSY',
+        `sandbox ${id} is no longer ${s.state}: it is ${now2?.state ?? 'gone'}${now2?.node !== undefined ? ` on node ${now2.node}` : ''}`,
+        { hint: 'another request (or node) changed it first; dormant get ID shows it now' },
+      );
+    }
     await tx.insertCheckpoint(fsCk);
     for (const c of old) await tx.deleteCheckpoint(c.id, now);
-    await tx.transition(id, s.state, 'archived', reason, now, {
-      memoryBytes: 0,
-      checkpointId: fsCk.id,
-    });
   });
   ctx.step('archive:recorded');
   await ctx.endProcesses(id);

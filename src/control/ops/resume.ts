@@ -103,9 +103,12 @@ async function resumeLocked(
         ({ pagesLoaded, address } = await restoreFromVault(ctx, s, opts.from ?? s.checkpointId, t));
       else address = await freshStart(ctx, s);
     } catch (e) {
+      // Back where it was, on the node that answered for it (a node that cannot restore it
+      // must not keep it: placement would send every later wake back here).
       await ctx.store.transition(id, 'resuming', from, 'resume failed', ctx.clock.now(), {
         lastError: asError(e).message,
         lazyRestoreOf: undefined,
+        ...(ctx.node !== undefined ? { node: s.node } : {}),
       });
       if (
         isDormantError(e, 'RESTORE_INCOMPATIBLE') ||
@@ -132,11 +135,23 @@ async function resumeLocked(
     if (s.spec.onResume && s.spec.onResume.length > 0)
       why = `${reason}; ${await t.time('on-resume hook', () => runResumeHook(ctx, s))}`;
     const now = ctx.clock.now();
-    await ctx.store.transition(id, 'resuming', 'running', why, now, {
-      lastActiveAt: Math.max(s.lastActiveAt, now),
-      lastError: undefined,
-      address,
-    });
+    if (
+      !(await ctx.store.transition(id, 'resuming', 'running', why, now, {
+        lastActiveAt: Math.max(s.lastActiveAt, now),
+        lastError: undefined,
+        address,
+      }))
+    ) {
+      // Taken from this node while it restored (its lease ran out meanwhile): the copy here
+      // is not the sandbox; the node's release of what is no longer its own ends it.
+      throw new DormantError(
+        'SANDBOX_BUSY',
+        `sandbox ${id} was taken over by another node during its resume`,
+        {
+          hint: 'dormant get ID shows where it is now',
+        },
+      );
+    }
     // The marker (set by restoreFromVault) stays until afterLazyRestore has every page.
     return { sandbox: await ctx.get(id), ...(pagesLoaded ? { pagesLoaded } : {}) };
   }
