@@ -23,6 +23,7 @@ import { egressSuite } from './egress.js';
 import { runscSuite } from './runsc.js';
 import { s3Suite } from './s3.js';
 import { stateSuite } from './state.js';
+import { fleetSuite } from './fleet.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -41,6 +42,7 @@ const SUITES: BenchSuite[] = [
   runscSuite,
   s3Suite,
   stateSuite,
+  fleetSuite,
 ];
 
 async function main(): Promise<void> {
