@@ -24,6 +24,7 @@ import { runscSuite } from './runsc.js';
 import { s3Suite } from './s3.js';
 import { stateSuite } from './state.js';
 import { crossnodeSuite } from './crossnode.js';
+import { fleetSuite } from './fleet.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -42,6 +43,7 @@ const SUITES: BenchSuite[] = [
   runscSuite,
   s3Suite,
   stateSuite,
+  fleetSuite,
   crossnodeSuite,
 ];
 

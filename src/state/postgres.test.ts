@@ -152,6 +152,9 @@ describe('PostgresStateStore', { skip: missing }, () => {
           ['nb', 'active', true, { running: 1, hibernated: 1 }],
         ],
       );
+      // One node alone counts its own sandboxes only.
+      assert.deepEqual((await a.fleet.getNode('nb'))?.sandboxes, { running: 1, hibernated: 1 });
+      assert.deepEqual((await a.fleet.getNode('na'))?.sandboxes, { running: 1 });
       // Two nodes marking it at once: one does.
       const marks = await Promise.all([
         a.atomically((tx) => tx.fleet!.markNodeLost('nb', 'na', 5)),

@@ -151,7 +151,8 @@ export const PG_MIGRATIONS: readonly string[] = [
   // The fleet: the node each sandbox lives on, and the nodes with their leases (times in
   // milliseconds of the database's clock: dormant_now_ms).
   `ALTER TABLE sandboxes ADD COLUMN node TEXT COLLATE "C";
-   CREATE INDEX sandboxes_node ON sandboxes (node, state);
+   -- A node's own sandboxes, and placement's counts by node and state from the index alone.
+   CREATE INDEX sandboxes_node_usage ON sandboxes (node, state);
    CREATE FUNCTION dormant_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE AS
      $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
    CREATE TABLE nodes (
@@ -963,12 +964,23 @@ export class PostgresStateStore implements StateStore {
       counts: Record<string, number> | null;
       memory_used: number | null;
     }>(
-      `SELECT n.*, n.lease_until < dormant_now_ms() AS expired,
-              (SELECT json_object_agg(c.state, c.n) FROM
-                 (SELECT state, count(*) AS n FROM sandboxes WHERE node = n.name GROUP BY state) c) AS counts,
-              (SELECT sum((spec->>'memoryBytes')::BIGINT) FROM sandboxes
-                WHERE node = n.name AND state = ANY($${name === undefined ? 1 : 2}::text[]))::BIGINT AS memory_used
-         FROM nodes n ${name === undefined ? '' : 'WHERE n.name = $1'} ORDER BY n.name`,
+      // One pass over the sandboxes grouped by node and state for the counts (the index
+      // sandboxes_node_usage covers it), not lookups per node: listing 100 nodes of 10k
+      // sandboxes costs a few ms (docs/BENCHMARKS.md, fleet). The memory in use is the awake
+      // sandboxes' limits (their specs: only those rows are read).
+      `SELECT n.*, n.lease_until < dormant_now_ms() AS expired, c.counts, m.memory_used
+         FROM nodes n
+         LEFT JOIN (
+           SELECT node, json_object_agg(state, k) AS counts
+             FROM (SELECT node, state, count(*) AS k FROM sandboxes
+                    WHERE ${name === undefined ? 'node IS NOT NULL' : 'node = $1'} GROUP BY node, state) g
+            GROUP BY node) c ON c.node = n.name
+         LEFT JOIN (
+           SELECT node, sum((spec->>'memoryBytes')::BIGINT)::BIGINT AS memory_used FROM sandboxes
+            WHERE ${name === undefined ? 'node IS NOT NULL' : 'node = $1'}
+              AND state = ANY($${name === undefined ? 1 : 2}::text[])
+            GROUP BY node) m ON m.node = n.name
+         ${name === undefined ? '' : 'WHERE n.name = $1'} ORDER BY n.name`,
       name === undefined ? [[...AWAKE_STATES]] : [name, [...AWAKE_STATES]],
     );
     return rows.map((r) => ({
