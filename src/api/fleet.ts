@@ -8,7 +8,7 @@ import { request as httpRequest, type IncomingMessage } from 'node:http';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { DormantError, ErrorCode } from '../domain/errors.js';
-import { AWAKE_STATES, mostRoom, placeWake, type NodeInfo } from '../domain/node.js';
+import { AWAKE_STATES, mostRoom, placeWake, type NodeInfo, type WakeNeeds } from '../domain/node.js';
 import type { Sandbox } from '../domain/sandbox.js';
 import type { NodeMembership } from '../control/fleet.js';
 import type { SandboxController } from '../control/sandboxes.js';
@@ -20,6 +20,8 @@ export interface FleetHooks {
   name: string;
   store: FleetStore;
   membership?: NodeMembership;
+  /** What a node needs to wake sandbox `s` (its checkpoint's facts, its runtime). */
+  wakeNeeds?: (s: Sandbox) => Promise<WakeNeeds | undefined>;
 }
 
 /** The header a forwarded request carries: the node it came from. A forwarded request is never forwarded again. */
@@ -172,11 +174,16 @@ async function routeFor(
     // Where placement says: its own node while that one takes sandboxes, else here, else the roomiest.
     const here = fleet.membership?.state ?? 'active';
     if (s.node === me && here === 'active') return undefined;
-    const place = placeWake(await fleet.store.listNodes(), s.node, me);
+    const needs = await fleet.wakeNeeds?.(s);
+    const place = placeWake(await fleet.store.listNodes(), s.node, me, needs);
     if (!place)
-      throw new DormantError(ErrorCode.NODE_UNAVAILABLE, `no node takes sandboxes to wake ${s.id} on`, {
-        hint: 'undrain a node (dormant node undrain NAME) or start one',
-      });
+      throw new DormantError(
+        ErrorCode.NODE_UNAVAILABLE,
+        `no node that takes sandboxes can wake ${s.id}${needs ? ` (it needs ${needs.runtime}${needs.facts.arch ? ` on ${needs.facts.arch}` : ''} and its checkpoint's CPU and CRIU)` : ''}`,
+        {
+          hint: 'undrain a node (dormant node undrain NAME) or start one like the node that made its checkpoint',
+        },
+      );
     return place;
   }
   if (s.node === undefined || s.node === me) return undefined;

@@ -11,6 +11,7 @@ import { availableParallelism, hostname, totalmem } from 'node:os';
 import type { FastifyInstance } from 'fastify';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
 import { NODE_NAME_PATTERN } from '../domain/node.js';
+import { checkpointFacts } from '../domain/compat.js';
 import { NodeMembership } from '../control/fleet.js';
 import { DEFAULTS } from './defaults.js';
 import { placeWakeFor, type FleetHooks } from '../api/fleet.js';
@@ -534,7 +535,18 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
     const reconciled = await controller.reconcile();
     const fleetHooks: FleetHooks | undefined =
       nodeName !== undefined && store.fleet !== undefined
-        ? { name: nodeName, store: store.fleet }
+        ? {
+            name: nodeName,
+            store: store.fleet,
+            // Placement wakes a sandbox only on a node with its runtime that can restore its checkpoint.
+            wakeNeeds: async (s: Sandbox) => {
+              const ck =
+                s.state === 'hibernated' && s.checkpointId !== undefined
+                  ? await store.getCheckpoint(s.checkpointId)
+                  : undefined;
+              return { runtime: s.spec.runtime ?? 'runc', facts: ck ? checkpointFacts(ck.meta) : {} };
+            },
+          }
         : undefined;
     const serverOpts: ServerOptions = {
       controller,

@@ -20,6 +20,17 @@ export interface PlatformFacts {
 const USER_VISIBLE_FLAG =
   /^(sse\d?(_\d)?|ssse3|sse4_[12]|sse4a|avx\w*|fma4?|f16c|bmi[12]|adx|aes|vaes|pclmulqdq|vpclmulqdq|sha_ni|popcnt|lzcnt|abm|movbe|rdrand|rdseed|xsave\w*|pku|ospke|gfni|amx\w*|erms|fsrm|clflushopt|clwb|cx16|mmx|fxsr|cmov|movdir\w*|serialize|lm|asimd\w*|sve\w*|sha[123]|sha512|crc32|atomics|fp|fphp)$/;
 
+/** The platform facts a checkpoint's record carries in its meta (those it has). */
+export function checkpointFacts(m: Record<string, unknown>): Partial<PlatformFacts> {
+  return {
+    ...(typeof m.arch === 'string' ? { arch: m.arch } : {}),
+    ...(typeof m.criuVersion === 'string' ? { criuVersion: m.criuVersion } : {}),
+    ...(Array.isArray(m.cpuFlags)
+      ? { cpuFlags: m.cpuFlags.filter((f): f is string => typeof f === 'string') }
+      : {}),
+  };
+}
+
 /** Problems that forbid restoring a checkpoint made on `from` onto `to`; empty when it may. */
 export function restoreProblems(from: Partial<PlatformFacts>, to: PlatformFacts): string[] {
   const problems: string[] = [];

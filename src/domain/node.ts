@@ -3,6 +3,7 @@
  * (S3), each running the sandboxes placed on it. No I/O here.
  */
 import type { SandboxState } from './sandbox.js';
+import { restoreProblems, type PlatformFacts } from './compat.js';
 
 /**
  * `active`: takes placements. `draining`: hibernates what runs there and takes none (until
@@ -55,17 +56,43 @@ export const AWAKE_STATES: readonly SandboxState[] = [
 /** A node name: what `--node` accepts (it appears in URLs, logs and cgroup-free names). */
 export const NODE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 
+/** What a node must have to wake a sandbox: its checkpoint's facts and its runtime. */
+export interface WakeNeeds {
+  facts: Partial<PlatformFacts>;
+  runtime: string;
+}
+
+/** Whether node `n` can wake a sandbox that needs `needs` (only what the node told of itself is compared). */
+export function canWake(n: NodeInfo, needs: WakeNeeds): boolean {
+  if (!n.capacity.runtimes.includes(needs.runtime)) return false;
+  const c = n.capacity;
+  const from: Partial<PlatformFacts> = {
+    ...(needs.facts.arch !== undefined ? { arch: needs.facts.arch } : {}),
+    ...(needs.facts.criuVersion !== undefined && c.criuVersion !== undefined
+      ? { criuVersion: needs.facts.criuVersion }
+      : {}),
+    ...(needs.facts.cpuFlags !== undefined && c.cpuFlags !== undefined
+      ? { cpuFlags: needs.facts.cpuFlags }
+      : {}),
+  };
+  return (
+    restoreProblems(from, { arch: c.arch, criuVersion: c.criuVersion ?? '0', cpuFlags: c.cpuFlags ?? [] })
+      .length === 0
+  );
+}
+
 /**
- * Where a sleeping sandbox wakes: its own node while that one takes placements (its packs are
- * in that node's cache), else `here` if it takes them, else the active node with the most
- * memory free. Undefined: no node takes placements.
+ * Where a sleeping sandbox wakes: among the nodes that take placements and can restore it
+ * (`needs`), its own node (its packs are in that node's cache), else `here`, else the one with
+ * the most memory free. Undefined: none.
  */
 export function placeWake(
   nodes: readonly NodeInfo[],
   last: string | undefined,
   here: string,
+  needs?: WakeNeeds,
 ): NodeInfo | undefined {
-  const open = nodes.filter((n) => n.state === 'active' && !n.expired);
+  const open = nodes.filter((n) => n.state === 'active' && !n.expired && (!needs || canWake(n, needs)));
   return open.find((n) => n.name === last) ?? open.find((n) => n.name === here) ?? mostRoom(open);
 }
 

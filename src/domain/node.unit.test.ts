@@ -1,6 +1,6 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mostRoom, placeWake, type NodeInfo } from './node.js';
+import { canWake, mostRoom, placeWake, type NodeInfo } from './node.js';
 
 const GiB = 1024 ** 3;
 
@@ -66,5 +66,39 @@ describe('placement of a waking sandbox', () => {
       ])?.name,
       'x',
     );
+  });
+
+  test('only nodes that can restore it: its runtime, its architecture, its CPU flags, a CRIU as new', () => {
+    const cap = (o: Partial<NodeInfo['capacity']>): Partial<NodeInfo> => ({
+      capacity: {
+        memoryBytes: 8 * GiB,
+        cpus: 4,
+        arch: 'x86_64',
+        runtimes: ['runc'],
+        criuVersion: '4.2',
+        cpuFlags: ['avx2'],
+        ...o,
+      },
+    });
+    const needs = {
+      runtime: 'runc',
+      facts: { arch: 'x86_64', criuVersion: '4.2', cpuFlags: ['avx2', 'sse4_2'] },
+    };
+    const nodes = [
+      node('arm', cap({ arch: 'aarch64', cpuFlags: ['avx2', 'sse4_2'] })),
+      node('old', cap({ criuVersion: '3.17', cpuFlags: ['avx2', 'sse4_2'] })),
+      node('nosse', cap({ cpuFlags: ['avx2'] })),
+      node('gvisor', cap({ runtimes: ['runsc'], cpuFlags: ['avx2', 'sse4_2'] })),
+      node('fits', cap({ cpuFlags: ['avx2', 'sse4_2'], memoryBytes: 1 * GiB })),
+    ];
+    assert.deepEqual(
+      nodes.filter((n) => canWake(n, needs)).map((n) => n.name),
+      ['fits'],
+    );
+    // Its own node and the one asked cannot: the one that can, though it has the least room.
+    assert.equal(placeWake(nodes, 'arm', 'old', needs)?.name, 'fits');
+    assert.equal(placeWake(nodes.slice(0, 4), 'arm', 'old', needs), undefined);
+    // A node that told nothing of its CPU or CRIU is not held to them.
+    assert.equal(canWake(node('quiet'), needs), true);
   });
 });

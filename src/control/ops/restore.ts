@@ -6,7 +6,7 @@ import { DormantError } from '../../domain/errors.js';
 import type { Sandbox } from '../../domain/sandbox.js';
 import type { CheckpointRecord } from '../../state/store.js';
 import { FS_META } from '../../runtime/layer.js';
-import { restoreProblems } from '../../domain/compat.js';
+import { checkpointFacts, restoreProblems } from '../../domain/compat.js';
 import { gpuRestoreProblems } from '../../domain/gpu.js';
 import { checkpointUnsupported } from '../gpu.js';
 import { StepTimer } from '../../domain/timings.js';
@@ -26,13 +26,7 @@ export async function checkCompatible(
 ): Promise<void> {
   if (!ck) return;
   const m = ck.meta;
-  const from = {
-    ...(typeof m.arch === 'string' ? { arch: m.arch } : {}),
-    ...(typeof m.criuVersion === 'string' ? { criuVersion: m.criuVersion } : {}),
-    ...(Array.isArray(m.cpuFlags)
-      ? { cpuFlags: m.cpuFlags.filter((f): f is string => typeof f === 'string') }
-      : {}),
-  };
+  const from = checkpointFacts(m);
   const node = await ctx.platform();
   // Only what this node knows about itself is compared.
   const problems = restoreProblems(
