@@ -151,8 +151,12 @@ export const PG_MIGRATIONS: readonly string[] = [
   // The fleet: the node each sandbox lives on, and the nodes with their leases (times in
   // milliseconds of the database's clock: dormant_now_ms).
   `ALTER TABLE sandboxes ADD COLUMN node TEXT COLLATE "C";
-   -- A node's own sandboxes, and placement's counts by node and state from the index alone.
-   CREATE INDEX sandboxes_node_usage ON sandboxes (node, state);
+   -- The memory limit (spec.memoryBytes) as a column, set at insert: what placement sums.
+   ALTER TABLE sandboxes ADD COLUMN reserved_bytes BIGINT NOT NULL DEFAULT 0;
+   UPDATE sandboxes SET reserved_bytes = COALESCE((spec->>'memoryBytes')::BIGINT, 0);
+   -- A node's own sandboxes, and placement's counts and sums by node and state from the
+   -- index alone (no table page per sandbox).
+   CREATE INDEX sandboxes_node_usage ON sandboxes (node, state) INCLUDE (reserved_bytes);
    CREATE FUNCTION dormant_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE AS
      $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT $$;
    CREATE TABLE nodes (
@@ -315,9 +319,10 @@ const toTemplate = (r: TemplateRow): TemplateRecord => ({
 
 /** `col = $N, ...` for the patch's known fields (rows.ts). */
 function patchColumns(patch: Partial<Sandbox>, p: (v: unknown) => string): string {
-  return patchAssignments(patch)
-    .map(([col, v]) => `${col} = ${p(v)}`)
-    .join(', ');
+  const cols = patchAssignments(patch);
+  // The limit's column follows the spec it comes from.
+  if (patch.spec !== undefined) cols.push(['reserved_bytes', patch.spec.memoryBytes]);
+  return cols.map(([col, v]) => `${col} = ${p(v)}`).join(', ');
 }
 
 /**
@@ -568,8 +573,9 @@ export class PostgresStateStore implements StateStore {
       await this.guarded(
         `WITH s AS (
            INSERT INTO sandboxes (id, tenant, name, state, spec, created_at, state_since, last_active_at,
-                                  checkpoint_id, last_error, memory_bytes, address, gpus, gpu_policy, node)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16)
+                                  checkpoint_id, last_error, memory_bytes, address, gpus, gpu_policy, node,
+                                  reserved_bytes)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16, $17)
            RETURNING id, tenant, state, state_since)
          INSERT INTO transitions (sandbox_id, tenant, from_state, to_state, at, reason)
          SELECT id, tenant, NULL, state, state_since, $15 FROM s`,
@@ -590,6 +596,7 @@ export class PostgresStateStore implements StateStore {
           s.gpuPolicy ?? DEFAULT_GPU_POLICY,
           reason,
           s.node ?? null,
+          s.spec.memoryBytes,
         ],
       );
     } catch (e) {
@@ -964,22 +971,16 @@ export class PostgresStateStore implements StateStore {
       counts: Record<string, number> | null;
       memory_used: number | null;
     }>(
-      // One pass over the sandboxes grouped by node and state for the counts (the index
-      // sandboxes_node_usage covers it), not lookups per node: listing 100 nodes of 10k
-      // sandboxes costs a few ms (docs/BENCHMARKS.md, fleet). The memory in use is the awake
-      // sandboxes' limits (their specs: only those rows are read).
-      `SELECT n.*, n.lease_until < dormant_now_ms() AS expired, c.counts, m.memory_used
-         FROM nodes n
-         LEFT JOIN (
-           SELECT node, json_object_agg(state, k) AS counts
-             FROM (SELECT node, state, count(*) AS k FROM sandboxes
+      // One pass over the sandboxes grouped by node and state, read from the index alone
+      // (sandboxes_node_usage), not lookups per node: listing 100 nodes of 10k sandboxes costs
+      // a few ms (docs/BENCHMARKS.md, fleet). The memory in use is the awake sandboxes' limits.
+      `SELECT n.*, n.lease_until < dormant_now_ms() AS expired, c.counts, c.memory_used
+         FROM nodes n LEFT JOIN (
+           SELECT node, json_object_agg(state, k) AS counts,
+                  sum(r) FILTER (WHERE state = ANY($${name === undefined ? 1 : 2}::text[]))::BIGINT AS memory_used
+             FROM (SELECT node, state, count(*) AS k, sum(reserved_bytes) AS r FROM sandboxes
                     WHERE ${name === undefined ? 'node IS NOT NULL' : 'node = $1'} GROUP BY node, state) g
             GROUP BY node) c ON c.node = n.name
-         LEFT JOIN (
-           SELECT node, sum((spec->>'memoryBytes')::BIGINT)::BIGINT AS memory_used FROM sandboxes
-            WHERE ${name === undefined ? 'node IS NOT NULL' : 'node = $1'}
-              AND state = ANY($${name === undefined ? 1 : 2}::text[])
-            GROUP BY node) m ON m.node = n.name
          ${name === undefined ? '' : 'WHERE n.name = $1'} ORDER BY n.name`,
       name === undefined ? [[...AWAKE_STATES]] : [name, [...AWAKE_STATES]],
     );
