@@ -6,11 +6,11 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { hostname } from 'node:os';
 import pg from 'pg';
-import type { Daemon } from '../daemon/daemon.js';
+import { stagingDirFor, type Daemon } from '../daemon/daemon.js';
 import { DormantError } from '../domain/errors.js';
 import type { DormantClient, SandboxInfo } from '../sdk/client.js';
 import { pgMissing, startPostgres, type TestPostgres } from '../state/testing/postgres.js';
@@ -86,6 +86,11 @@ describe('the database of record in PostgreSQL', { skip: missing }, () => {
         !e.message.includes(server.password),
     );
     assert.equal(existsSync(join(other, 'state.db')), false);
+    // Nor its staging tmpfs: a refused start releases it.
+    assert.ok(
+      !readFileSync('/proc/mounts', 'utf8').includes(` ${stagingDirFor(other)} `),
+      'the refused node left its staging mounted',
+    );
     assert.equal(await stateOf(sb.id), 'running', 'the first node’s sandbox is untouched');
   });
 

@@ -397,7 +397,13 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
   // Its sandboxes' cgroups under a folder of its own: nodes sharing one host (scripts/fleet.sh)
   // never end each other's processes through a sandbox's cgroup.
   const cgroupParent = nodeName !== undefined ? `/dormant/${nodeName}` : '/dormant';
-  const { store, nodeLock } = await openState(opts, dataDir, warn);
+  const { store, nodeLock } = await openState(opts, dataDir, warn).catch(async (e: unknown) => {
+    // Refused (the node's name held elsewhere, the database out of reach): nothing of this
+    // start stays behind, the staging tmpfs included.
+    await releaseStaging(stagingDir).catch(() => undefined);
+    await rmdir(bundleDir).catch(() => undefined);
+    throw e;
+  });
   let membership: NodeMembership | undefined;
   let vaultLocks: VaultLocks | undefined;
   // A node starting again renews its lease from the moment it holds its name: a start slower
