@@ -13,13 +13,12 @@ import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { rm } from 'node:fs/promises';
 import type { Daemon, DaemonOptions } from '../daemon/daemon.js';
-import { DEFAULTS } from '../daemon/defaults.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { pgMissing, startPostgres, type TestPostgres } from '../state/testing/postgres.js';
 import { rgwMissing, startRgw, type TestRgw } from '../vault/testing/rgw.js';
 import { COUNTER_SERVER_PY } from './testing/servers.js';
 import { eventually, httpGet } from './testing/host.js';
-import { apiError, startTestDaemon, stopTestDaemon, testFolder } from './testing/daemon.js';
+import { apiError, rgwVault, startTestDaemon, stopTestDaemon, testFolder } from './testing/daemon.js';
 
 const missing = (await pgMissing()) ?? (await rgwMissing());
 const LEASE_MS = 3_000;
@@ -40,14 +39,7 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
       masterKey: { key },
       state: { url },
       node: { name, leaseMs: LEASE_MS },
-      vault: {
-        url: `s3://${rgw.bucket}/fleet`,
-        endpoint: rgw.endpoint,
-        accessKeyId: rgw.accessKeyId,
-        secretAccessKey: { value: rgw.secretAccessKey },
-        cacheBytes: DEFAULTS.vault.cacheBytes,
-        partSizeBytes: DEFAULTS.vault.partSizeBytes,
-      },
+      vault: rgwVault(rgw, 'fleet'),
       proxy: { domain: 'dormant.test', listen: '127.0.0.1:0' },
       policy: false,
       // The fleet's own warnings (a node marked lost, a drain that failed) in the test's output.

@@ -12,9 +12,8 @@ import { randomBytes } from 'node:crypto';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import type { Daemon } from '../daemon/daemon.js';
-import { DEFAULTS } from '../daemon/defaults.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
-import { startTestDaemon, stopTestDaemon } from '../api/testing/daemon.js';
+import { rgwVault, startTestDaemon, stopTestDaemon } from '../api/testing/daemon.js';
 import { pgMissing, startPostgres, type TestPostgres } from '../state/testing/postgres.js';
 import { rgwMissing, startRgw, type TestRgw } from '../vault/testing/rgw.js';
 import type { BenchSection, BenchSuite } from './harness.js';
@@ -51,14 +50,7 @@ export const crossnodeSuite: BenchSuite = {
           masterKey: { key },
           state: { url },
           node: { name },
-          vault: {
-            url: `s3://${rgw.bucket}/fleet`,
-            endpoint: rgw.endpoint,
-            accessKeyId: rgw.accessKeyId,
-            secretAccessKey: { value: rgw.secretAccessKey },
-            cacheBytes: DEFAULTS.vault.cacheBytes,
-            partSizeBytes: DEFAULTS.vault.partSizeBytes,
-          },
+          vault: rgwVault(rgw, 'fleet'),
           proxy: false,
           policy: false,
         });

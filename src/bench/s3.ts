@@ -10,10 +10,9 @@ import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import type { Daemon } from '../daemon/daemon.js';
-import { DEFAULTS } from '../daemon/defaults.js';
 import type { OperationTimings } from '../domain/timings.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
-import { startTestDaemon, stopTestDaemon } from '../api/testing/daemon.js';
+import { rgwVault, startTestDaemon, stopTestDaemon } from '../api/testing/daemon.js';
 import { eventually, httpGet } from '../api/testing/host.js';
 import { pythonServer } from '../api/testing/servers.js';
 import { run } from '../sys/exec.js';
@@ -206,14 +205,7 @@ export const s3Suite: BenchSuite = {
       daemons.s3 = (
         await startTestDaemon({
           dataDir: join(dir, 's3'),
-          vault: {
-            url: `s3://${rgw.bucket}/bench`,
-            endpoint: rgw.endpoint,
-            accessKeyId: rgw.accessKeyId,
-            secretAccessKey: { value: rgw.secretAccessKey },
-            cacheBytes: DEFAULTS.vault.cacheBytes,
-            partSizeBytes: DEFAULTS.vault.partSizeBytes,
-          },
+          vault: rgwVault(rgw, 'bench'),
         })
       ).daemon;
       const store = daemons.s3.vault.store;

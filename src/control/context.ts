@@ -105,6 +105,22 @@ export class LifecycleContext {
     return this.store.querySandboxes({ node: this.node, limit: Number.MAX_SAFE_INTEGER });
   }
 
+  /**
+   * SANDBOX_BUSY for a compare-and-set from `from` that another request or node won: what the
+   * sandbox is now (read through `via`), and where.
+   */
+  async busy(id: string, from: string, via: SandboxReader = this.store): Promise<DormantError> {
+    const now = await via.getSandbox(id);
+    const where = now?.node !== undefined && now.node !== this.node ? ` on node ${now.node}` : '';
+    return new DormantError(
+      'SANDBOX_BUSY',
+      `sandbox ${id} is no longer ${from}: it is ${now?.state ?? 'gone'}${where}`,
+      {
+        hint: 'another request (or node) got to it first; dormant get ID shows where it is now',
+      },
+    );
+  }
+
   step(name: string): void {
     this.opts.failAt?.(name);
   }

@@ -9,6 +9,9 @@ import { createHash } from 'node:crypto';
 import { dirname, join, resolve } from 'node:path';
 import pg from 'pg';
 import { startDaemon, type Daemon, type DaemonOptions } from '../../daemon/daemon.js';
+import type { S3VaultConfig } from '../../daemon/config.js';
+import { DEFAULTS } from '../../daemon/defaults.js';
+import type { TestRgw } from '../../vault/testing/rgw.js';
 import { DormantApiError, DormantClient } from '../../sdk/client.js';
 import { buildBusyboxRootfs } from '../../runtime/testing/rootfs.js';
 import { startPostgres, type TestPostgres } from '../../state/testing/postgres.js';
@@ -131,4 +134,16 @@ export async function apiError(p: Promise<unknown>): Promise<DormantApiError> {
     return e;
   }
   assert.fail('expected an API error');
+}
+
+/** A daemon's vault in the test S3 server's bucket under `prefix`, with the default cache and part size. */
+export function rgwVault(rgw: TestRgw, prefix: string): S3VaultConfig {
+  return {
+    url: `s3://${rgw.bucket}/${prefix}`,
+    endpoint: rgw.endpoint,
+    accessKeyId: rgw.accessKeyId,
+    secretAccessKey: { value: rgw.secretAccessKey },
+    cacheBytes: DEFAULTS.vault.cacheBytes,
+    partSizeBytes: DEFAULTS.vault.partSizeBytes,
+  };
 }

@@ -5,7 +5,6 @@ import { mkdir, rename } from 'node:fs/promises';
 import { arch } from 'node:os';
 import { join } from 'node:path';
 import { assertLegal, isNoop, newId, type Sandbox } from '../../domain/sandbox.js';
-import { DormantError } from '../../domain/errors.js';
 import type { CheckpointRecord } from '../../state/store.js';
 import { FS_DIFF, FS_META } from '../../runtime/layer.js';
 import { LifecycleContext } from '../context.js';
@@ -67,14 +66,8 @@ export async function archiveSandbox(
         memoryBytes: 0,
         checkpointId: fsCk.id,
       }))
-    ) {
-      const now2 = await tx.getSandbox(id);
-      throw new DormantError(
-        'SANDBOX_BUSY',
-        `sandbox ${id} is no longer ${s.state}: it is ${now2?.state ?? 'gone'}${now2?.node !== undefined ? ` on node ${now2.node}` : ''}`,
-        { hint: 'another request (or node) changed it first; dormant get ID shows it now' },
-      );
-    }
+    )
+      throw await ctx.busy(id, s.state, tx);
     await tx.insertCheckpoint(fsCk);
     for (const c of old) await tx.deleteCheckpoint(c.id, now);
   });

@@ -90,9 +90,12 @@ export async function releaseForeign(ctx: LifecycleContext): Promise<string[]> {
   const me = ctx.node;
   if (me === undefined) return [];
   const released: string[] = [];
+  // One query for what is this node's, so a pass over its runtime reads the database only for
+  // the (few) others; each of those is read again under its lock before anything is removed.
+  const mine = new Set((await ctx.own()).map((s) => s.id));
   for (const id of await ctx.runtime.list()) {
     // One this node is working on is its own (a resume claims it first): never waited for.
-    if (ctx.locks.busy(id)) continue;
+    if (mine.has(id) || ctx.locks.busy(id)) continue;
     await ctx.locks.run(id, async () => {
       const s = await ctx.store.getSandbox(id);
       if (s && (s.node === me || s.node === undefined)) return;

@@ -86,14 +86,8 @@ async function resumeLocked(
     const from = s.state;
     // A compare-and-set, and in a fleet the claim: the sandbox becomes this node's. Of two
     // nodes waking it at once, one gets it; the other changes nothing.
-    if (!(await ctx.store.transition(id, from, 'resuming', reason, ctx.clock.now(), ctx.placed()))) {
-      const now = await ctx.store.getSandbox(id);
-      throw new DormantError(
-        'SANDBOX_BUSY',
-        `sandbox ${id} is no longer ${from}: it is ${now?.state ?? 'gone'}${now?.node !== undefined && now.node !== ctx.node ? ` on node ${now.node}` : ''}`,
-        { hint: 'another request (or node) got to it first; dormant ls shows where it is now' },
-      );
-    }
+    if (!(await ctx.store.transition(id, from, 'resuming', reason, ctx.clock.now(), ctx.placed())))
+      throw await ctx.busy(id, from);
     let pagesLoaded: Promise<void> | undefined;
     // Its address as this node's runtime made it: another one than before when it woke on
     // another node (each node has its own addresses).
