@@ -4,11 +4,13 @@
  * hibernates into S3 and resumes on node 2 with its memory; node 1's API and wake proxy reach
  * it there; two nodes racing to wake it restore it once; drain hibernates a node's sandboxes
  * and sends creates elsewhere; a node that stops renewing its lease has its sandboxes taken
- * back to their checkpoints by the other.
+ * back to their checkpoints by the other; a node cut off from the database freezes its sandboxes
+ * before its lease runs out, and ends its stale copies once it learns it was marked lost.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
+import { connect, createServer, type Socket } from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { rm } from 'node:fs/promises';
@@ -32,18 +34,22 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
   const key = randomBytes(32);
   const nodes: Record<string, Daemon | undefined> = {};
   const clients: Record<string, DormantClient> = {};
+  /** The fleet's warnings, by node, with when they came. */
+  const warned: Record<string, { at: number; m: string }[]> = {};
+  let relay: Relay | undefined;
 
-  const startNode = async (name: string): Promise<Daemon> => {
+  const startNode = async (name: string, stateUrl = url): Promise<Daemon> => {
     const opts: DaemonOptions = {
       dataDir: join(dir, name),
       masterKey: { key },
-      state: { url },
+      state: { url: stateUrl },
       node: { name, leaseMs: LEASE_MS },
       vault: rgwVault(rgw, 'fleet'),
       proxy: { domain: 'dormant.test', listen: '127.0.0.1:0' },
       policy: false,
       // The fleet's own warnings (a node marked lost, a drain that failed) in the test's output.
       warn: (m: string) => {
+        (warned[name] ??= []).push({ at: Date.now(), m });
         if (/lost|drain|releas|renew/.test(m)) process.stderr.write(`[${name}] ${m}\n`);
       },
     };
@@ -95,6 +101,7 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
       for (const d of Object.values(nodes)) await stopTestDaemon(d).catch(() => undefined);
       await rm(dir, { recursive: true, force: true });
     } finally {
+      await relay?.close();
       await rgw.stop();
       await pgServer.stop();
     }
@@ -202,7 +209,7 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
     return st?.status === 'running' || st?.status === 'paused';
   };
 
-  test('drain: the node’s sandboxes hibernate, creates go elsewhere, they wake on another node; undrain', async () => {
+  test('drain: the node’s sandboxes hibernate, creates and forks go elsewhere, they wake on another node; undrain', async () => {
     const where = (await clients.node1!.getSandbox(sb.id)).node!;
     const other = where === 'node1' ? 'node2' : 'node1';
     const res = await fetch(`${nodes[other]!.url}/v1/nodes/${where}/drain`, {
@@ -219,6 +226,15 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
     // A create sent to the draining node lands on the other.
     const made = await clients[where]!.createSandbox({ rootfs, command: ['/bin/sleep', '600'] });
     assert.equal(made.node, other);
+    // So does a fork of its sleeping sandbox, restored from the same checkpoint.
+    const forked = await clients[where]!.fork(sb.id, { name: 'drained-fork' });
+    assert.equal(forked.node, other);
+    assert.equal(forked.state, 'running');
+    assert.match(
+      await eventually('fork answers', () => httpGet(forked.address!, 8080)),
+      new RegExp(` ${memToken}$`),
+    );
+    await clients[other]!.remove(forked.id);
     // Waking it through the draining node: placement picks the other.
     const r = await clients[where]!.resume(sb.id);
     assert.equal(r.node, other);
@@ -280,4 +296,119 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
     assert.equal(again.state, 'active');
     assert.equal((await clients[where]!.getSandbox(sb.id)).node, other);
   });
+
+  test('a node cut off from the database freezes its sandboxes before its lease runs out; taken back, its copy never runs again', async () => {
+    // Node 3 reaches PostgreSQL through a relay the test can cut: its lease cannot be renewed,
+    // while its sandboxes, its API and the vault are untouched.
+    relay = await cuttableRelay(Number(new URL(url).port));
+    const through = new URL(url);
+    through.port = String(relay.port);
+    await startNode('node3', through.toString());
+    const made = await clients.node3!.createSandbox({
+      rootfs,
+      command: ['/usr/bin/python3', '-u', '/srv/server.py'],
+      ports: [8080],
+    });
+    assert.equal(made.node, 'node3');
+    const tok = (await eventually('server', () => httpGet(made.address!, 8080))).split(' ')[1]!;
+    // Its checkpoint holds count 1; then it wakes on node 3 and counts on.
+    assert.equal((await clients.node3!.hibernate(made.id)).state, 'hibernated');
+    const res = await fetch(`${nodes.node3!.url}/v1/sandboxes/${made.id}/resume?node=node3`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${nodes.node3!.adminToken}` },
+    });
+    const woke = (await res.json()) as SandboxInfo;
+    assert.equal(woke.node, 'node3', JSON.stringify(woke));
+    assert.equal(await eventually('resumed', () => httpGet(woke.address!, 8080)), `2 ${tok}`);
+
+    relay.cut();
+    const back = await eventually(
+      'taken back by another node',
+      async () => {
+        const s = await clients.node1!.getSandbox(made.id);
+        if (s.state !== 'hibernated') throw new Error(`still ${s.state} on ${s.node}`);
+        return s;
+      },
+      30_000,
+    );
+    assert.notEqual(back.node, 'node3');
+    const reclaimedAt = (await nodes.node1!.store.transitions({ sandboxId: made.id, limit: 10_000 })).at(
+      -1,
+    )!.at;
+    const froze = warned.node3?.find((w) => /froze 1 sandbox/.test(w.m));
+    assert.ok(froze, `node 3 fenced itself: ${JSON.stringify(warned.node3)}`);
+    assert.ok(froze.at < reclaimedAt, 'frozen before the fleet took it back');
+    assert.equal((await nodes.node3!.runtime.state(made.id)).status, 'paused', 'the stale copy is frozen');
+
+    // Woken elsewhere from its checkpoint: what ran on node 3 after it is gone.
+    const r = await clients.node1!.resume(made.id);
+    assert.notEqual(r.node, 'node3');
+    assert.equal(await eventually('woken', () => httpGet(r.address!, 8080)), `2 ${tok}`);
+
+    // Node 3 reaches the database again: told it was lost, it ends its copy without thawing
+    // it, and joins again.
+    relay.mend();
+    await eventually(
+      'node 3 lets go',
+      async () => {
+        if ((await nodes.node3!.runtime.list()).includes(made.id)) throw new Error('still held');
+      },
+      30_000,
+    );
+    assert.ok(!warned.node3!.some((w) => /renewed its lease in time/.test(w.m)), 'never thawed');
+    await eventually('node 3 joins again', async () => {
+      const n3 = (await (
+        await fetch(`${nodes.node1!.url}/v1/nodes/node3`, {
+          headers: { authorization: `Bearer ${nodes.node1!.adminToken}` },
+        })
+      ).json()) as { state: string };
+      if (n3.state !== 'active') throw new Error(`node 3 is ${n3.state}`);
+    });
+    assert.equal(await httpGet(r.address!, 8080), `3 ${tok}`, 'the woken copy is the sandbox');
+    await clients.node1!.remove(made.id);
+  });
 });
+
+interface Relay {
+  port: number;
+  /** Ends every connection through it, and refuses new ones until mend. */
+  cut(): void;
+  mend(): void;
+  close(): Promise<void>;
+}
+
+/** A TCP relay on loopback to port `to` that the test can cut and mend. */
+async function cuttableRelay(to: number): Promise<Relay> {
+  const open = new Set<Socket>();
+  let cut = false;
+  const server = createServer((c) => {
+    if (cut) return void c.destroy();
+    const up = connect(to, '127.0.0.1');
+    const end = (): void => {
+      for (const s of [c, up]) {
+        s.destroy();
+        open.delete(s);
+      }
+    };
+    open.add(c).add(up);
+    c.on('error', end).on('close', end);
+    up.on('error', end).on('close', end);
+    c.pipe(up).pipe(c);
+  });
+  await new Promise<void>((res) => server.listen(0, '127.0.0.1', res));
+  const { port } = server.address() as { port: number };
+  const cutAll = (): void => {
+    cut = true;
+    for (const s of open) s.destroy();
+    open.clear();
+  };
+  return {
+    port,
+    cut: cutAll,
+    mend: () => (cut = false),
+    close: async () => {
+      cutAll();
+      await new Promise<void>((res) => server.close(() => res()));
+    },
+  };
+}

@@ -38,8 +38,19 @@ const HOP = new Set([
   'trailer',
 ]);
 
-/** Routes of a sleeping sandbox that wake it (resume, and the toolbox's, which wake it first). */
-const WAKES = /^\/(resume|exec|files|commands)(\/|$)/;
+/**
+ * Routes of a sleeping sandbox that restore its checkpoint: resume, the toolbox's (which wake it
+ * first), and fork (its copy restored from the same checkpoint, on a node that can).
+ */
+const WAKES = /^\/(resume|exec|files|commands|fork)(\/|$)/;
+
+/**
+ * Requests that make a sandbox: sent elsewhere while this node drains. An import that names an
+ * archive by its path stays (the path is on this machine); the drain hibernates what it makes.
+ */
+const makes = (path: string, query: string): boolean =>
+  path === '/v1/sandboxes' ||
+  (path === '/v1/checkpoints/import' && new URLSearchParams(query).has('fileName'));
 
 const NodeParams = z.strictObject({ name: z.string().min(1).max(63) });
 
@@ -99,7 +110,8 @@ export function registerFleetRoutes(app: FastifyInstance, fleet: FleetHooks | un
 }
 
 /**
- * Forwards requests for sandboxes of other nodes (and creates, while this node drains). Runs
+ * Forwards requests for sandboxes of other nodes (and creates and imports, while this node
+ * drains; a fork of a sleeping sandbox goes where it would wake). Runs
  * after authentication: a tenant is forwarded only for a sandbox it may see, and the other node
  * authenticates the same token against the same database.
  */
@@ -121,8 +133,10 @@ export function installForwarding(
         return; // the route answers it (not found, a bad id)
       }
       target = await routeFor(fleet, s, req.method, m[2] ?? '', new URLSearchParams(query).get('node'));
-    } else if (req.method === 'POST' && path === '/v1/sandboxes' && fleet.membership?.state === 'draining') {
-      target = mostRoom(open(await fleet.store.listNodes()).filter((n) => n.name !== fleet.name));
+    } else if (req.method === 'POST' && makes(path, query) && fleet.membership?.state === 'draining') {
+      target = mostRoom(
+        open(await fleet.store.listNodes({ counts: false })).filter((n) => n.name !== fleet.name),
+      );
       if (!target)
         throw new DormantError(
           ErrorCode.NODE_UNAVAILABLE,
@@ -175,7 +189,7 @@ async function routeFor(
     const here = fleet.membership?.state ?? 'active';
     if (s.node === me && here === 'active') return undefined;
     const needs = await fleet.wakeNeeds?.(s);
-    const place = placeWake(await fleet.store.listNodes(), s.node, me, needs);
+    const place = placeWake(await fleet.store.listNodes({ counts: false }), s.node, me, needs);
     if (!place)
       throw new DormantError(
         ErrorCode.NODE_UNAVAILABLE,

@@ -1,13 +1,16 @@
 /**
  * A node's membership in a fleet: it registers in the shared database, renews its lease,
  * hibernates its sandboxes while drained, and takes back the sandboxes of nodes whose lease ran
- * out. Leases are timed by the database's clock (FleetStore), never by the nodes'.
+ * out. Leases are timed by the database's clock (FleetStore), never by the nodes'. A node that
+ * cannot renew freezes its sandboxes before its lease can run out (fencing, timed by its own
+ * monotonic clock from the last renewal that succeeded), and thaws them if it renews in time.
  */
+import { performance } from 'node:perf_hooks';
 import { asError } from '../domain/errors.js';
 import type { NodeCapacity, NodeState } from '../domain/node.js';
 import type { FleetStore } from '../state/store.js';
 import type { Sandbox } from '../domain/sandbox.js';
-import type { Reclaimed } from './ops/nodes.js';
+import type { Fenced, Reclaimed } from './ops/nodes.js';
 
 /** What membership needs of the controller. */
 export interface FleetTarget {
@@ -15,6 +18,7 @@ export interface FleetTarget {
   hibernate(id: string, tenant: string | undefined, reason: string): Promise<unknown>;
   reclaimLostNode(name: string): Promise<Reclaimed[]>;
   releaseForeign(): Promise<string[]>;
+  fence(): Promise<Fenced>;
 }
 
 export interface MembershipOptions {
@@ -29,6 +33,12 @@ export interface MembershipOptions {
   info?: (m: string) => void;
   /** Default: a third of the lease. */
   renewEveryMs?: number;
+  /**
+   * How long after sending the last renewal that succeeded the node fences itself if none has
+   * succeeded since. Default: three quarters of the lease (the lease at the database runs at
+   * least a whole lease from that sending).
+   */
+  fenceAfterMs?: number;
 }
 
 export class NodeMembership {
@@ -43,6 +53,9 @@ export class NodeMembership {
   private lastState: NodeState;
   /** Drain failures already reported, by sandbox. */
   private readonly drainFailed = new Set<string>();
+  private fenceTimer: NodeJS.Timeout | undefined;
+  /** Set while the node is fenced (or freezing), until a renewal or close lifts it. */
+  private fencing: Promise<Fenced | undefined> | undefined;
 
   private constructor(
     private readonly o: MembershipOptions,
@@ -54,6 +67,7 @@ export class NodeMembership {
 
   /** Registers the node (a draining one stays draining) and starts renewing its lease. */
   static async join(o: MembershipOptions): Promise<NodeMembership> {
+    const sent = performance.now();
     const state = await o.fleet.registerNode(
       {
         name: o.name,
@@ -65,6 +79,7 @@ export class NodeMembership {
       o.leaseMs,
     );
     const m = new NodeMembership(o, state);
+    m.armFence(sent);
     m.schedule();
     return m;
   }
@@ -92,6 +107,7 @@ export class NodeMembership {
   async tick(): Promise<void> {
     const { fleet, name, leaseMs } = this.o;
     let state: NodeState | undefined;
+    const sent = performance.now();
     try {
       state = await fleet.renewNode(name, leaseMs);
     } catch (e) {
@@ -102,11 +118,14 @@ export class NodeMembership {
       return;
     }
     if (state === undefined) {
-      // The others took this node's sandboxes back: what still runs here is a stale copy.
+      // The others took this node's sandboxes back: what still runs here is a stale copy,
+      // frozen if the fence came first, and ended now without running again.
+      await this.unfence(false);
       const ended = await this.release();
       this.o.warn(
         `node ${name} was marked lost by the fleet (its lease ran out); it ended ${ended.length} sandbox(es) taken back to their checkpoints, and joins again`,
       );
+      const again = performance.now();
       try {
         state = await fleet.registerNode(
           {
@@ -123,6 +142,13 @@ export class NodeMembership {
         return;
       }
       this.judgeAfter = Date.now() + leaseMs;
+      this.armFence(again);
+    } else {
+      this.armFence(sent);
+      // Renewed in time: what the fence froze is still this node's, and goes on.
+      const thawed = await this.unfence(true);
+      if (thawed > 0)
+        this.o.warn(`node ${name} renewed its lease in time: ${thawed} sandbox(es) frozen meanwhile go on`);
     }
     this.lastState = state;
     if (state === 'draining') this.drain();
@@ -137,6 +163,40 @@ export class NodeMembership {
     })().finally(() => {
       this.chores = undefined;
     });
+  }
+
+  /** (Re)starts the fence's clock from the sending of a renewal that succeeded. */
+  private armFence(sent: number): void {
+    if (this.fenceTimer) clearTimeout(this.fenceTimer);
+    if (this.closed) return;
+    const after = this.o.fenceAfterMs ?? Math.floor((this.o.leaseMs * 3) / 4);
+    this.fenceTimer = setTimeout(() => this.fence(after), Math.max(0, sent + after - performance.now()));
+    this.fenceTimer.unref();
+  }
+
+  private fence(after: number): void {
+    if (this.closed || this.fencing) return;
+    this.fencing = this.o.target.fence().then(
+      (f) => {
+        this.o.warn(
+          `node ${this.o.name} has not renewed its lease for ${after} ms: it froze ${f.ids.length} sandbox(es), so that none runs on beside a copy another node may wake; they go on if it renews in time, and end if the fleet marked it lost`,
+        );
+        return f;
+      },
+      (e: unknown) => {
+        this.o.warn(`node ${this.o.name}: fencing failed: ${asError(e).message}`);
+        return undefined;
+      },
+    );
+  }
+
+  /** Lifts the fence, if any: answers how many sandboxes it had frozen. */
+  private async unfence(thaw: boolean): Promise<number> {
+    const f = await this.fencing;
+    this.fencing = undefined;
+    if (f === undefined) return 0;
+    await f.lift(thaw);
+    return f.ids.length;
   }
 
   private async release(): Promise<string[]> {
@@ -198,7 +258,11 @@ export class NodeMembership {
   async close(): Promise<void> {
     this.closed = true;
     if (this.timer) clearTimeout(this.timer);
+    if (this.fenceTimer) clearTimeout(this.fenceTimer);
     await this.ticking;
+    // A fenced node closing keeps its sandboxes frozen: the next start's reconcile thaws those
+    // still its own, and releases those the fleet took back.
+    await this.unfence(false);
     await this.chores;
     await this.draining;
   }

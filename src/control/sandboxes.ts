@@ -10,7 +10,7 @@
  * where an operation holds it throughout, and dispatches.
  */
 import { AWAKE_STATES } from '../domain/node.js';
-import { releaseForeign, reclaimLostNode, type Reclaimed } from './ops/nodes.js';
+import { fenceNode, releaseForeign, reclaimLostNode, type Fenced, type Reclaimed } from './ops/nodes.js';
 import { open, statfs } from 'node:fs/promises';
 import { assertLegal, type Sandbox, type SandboxState } from '../domain/sandbox.js';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
@@ -97,6 +97,11 @@ export class SandboxController {
   /** Removes what this node still holds of sandboxes no longer its own (ops/nodes.ts). */
   async releaseForeign(): Promise<string[]> {
     return await releaseForeign(this.ctx);
+  }
+
+  /** Freezes this node's running sandboxes while it cannot renew its lease (ops/nodes.ts). */
+  async fence(): Promise<Fenced> {
+    return await fenceNode(this.ctx);
   }
 
   /**

@@ -38,8 +38,10 @@ export interface NodeInfo {
   /** Whether the lease ran out (by the database's clock, when this was read). */
   expired: boolean;
   lostAt?: number;
-  /** Its sandboxes by state, and the memory its awake ones may use (their limits, summed). */
+  /** Its sandboxes by state (empty where the listing left them out: placement's). */
   sandboxes: Partial<Record<SandboxState, number>>;
+  /** Its awake sandboxes, and the memory they may use (their limits, summed). */
+  awakeSandboxes: number;
   memoryUsedBytes: number;
 }
 
@@ -99,8 +101,10 @@ export function placeWake(
 /** The open node with the most memory free (ties: the fewest awake sandboxes, then by name). */
 export function mostRoom(open: readonly NodeInfo[]): NodeInfo | undefined {
   const free = (n: NodeInfo): number => n.capacity.memoryBytes - n.memoryUsedBytes;
-  const awake = (n: NodeInfo): number => AWAKE_STATES.reduce((a, s) => a + (n.sandboxes[s] ?? 0), 0);
   return [...open].sort(
-    (a, b) => free(b) - free(a) || awake(a) - awake(b) || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
+    (a, b) =>
+      free(b) - free(a) ||
+      a.awakeSandboxes - b.awakeSandboxes ||
+      (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
   )[0];
 }

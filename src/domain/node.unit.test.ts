@@ -14,6 +14,7 @@ function node(name: string, o: Partial<NodeInfo> = {}): NodeInfo {
     leaseUntil: 1,
     expired: false,
     sandboxes: {},
+    awakeSandboxes: 0,
     memoryUsedBytes: 0,
     ...o,
   };
@@ -53,9 +54,9 @@ describe('placement of a waking sandbox', () => {
   test('most room: free memory, then fewer awake sandboxes, then the name', () => {
     assert.equal(
       mostRoom([
-        node('b', { sandboxes: { running: 3 } }),
-        node('a', { sandboxes: { running: 3, hibernated: 9 } }),
-        node('c', { sandboxes: { paused: 4 } }),
+        node('b', { awakeSandboxes: 3 }),
+        node('a', { awakeSandboxes: 3 }),
+        node('c', { awakeSandboxes: 4 }),
       ])?.name,
       'a',
     );

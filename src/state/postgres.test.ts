@@ -4,6 +4,7 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import pg from 'pg';
 import { DormantError } from '../domain/errors.js';
+import { AWAKE_STATES } from '../domain/node.js';
 import { sandbox, stateStoreContract } from './contract.js';
 import { lockStateForNode, openPostgresStore, PG_MIGRATIONS, type NodeLock } from './postgres.js';
 import { redactUrl } from './redact.js';
@@ -173,6 +174,84 @@ describe('PostgresStateStore', { skip: missing }, () => {
         'active',
       );
       assert.equal(await a.fleet.setNodeState('nobody', 'draining'), false);
+    } finally {
+      await a.close();
+      await b.close();
+      await dropDb(db.name);
+    }
+  });
+
+  test('fleet: each node’s awake sandboxes and their memory follow every change, kept by the database; a registration counts afresh', async () => {
+    const db = await freshDb();
+    const a = await openPostgresStore(db.url);
+    const b = await openPostgresStore(db.url);
+    const capacity = { memoryBytes: 64 * 1024 ** 3, cpus: 2, arch: 'x86_64', runtimes: ['runc'] };
+    const MiB = 1024 ** 2;
+    const mem = (n: number) => ({ ...sandbox('x').spec, memoryBytes: n * MiB });
+    // What placement reads (the nodes alone) against the sandboxes themselves.
+    const usage = async () =>
+      Object.fromEntries(
+        (await a.fleet.listNodes({ counts: false })).map((n) => [
+          n.name,
+          [n.awakeSandboxes, n.memoryUsedBytes / MiB],
+        ]),
+      );
+    const truth = async () => {
+      const out: Record<string, number[]> = { na: [0, 0], nb: [0, 0] };
+      for (const s of await a.listSandboxes())
+        if (s.node && AWAKE_STATES.includes(s.state)) {
+          out[s.node]![0]!++;
+          out[s.node]![1]! += s.spec.memoryBytes / MiB;
+        }
+      return out;
+    };
+    const check = async (what: string) => assert.deepEqual(await usage(), await truth(), what);
+    try {
+      await a.fleet.registerNode({ name: 'na', url: 'http://a', capacity, startedAt: 1 }, 60_000);
+      await b.fleet.registerNode({ name: 'nb', url: 'http://b', capacity, startedAt: 1 }, 60_000);
+      await a.insertSandbox(sandbox('s1', { state: 'running', node: 'na', spec: mem(100) }), 'c');
+      await a.insertSandbox(sandbox('s2', { state: 'hibernated', node: 'na', spec: mem(200) }), 'c');
+      await a.insertSandbox(sandbox('s3', { state: 'running', node: 'nb', spec: mem(300) }), 'c');
+      await a.insertSandbox(sandbox('s4', { state: 'creating', node: 'nb', spec: mem(400) }), 'c');
+      assert.deepEqual(await usage(), { na: [1, 100], nb: [2, 700] });
+      await check('inserts');
+      assert.ok(await a.transition('s1', 'running', 'hibernating', 'h', 2));
+      await check('still awake while hibernating');
+      assert.ok(await a.transition('s1', 'hibernating', 'hibernated', 'h', 3));
+      assert.deepEqual((await usage()).na, [0, 0], 'asleep: nothing reserved');
+      // A wake on the other node: the claim moves it, awake, there.
+      assert.ok(await b.transition('s2', 'hibernated', 'resuming', 'r', 4, { node: 'nb' }));
+      await check('claimed by nb');
+      await a.updateSandbox('s3', { spec: mem(1000) });
+      await check('its limit changed');
+      await a.deleteSandbox('s4', 'rm', 5);
+      assert.deepEqual(await usage(), { na: [0, 0], nb: [2, 1200] });
+      // Both nodes changing sandboxes at once, each on its own connection: exact.
+      for (let i = 0; i < 20; i++)
+        await a.insertSandbox(
+          sandbox(`r${i}`, { state: 'running', node: i % 2 ? 'na' : 'nb', spec: mem(10) }),
+          'c',
+        );
+      await Promise.all(
+        Array.from({ length: 20 }, (_, i) =>
+          (i % 3 ? a : b).transition(`r${i}`, 'running', i % 4 ? 'paused' : 'hibernated', 'x', 6),
+        ),
+      );
+      await check('after concurrent changes');
+      // Counters that went wrong (a row edited by hand) come right when the node registers.
+      const c = new pg.Client({ connectionString: db.url });
+      await c.connect();
+      await c.query("UPDATE nodes SET awake_sandboxes = 99, reserved_bytes = 1 WHERE name = 'nb'");
+      await c.end();
+      assert.deepEqual((await usage()).nb, [99, 1 / MiB]);
+      await b.fleet.registerNode({ name: 'nb', url: 'http://b', capacity, startedAt: 2 }, 60_000);
+      await check('recounted at registration');
+      // The full listing (node ls) agrees with the counters.
+      for (const n of await a.fleet.listNodes())
+        assert.equal(
+          n.awakeSandboxes,
+          AWAKE_STATES.reduce((k, st) => k + (n.sandboxes[st] ?? 0), 0),
+        );
     } finally {
       await a.close();
       await b.close();

@@ -167,8 +167,48 @@ export const PG_MIGRATIONS: readonly string[] = [
      capacity JSON NOT NULL,
      started_at BIGINT NOT NULL,
      lease_until BIGINT NOT NULL,
-     lost_at BIGINT
-   );`,
+     lost_at BIGINT,
+     -- Its awake sandboxes and their memory limits, summed: kept by the trigger below at each
+     -- change, so placement reads the nodes alone (its cost follows the nodes, not the
+     -- sandboxes), and recounted when the node registers.
+     awake_sandboxes INT NOT NULL DEFAULT 0,
+     reserved_bytes BIGINT NOT NULL DEFAULT 0
+   );
+   CREATE FUNCTION dormant_node_usage() RETURNS trigger LANGUAGE plpgsql AS $$
+   DECLARE
+     awake_states CONSTANT TEXT[] := ARRAY[${AWAKE_STATES.map((st) => `'${st}'`).join(', ')}];
+     old_node TEXT;
+     old_bytes BIGINT := 0;
+     new_node TEXT;
+     new_bytes BIGINT := 0;
+   BEGIN
+     IF TG_OP <> 'INSERT' THEN
+       IF OLD.state = ANY (awake_states) THEN
+         old_node := OLD.node;
+         old_bytes := OLD.reserved_bytes;
+       END IF;
+     END IF;
+     IF TG_OP <> 'DELETE' THEN
+       IF NEW.state = ANY (awake_states) THEN
+         new_node := NEW.node;
+         new_bytes := NEW.reserved_bytes;
+       END IF;
+     END IF;
+     IF old_node IS NOT DISTINCT FROM new_node AND old_bytes = new_bytes THEN
+       RETURN NULL;
+     END IF;
+     IF old_node IS NOT NULL THEN
+       UPDATE nodes SET awake_sandboxes = awake_sandboxes - 1, reserved_bytes = reserved_bytes - old_bytes
+        WHERE name = old_node;
+     END IF;
+     IF new_node IS NOT NULL THEN
+       UPDATE nodes SET awake_sandboxes = awake_sandboxes + 1, reserved_bytes = reserved_bytes + new_bytes
+        WHERE name = new_node;
+     END IF;
+     RETURN NULL;
+   END $$;
+   CREATE TRIGGER sandboxes_node_usage AFTER INSERT OR DELETE OR UPDATE OF node, state, reserved_bytes
+     ON sandboxes FOR EACH ROW EXECUTE FUNCTION dormant_node_usage();`,
 ];
 
 export interface PostgresStoreOptions {
@@ -504,6 +544,11 @@ export class PostgresStateStore implements StateStore {
   }
 
   async atomically<T>(fn: (tx: StateStore) => Promise<T>): Promise<T> {
+    return this.inTransaction(fn);
+  }
+
+  /** `atomically`, handing the callback this class (its raw queries) rather than the port. */
+  private async inTransaction<T>(fn: (tx: PostgresStateStore) => Promise<T>): Promise<T> {
     if (this.tx) return this.savepoint(() => fn(this));
     let client: pg.PoolClient;
     try {
@@ -896,18 +941,29 @@ export class PostgresStateStore implements StateStore {
   get fleet(): FleetStore {
     const now = 'dormant_now_ms()';
     return {
-      registerNode: async (n, leaseMs) => {
-        const { rows } = await this.q<{ state: NodeState }>(
-          `INSERT INTO nodes (name, url, proxy_url, state, capacity, started_at, lease_until)
-           VALUES ($1, $2, $3, 'active', $4, $5, ${now} + $6)
-           ON CONFLICT (name) DO UPDATE SET url = $2, proxy_url = $3, capacity = $4, started_at = $5,
-             lease_until = ${now} + $6, lost_at = NULL,
-             state = CASE WHEN nodes.state = 'draining' THEN 'draining' ELSE 'active' END
-           RETURNING state`,
-          [n.name, n.url, n.proxyUrl ?? null, JSON.stringify(n.capacity), n.startedAt, leaseMs],
-        );
-        return rows[0]!.state;
-      },
+      registerNode: (n, leaseMs) =>
+        this.inTransaction(async (tx) => {
+          const { rows } = await tx.q<{ state: NodeState }>(
+            `INSERT INTO nodes (name, url, proxy_url, state, capacity, started_at, lease_until)
+             VALUES ($1, $2, $3, 'active', $4, $5, ${now} + $6)
+             ON CONFLICT (name) DO UPDATE SET url = $2, proxy_url = $3, capacity = $4, started_at = $5,
+               lease_until = ${now} + $6, lost_at = NULL,
+               state = CASE WHEN nodes.state = 'draining' THEN 'draining' ELSE 'active' END
+             RETURNING state`,
+            [n.name, n.url, n.proxyUrl ?? null, JSON.stringify(n.capacity), n.startedAt, leaseMs],
+          );
+          // Its usage counted afresh (sandboxes placed on it before its row existed, or while it
+          // was lost): the row is locked by the statement above, so a change that commits later
+          // adds itself after this count, and one committed before is in it.
+          await tx.q(
+            `UPDATE nodes SET (awake_sandboxes, reserved_bytes) =
+               (SELECT count(*), COALESCE(sum(reserved_bytes), 0) FROM sandboxes
+                 WHERE node = $1 AND state = ANY($2::text[]))
+              WHERE name = $1`,
+            [n.name, [...AWAKE_STATES]],
+          );
+          return rows[0]!.state;
+        }),
       renewNode: async (name, leaseMs) => {
         const { rows } = await this.q<{ state: NodeState }>(
           `UPDATE nodes SET lease_until = ${now} + $2 WHERE name = $1 AND state <> 'lost' RETURNING state`,
@@ -915,7 +971,7 @@ export class PostgresStateStore implements StateStore {
         );
         return rows[0]?.state;
       },
-      listNodes: () => this.nodes(),
+      listNodes: (o) => this.nodes(undefined, o?.counts ?? true),
       getNode: async (name) => (await this.nodes(name))[0],
       setNodeState: async (name, state) => {
         const r = await this.q(`UPDATE nodes SET state = $2 WHERE name = $1 AND state <> 'lost'`, [
@@ -957,7 +1013,7 @@ export class PostgresStateStore implements StateStore {
   }
 
   /** The nodes (or the one named), with their sandboxes counted by state. */
-  private async nodes(name?: string): Promise<NodeInfo[]> {
+  private async nodes(name?: string, counts = true): Promise<NodeInfo[]> {
     const { rows } = await this.q<{
       name: string;
       url: string;
@@ -968,21 +1024,24 @@ export class PostgresStateStore implements StateStore {
       lease_until: number;
       lost_at: number | null;
       expired: boolean;
+      awake_sandboxes: number;
+      reserved_bytes: number;
       counts: Record<string, number> | null;
-      memory_used: number | null;
     }>(
-      // One pass over the sandboxes grouped by node and state, read from the index alone
-      // (sandboxes_node_usage), not lookups per node: listing 100 nodes of 10k sandboxes costs
-      // a few ms (docs/BENCHMARKS.md, fleet). The memory in use is the awake sandboxes' limits.
-      `SELECT n.*, n.lease_until < dormant_now_ms() AS expired, c.counts, c.memory_used
-         FROM nodes n LEFT JOIN (
-           SELECT node, json_object_agg(state, k) AS counts,
-                  sum(r) FILTER (WHERE state = ANY($${name === undefined ? 1 : 2}::text[]))::BIGINT AS memory_used
-             FROM (SELECT node, state, count(*) AS k, sum(reserved_bytes) AS r FROM sandboxes
-                    WHERE ${name === undefined ? 'node IS NOT NULL' : 'node = $1'} GROUP BY node, state) g
-            GROUP BY node) c ON c.node = n.name
-         ${name === undefined ? '' : 'WHERE n.name = $1'} ORDER BY n.name`,
-      name === undefined ? [[...AWAKE_STATES]] : [name, [...AWAKE_STATES]],
+      counts
+        ? // Its sandboxes by state for `node ls`: one pass over the sandboxes grouped by node
+          // and state, read from the index alone (sandboxes_node_usage).
+          `SELECT n.*, n.lease_until < dormant_now_ms() AS expired, c.counts
+             FROM nodes n LEFT JOIN (
+               SELECT node, json_object_agg(state, k) AS counts
+                 FROM (SELECT node, state, count(*) AS k FROM sandboxes
+                        WHERE ${name === undefined ? 'node IS NOT NULL' : 'node = $1'} GROUP BY node, state) g
+                GROUP BY node) c ON c.node = n.name
+             ${name === undefined ? '' : 'WHERE n.name = $1'} ORDER BY n.name`
+        : // Placement: the nodes alone, with the usage the trigger keeps.
+          `SELECT n.*, n.lease_until < dormant_now_ms() AS expired, NULL AS counts FROM nodes n
+             ${name === undefined ? '' : 'WHERE n.name = $1'} ORDER BY n.name`,
+      name === undefined ? [] : [name],
     );
     return rows.map((r) => ({
       name: r.name,
@@ -995,7 +1054,8 @@ export class PostgresStateStore implements StateStore {
       expired: r.expired,
       ...(r.lost_at !== null ? { lostAt: r.lost_at } : {}),
       sandboxes: r.counts ?? {},
-      memoryUsedBytes: r.memory_used ?? 0,
+      awakeSandboxes: r.awake_sandboxes,
+      memoryUsedBytes: r.reserved_bytes,
     }));
   }
 

@@ -86,7 +86,12 @@ export interface FleetStore {
    * node was marked lost meanwhile (its sandboxes are no longer its own) or is unknown.
    */
   renewNode(name: string, leaseMs: number): Promise<NodeState | undefined>;
-  listNodes(): Promise<NodeInfo[]>;
+  /**
+   * The nodes, with their awake sandboxes and the memory those may use (kept at each change);
+   * `counts: false` leaves out the count of their sandboxes by state (what placement does not
+   * need, and the one part whose cost grows with the sandboxes).
+   */
+  listNodes(o?: { counts?: boolean }): Promise<NodeInfo[]>;
   getNode(name: string): Promise<NodeInfo | undefined>;
   /** Drain or undrain: false when there is no such node or it is lost. */
   setNodeState(name: string, state: 'active' | 'draining'): Promise<boolean>;

@@ -1,4 +1,8 @@
-/** A fleet's node loss, seen from the nodes that stay: sandboxes taken back, and the lost node fenced. */
+/**
+ * A fleet's node loss: seen from the nodes that stay (the lost node's sandboxes taken back), and
+ * from the node cut off (its sandboxes frozen before its lease runs out, ended once it learns it
+ * was marked lost).
+ */
 
 import { AWAKE_STATES } from '../../domain/node.js';
 import { asError, isDormantError, ErrorCode } from '../../domain/errors.js';
@@ -113,4 +117,65 @@ export async function releaseForeign(ctx: LifecycleContext): Promise<string[]> {
     });
   }
   return released;
+}
+
+/** What a fence holds: the sandboxes it froze, and how it ends. */
+export interface Fenced {
+  readonly ids: readonly string[];
+  /**
+   * Ends the fence: `thaw` true when the node renewed its lease in time (its sandboxes are
+   * still its own and go on), false when the fleet marked it lost (they stay frozen for
+   * releaseForeign to end) or the daemon closes.
+   */
+  lift(thaw: boolean): Promise<void>;
+}
+
+/**
+ * Self-fencing: this node could not renew its lease, and soon another node may take its
+ * sandboxes back and wake them from their checkpoints. Before that can happen, each sandbox
+ * running here is frozen, so that no copy of it goes on beside the one woken elsewhere. Each
+ * stays under its lock while fenced: no operation starts on it (one already running is left
+ * to finish: it cannot record anything without the database). Nothing is written to the
+ * database, which is out of reach.
+ */
+export async function fenceNode(ctx: LifecycleContext): Promise<Fenced> {
+  let open!: (thaw: boolean) => void;
+  const gate = new Promise<boolean>((r) => (open = r));
+  const frozen: string[] = [];
+  const entered: Promise<void>[] = [];
+  const held: Promise<void>[] = [];
+  for (const id of await ctx.runtime.list()) {
+    if (ctx.locks.busy(id)) continue;
+    let inside!: () => void;
+    entered.push(new Promise<void>((r) => (inside = r)));
+    held.push(
+      ctx.locks.run(id, async () => {
+        let froze = false;
+        try {
+          const st = await ctx.runtime.state(id).catch(() => undefined);
+          if (st?.status === 'running') {
+            await ctx.runtime.freeze(id);
+            froze = true;
+            frozen.push(id);
+          }
+        } catch (e) {
+          ctx.opts.warn?.(`fencing: could not freeze sandbox ${id}: ${asError(e).message}`);
+        } finally {
+          inside();
+        }
+        if ((await gate) && froze)
+          await ctx.runtime.thaw(id).catch((e: unknown) => {
+            ctx.opts.warn?.(`fencing: could not thaw sandbox ${id}: ${asError(e).message}`);
+          });
+      }),
+    );
+  }
+  await Promise.all(entered);
+  return {
+    ids: frozen,
+    async lift(thaw: boolean) {
+      open(thaw);
+      await Promise.allSettled(held);
+    },
+  };
 }
