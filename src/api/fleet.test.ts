@@ -161,18 +161,25 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
     assert.equal((await clients.node1!.getSandbox(sb.id)).node, 'node2');
   });
 
-  test('hibernated on node 2, node 1’s wake proxy wakes it on node 2', async () => {
+  test('hibernated on node 2, node 1’s wake proxy wakes it on node 2 and relays through node 2’s proxy', async () => {
     assert.equal((await clients.node1!.hibernate(sb.id)).state, 'hibernated');
+    const [out1, in2] = [nodes.node1!.wake.proxy!.hops.out, nodes.node2!.wake.proxy!.hops.in];
     const r = await viaProxy('node1', sb.id);
     assert.equal(r.status, 200, r.body);
     assert.equal(r.body, `3 ${memToken}`);
     const s = await clients.node2!.getSandbox(sb.id);
     assert.equal(s.state, 'running');
     assert.equal(s.node, 'node2', 'placement kept it on its node');
+    // Node 1's proxy relayed it through node 2's (which has the address), awake or not.
+    assert.equal((await viaProxy('node1', sb.id)).body, `4 ${memToken}`);
+    assert.deepEqual(
+      [nodes.node1!.wake.proxy!.hops.out - out1, nodes.node2!.wake.proxy!.hops.in - in2],
+      [2, 2],
+    );
   });
 
   test('two nodes racing to wake it: it is restored once, the other is told of the conflict', async () => {
-    let count = 3;
+    let count = 4;
     for (let round = 0; round < 5; round++) {
       await clients.node2!.hibernate(sb.id);
       const before = await entered(sb.id, 'resuming');

@@ -3,7 +3,7 @@
  * policy loop and the wake proxy, tied to the controller and the token store, and the
  * `GET /v1/sandboxes/{id}/url` route that says where a sandbox port is reached.
  */
-import type { NodeInfo } from '../domain/node.js';
+import { AWAKE_STATES, type NodeInfo } from '../domain/node.js';
 import { resumeOn } from './fleet.js';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
@@ -11,7 +11,13 @@ import { z } from 'zod';
 import { DormantError, ErrorCode, isDormantError } from '../domain/errors.js';
 import type { Sandbox } from '../domain/sandbox.js';
 import type { StateStore } from '../state/store.js';
-import { WakeProxy, type ProxiedSandbox, type ProxyOptions, type WakeTarget } from '../proxy/proxy.js';
+import {
+  WakeProxy,
+  type NodeProxy,
+  type ProxiedSandbox,
+  type ProxyOptions,
+  type WakeTarget,
+} from '../proxy/proxy.js';
 import type { TrackingController } from '../control/activity.js';
 import {
   PolicyLoop,
@@ -71,6 +77,8 @@ async function touchKeepingLease(controller: TrackingController, clock: Clock, i
 export interface ProxyFleet {
   placeWake(s: Sandbox): Promise<NodeInfo | undefined>;
   token: string;
+  /** A node as registered (its proxy's URL among the rest). */
+  node(name: string): Promise<NodeInfo | undefined>;
 }
 
 export function wakeTarget(
@@ -83,9 +91,16 @@ export function wakeTarget(
   // what was read stays good until the store changes a sandbox, and is answered at once. A
   // store that other processes write too (no sandboxVersion) is read every time.
   const found = new Map<string, { version: number; boxes: ProxiedSandbox[] }>();
+  // In a fleet, a sandbox awake on another node is served by that node's proxy.
+  const here = (s: Sandbox): ProxiedSandbox => {
+    const p = proxied(s);
+    if (fleet && s.node !== undefined && s.node !== controller.node && AWAKE_STATES.includes(s.state))
+      p.elsewhere = s.node;
+    return p;
+  };
   const read = async (ref: string): Promise<ProxiedSandbox[]> => {
     const byId = await store.getSandbox(ref);
-    return byId ? [proxied(byId)] : (await store.listSandboxes()).filter((s) => s.name === ref).map(proxied);
+    return byId ? [here(byId)] : (await store.listSandboxes()).filter((s) => s.name === ref).map(here);
   };
   return {
     find: (ref) => {
@@ -102,8 +117,8 @@ export function wakeTarget(
     },
     list: async () => (await controller.list()).map(proxied),
     wake: async (id, reason) => {
-      // In a fleet, where placement says; the proxy then connects to the sandbox's address
-      // there (nodes' sandbox subnets are routed between them: docs/FLEET.md).
+      // In a fleet, where placement says; the proxy then relays through that node's proxy
+      // (nodeProxy) for HTTP, and connects to the address for raw TCP (docs/FLEET.md).
       const there = fleet ? await fleet.placeWake(await controller.get(id)) : undefined;
       const s = there
         ? await resumeOn(there, id, fleet!.token)
@@ -119,6 +134,20 @@ export function wakeTarget(
       if (fleet && (await store.getSandbox(id))?.node !== controller.node) return undefined;
       return controller.listensOn(id, port);
     },
+    ...(fleet
+      ? {
+          nodeProxy: async (name: string): Promise<NodeProxy | undefined> => {
+            const n = await fleet.node(name);
+            if (n?.proxyUrl === undefined) return undefined;
+            const u = new URL(n.proxyUrl);
+            return {
+              host: u.hostname.replace(/^\[|\]$/g, ''),
+              port: Number(u.port || 80),
+              token: fleet.token,
+            };
+          },
+        }
+      : {}),
     authenticate: async (token) => {
       const tokens = await store.listTokens();
       try {

@@ -591,7 +591,13 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
       dataDir,
       apiListen: listen,
       ...(fleetHooks
-        ? { fleet: { placeWake: (s: Sandbox) => placeWakeFor(fleetHooks, s), token: admin.token } }
+        ? {
+            fleet: {
+              placeWake: (s: Sandbox) => placeWakeFor(fleetHooks, s),
+              token: admin.token,
+              node: async (name: string) => await fleetHooks.store.getNode(name),
+            },
+          }
         : {}),
       ...(opts.proxy !== undefined ? { proxy: opts.proxy } : {}),
       ...(opts.policy !== undefined

@@ -20,7 +20,26 @@ import { HttpRelay, ProxyError, errorResponse, reusedReads, type RelayHost, type
 /** A sandbox as the proxy needs it. */
 export type ProxiedSandbox = Pick<Sandbox, 'id' | 'name' | 'tenant' | 'state' | 'address'> & {
   ports: readonly { port: number; public: boolean }[];
+  /** In a fleet, the node it is awake on when that is another one: its proxy serves it. */
+  elsewhere?: string;
 };
+
+/** Another node's wake proxy, and the token this node is let in with. */
+export interface NodeProxy {
+  host: string;
+  port: number;
+  token: string;
+}
+
+/**
+ * Where an HTTP request for a sandbox goes: its own address on this node, or, in a fleet, the
+ * proxy of the node it is awake on (`hop`), which relays it there.
+ */
+export interface Upstream {
+  host: string;
+  port: number;
+  hop?: { node: string; token: string };
+}
 
 export interface ProxyPrincipal {
   tenant: string;
@@ -51,6 +70,8 @@ export interface WakeTarget {
   listening?(id: string, port: number): Promise<boolean | undefined>;
   /** The principal of an API token; undefined when unknown or revoked. */
   authenticate(token: string): Answer<ProxyPrincipal | undefined>;
+  /** In a fleet: node `name`'s proxy (undefined: it has none, or is not known). */
+  nodeProxy?(name: string): Promise<NodeProxy | undefined>;
 }
 
 export interface ProxyOptions {
@@ -127,6 +148,11 @@ export class WakeProxy {
   private syncTimer: NodeJS.Timeout | undefined;
   private syncing: Promise<void> | undefined;
   private closed = false;
+  /**
+   * HTTP requests relayed to another node's proxy (`out`) and relayed here by one (`in`):
+   * how much of this proxy's traffic crosses nodes.
+   */
+  readonly hops = { out: 0, in: 0 };
 
   private constructor(opts: ProxyOptions) {
     this.opts = opts;
@@ -135,7 +161,8 @@ export class WakeProxy {
     this.host = parseListen(opts.listen ?? '127.0.0.1:7421').host;
     this.relayHost = {
       route: (host, creds) => this.resolve(host, creds),
-      ready: (s, port, via) => this.ready(s, port, via),
+      ready: (s, port, via, hopped) => this.upstream(s, port, via, hopped),
+      hopped: (out) => void (out ? this.hops.out++ : this.hops.in++),
       find: async (id) => (await this.target.find(id)).find((x) => x.id === id),
       begin: (id) => this.begin(id),
       touch: (id) => this.touch(id),
@@ -420,8 +447,57 @@ export class WakeProxy {
     );
   }
 
-  /** The sandbox's address once it runs and accepts on `port`; bounded by the wake timeout. */
-  private async ready(s: ProxiedSandbox, port: number, via: string): Promise<string> {
+  /**
+   * Where an HTTP request for `s` goes once it runs: in a fleet, a sandbox awake on another
+   * node (or woken there) is reached through that node's proxy, which has its address at hand
+   * (addresses are each node's own). A request that came from another node's proxy (`hopped`)
+   * is never sent on again: it goes to the address, and waits until the port accepts (the
+   * node that sent it could not look).
+   */
+  private async upstream(s: ProxiedSandbox, port: number, via: string, hopped: boolean): Promise<Upstream> {
+    const through = async (x: ProxiedSandbox | undefined): Promise<Upstream | undefined> => {
+      if (hopped || x?.elsewhere === undefined || !this.target.nodeProxy) return undefined;
+      const np = await this.target.nodeProxy(x.elsewhere);
+      return np && { host: np.host, port: np.port, hop: { node: x.elsewhere, token: np.token } };
+    };
+    const there = await through(s);
+    if (there) return there;
+    if (s.state === 'running' && s.address) {
+      if (hopped)
+        await this.accepting(s.id, s.address, port, Date.now() + (this.opts.wakeTimeoutMs ?? 30_000)).catch(
+          () => undefined,
+        );
+      return { host: s.address, port };
+    }
+    const address = await this.ready(s, port, via, !hopped && this.target.nodeProxy !== undefined);
+    if (address !== undefined) return { host: address, port };
+    // Woken on another node: its proxy serves it.
+    const moved = await through((await this.target.find(s.id)).find((x) => x.id === s.id));
+    if (moved) return moved;
+    throw new ProxyError(
+      ErrorCode.WAKE_FAILED,
+      `sandbox ${s.id} woke on another node, whose proxy this node does not know`,
+      'dormant node ls shows each node and its proxy',
+    );
+  }
+
+  /**
+   * The sandbox's address once it runs and accepts on `port`; bounded by the wake timeout.
+   * `unlessElsewhere`: undefined when it woke on another node (whose proxy then serves it).
+   */
+  private async ready(s: ProxiedSandbox, port: number, via: string): Promise<string>;
+  private async ready(
+    s: ProxiedSandbox,
+    port: number,
+    via: string,
+    unlessElsewhere: boolean,
+  ): Promise<string | undefined>;
+  private async ready(
+    s: ProxiedSandbox,
+    port: number,
+    via: string,
+    unlessElsewhere = false,
+  ): Promise<string | undefined> {
     if (s.state === 'running' && s.address) return s.address;
     const timeoutMs = this.opts.wakeTimeoutMs ?? 30_000;
     const deadline = Date.now() + timeoutMs;
@@ -453,6 +529,8 @@ export class WakeProxy {
         );
       })
       .finally(() => clearTimeout(timer));
+    if (unlessElsewhere && (await this.target.find(s.id)).some((x) => x.id === s.id && x.elsewhere))
+      return undefined;
     // A sandbox started afresh (from archived) needs a moment before its server listens.
     await this.accepting(s.id, address, port, deadline).catch(() => {
       throw timedOut();

@@ -13,7 +13,7 @@
 import { STATUS_CODES } from 'node:http';
 import { connect, type OnReadOpts, type Socket } from 'node:net';
 import { DormantError, ErrorCode, asError, errnoCode } from '../domain/errors.js';
-import type { ProxiedSandbox } from './proxy.js';
+import type { ProxiedSandbox, Upstream } from './proxy.js';
 import { extractCredentials, setsTokenCookie, TOKEN_COOKIE, type Credentials } from './routing.js';
 import {
   BodyTracker,
@@ -52,8 +52,13 @@ export interface RelayHost {
    * has it at hand, else a promise. Throws (or rejects with) ProxyError.
    */
   route(host: string | undefined, creds: Credentials): Routed | Promise<Routed>;
-  /** The sandbox's address once it runs (waking it). Throws ProxyError. */
-  ready(s: ProxiedSandbox, port: number, via: string): Promise<string>;
+  /**
+   * Where the request goes once the sandbox runs (waking it): its address, or the proxy of the
+   * node it runs on. `hopped`: the request came from another node's proxy. Throws ProxyError.
+   */
+  ready(s: ProxiedSandbox, port: number, via: string, hopped: boolean): Promise<Upstream>;
+  /** Counts a request relayed to another node's proxy (`out`) or from one. */
+  hopped(out: boolean): void;
   /** The sandbox as it is now. */
   find(id: string): Promise<ProxiedSandbox | undefined>;
   /** Counts a request in flight or an open tunnel; the returned function ends it. */
@@ -71,14 +76,21 @@ interface Sent {
   upgrade: boolean;
   /** Set-Cookie to add to the response (a token that came in the query string). */
   cookie: string | undefined;
-  /** The rewritten head of a bodyless request, to send again if the sandbox fell asleep under it. */
+  /**
+   * The rewritten head of a bodyless request, without its blank line (`ended` adds it), to send
+   * again if the sandbox fell asleep under it.
+   */
   resend: string | undefined;
 }
 
 const BODYLESS = new Set(['GET', 'HEAD', 'OPTIONS']);
 const RETRYABLE = new Set(['ECONNRESET', 'ECONNREFUSED', 'EHOSTUNREACH', 'EPIPE']);
+/** Marks a request one node's proxy relays to another's (the sandbox never sees it). */
+export const HOP_HEADER = 'x-dormant-hop';
+
 const DROP = new Set([
   'x-dormant-token',
+  HOP_HEADER,
   'x-forwarded-for',
   'x-forwarded-host',
   'x-forwarded-proto',
@@ -176,6 +188,10 @@ export class HttpRelay {
   private upKey = '';
   private upId = '';
   private upPort = 0;
+  /** The upstream is another node's proxy: requests carry this node's token and the hop mark. */
+  private upHop: { node: string; token: string } | undefined;
+  /** The requests on the current upstream came from another node's proxy. */
+  private upHopped = false;
   /** A response completed on the current upstream connection (it was reused). */
   private upReused = false;
   private readonly sent: Sent[] = [];
@@ -417,7 +433,12 @@ export class HttpRelay {
   private routed(req: RequestHead, creds: Credentials, { s, port }: Routed): void {
     if (req.method === 'CONNECT')
       throw new ProxyError(ErrorCode.METHOD_NOT_ALLOWED, 'CONNECT is not proxied');
-    const key = `${s.id}:${port}:${s.address ?? ''}`;
+    const key = upKeyOf(
+      s.id,
+      port,
+      s.elsewhere !== undefined && !hopped(req) ? s.elsewhere : undefined,
+      s.address,
+    );
     if (this.up && key === this.upKey && s.state === 'running') {
       this.forward(req, creds);
       return;
@@ -441,8 +462,10 @@ export class HttpRelay {
       this.upId = s.id;
       this.setActive(true);
       const via = req.upgrade ? 'upgrade' : `${req.method} request`;
-      const address = await this.host.ready(s, port, via);
-      await this.connectUp(s, port, address, via);
+      const hop = hopped(req);
+      this.upHopped = hop;
+      const to = await this.host.ready(s, port, via, hop);
+      await this.connectUp(s, port, to, via, hop);
       if (this.done) return;
       this.busy = false;
       this.forward(req, creds);
@@ -455,13 +478,19 @@ export class HttpRelay {
   }
 
   /** Connects to the sandbox; a refusal because it fell asleep meanwhile wakes it once more. */
-  private async connectUp(s: ProxiedSandbox, port: number, address: string, via: string): Promise<void> {
+  private async connectUp(
+    s: ProxiedSandbox,
+    port: number,
+    to: Upstream,
+    via: string,
+    hop: boolean,
+  ): Promise<void> {
     for (let attempt = 0; ; attempt++) {
       try {
         const up = await new Promise<Socket>((resolve, reject) => {
           const c: Socket = connect({
-            host: address,
-            port,
+            host: to.host,
+            port: to.port,
             onread: reusedReads(this.client, (d) => this.onUpData(c, d)),
           });
           c.once('connect', () => {
@@ -474,14 +503,20 @@ export class HttpRelay {
           up.destroy();
           return;
         }
-        this.attach(up, `${s.id}:${port}:${address}`, s.id, port);
+        this.attach(up, upKeyOf(s.id, port, to.hop?.node, to.host), s.id, port);
+        this.upHop = to.hop;
         return;
       } catch (e) {
         const now = await this.host.find(s.id);
         if (attempt > 0 || !RETRYABLE.has(errnoCode(e) ?? '') || !now || now.state === 'running') {
-          throw new ProxyError(ErrorCode.PROXY_UPSTREAM, `the sandbox did not answer: ${asError(e).message}`);
+          throw new ProxyError(
+            ErrorCode.PROXY_UPSTREAM,
+            to.hop
+              ? `node ${to.hop.node}'s proxy at ${to.host}:${String(to.port)} did not answer: ${asError(e).message}`
+              : `the sandbox did not answer: ${asError(e).message}`,
+          );
         }
-        address = await this.host.ready(now, port, via);
+        to = await this.host.ready(now, port, via, hop);
       }
     }
   }
@@ -505,6 +540,7 @@ export class HttpRelay {
     const up = this.up;
     this.up = undefined;
     this.upKey = '';
+    this.upHop = undefined;
     up?.destroy();
   }
 
@@ -523,7 +559,9 @@ export class HttpRelay {
       head += `cookie: ${creds.headers.cookie}\r\n`;
     }
     xff.push(this.client.remoteAddress ?? '');
-    head += `x-forwarded-for: ${xff.join(', ')}\r\nx-forwarded-host: ${req.host ?? ''}\r\nx-forwarded-proto: http\r\n\r\n`;
+    head += `x-forwarded-for: ${xff.join(', ')}\r\nx-forwarded-host: ${req.host ?? ''}\r\nx-forwarded-proto: http\r\n`;
+    if (this.upHop) this.host.hopped(true);
+    else if (hopped(req)) this.host.hopped(false);
     const bodyless = req.body.kind === 'none' && BODYLESS.has(req.method);
     this.sent.push({
       method: req.method,
@@ -538,10 +576,21 @@ export class HttpRelay {
       this.answering = false;
       this.setActive(true);
     }
-    this.toUp(head);
+    this.toUp(this.ended(head));
     if (req.body.kind !== 'none') this.body = new BodyTracker(req.body);
     if (req.upgrade) this.awaitingUpgrade = true;
     if (req.close) this.clientClose = true;
+  }
+
+  /**
+   * A head's end for the current upstream. To another node's proxy it is let in with this
+   * node's token (the client's was checked here, and scrubbed) and marked so that it goes no
+   * further; a sandbox never sees either.
+   */
+  private ended(head: string): string {
+    return this.upHop
+      ? `${head}x-dormant-token: ${this.upHop.token}\r\n${HOP_HEADER}: 1\r\n\r\n`
+      : `${head}\r\n`;
   }
 
   private onUpData(up: Socket, d: Buffer): void {
@@ -696,17 +745,15 @@ export class HttpRelay {
     try {
       const s = await this.host.find(this.upId);
       if (!s) throw new ProxyError(ErrorCode.SANDBOX_NOT_FOUND, `sandbox ${this.upId} is gone`);
-      let address = s.address;
-      if (s.state !== 'running' || address === undefined) {
-        address = await this.host.ready(s, port, 'request');
-      } else if (!wasReused) {
+      if (s.state === 'running' && s.address !== undefined && !wasReused)
         throw new ProxyError(ErrorCode.PROXY_UPSTREAM, 'the sandbox closed the connection');
-      }
-      await this.connectUp(s, port, address, 'request');
+      const hop = this.upHopped;
+      await this.connectUp(s, port, await this.host.ready(s, port, 'request', hop), 'request', hop);
       if (this.done) return;
       this.setActive(true);
       this.busy = false;
-      for (const x of this.sent) this.toUp(x.resend!);
+      // Ended for the upstream it goes to now (the hop's lines only to another node's proxy).
+      for (const x of this.sent) this.toUp(this.ended(x.resend!));
       this.client.resume();
       this.pump();
     } catch (e) {
@@ -734,4 +781,14 @@ function credentialHeaders(req: RequestHead): {
     }
   }
   return out;
+}
+
+/** Whether another node's proxy relayed this request here. */
+function hopped(req: RequestHead): boolean {
+  return req.headers.some((h) => h.name === HOP_HEADER);
+}
+
+/** What identifies an upstream connection: a keep-alive request reuses it while this stays. */
+function upKeyOf(id: string, port: number, node: string | undefined, address: string | undefined): string {
+  return node !== undefined ? `${id}:${String(port)}:node:${node}` : `${id}:${String(port)}:${address ?? ''}`;
 }

@@ -1,0 +1,160 @@
+/**
+ * Two wake proxies as two nodes of a fleet, over fake targets and a real HTTP server as the
+ * sandbox: a request that reaches node A's proxy for a sandbox awake on node B goes through
+ * B's proxy (A has no address for it), let in there with A's node token; the sandbox sees
+ * neither token nor the hop's mark; a request B's proxy got from A is never sent on again.
+ */
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createServer, request, type IncomingHttpHeaders, type Server } from 'node:http';
+import { WakeProxy, type ProxiedSandbox, type WakeTarget } from './proxy.js';
+
+const TENANT = 'dmt_hop-tenant';
+const NODE = 'dmt_hop-node-admin';
+
+describe('wake proxy: a request for a sandbox on another node goes through that node’s proxy', () => {
+  let server: Server;
+  let port = 0;
+  const seen: IncomingHttpHeaders[] = [];
+  let a: WakeProxy;
+  let b: WakeProxy;
+  const onA: ProxiedSandbox = {
+    id: 'sb-hop',
+    name: 'hop',
+    tenant: 't',
+    state: 'running',
+    // What node A knows: awake on node b; its address is b's business.
+    address: undefined,
+    elsewhere: 'b',
+    ports: [],
+  };
+  const onB: ProxiedSandbox = { ...onA, address: '127.0.0.1', elsewhere: undefined };
+  const wakes: string[] = [];
+
+  const target = (box: ProxiedSandbox, node: string, other: () => WakeProxy): WakeTarget => ({
+    find: (ref) => (ref === box.id || ref === box.name ? [box] : []),
+    list: () => [box],
+    wake: (id) => {
+      wakes.push(`${node} ${id}`);
+      return Promise.reject(new Error(`node ${node} has no sandbox ${id} to wake`));
+    },
+    touch: () => undefined,
+    authenticate: (t) =>
+      t === TENANT
+        ? { tenant: 't', admin: false }
+        : t === NODE
+          ? { tenant: 'admin', admin: true }
+          : undefined,
+    nodeProxy: () => Promise.resolve({ host: '127.0.0.1', port: other().port, token: NODE }),
+  });
+
+  before(async () => {
+    server = createServer((req, res) => {
+      seen.push(req.headers);
+      res.end(`sandbox answered ${req.url ?? ''}`);
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    port = (server.address() as { port: number }).port;
+    onA.ports = [{ port, public: false }];
+    onB.ports = [{ port, public: false }];
+    a = await WakeProxy.start({
+      target: target(onA, 'a', () => b),
+      listen: '127.0.0.1:0',
+      domain: 'hop.test',
+      tcp: 'off',
+    });
+    b = await WakeProxy.start({
+      target: target(onB, 'b', () => a),
+      listen: '127.0.0.1:0',
+      domain: 'hop.test',
+      tcp: 'off',
+    });
+  });
+
+  after(async () => {
+    await a.close();
+    await b.close();
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+  });
+
+  const get = (
+    via: WakeProxy,
+    path: string,
+    headers: Record<string, string>,
+  ): Promise<{ status: number; body: string }> =>
+    new Promise((resolve, reject) => {
+      const req = request(
+        {
+          host: '127.0.0.1',
+          port: via.port,
+          path,
+          headers: { host: `${port}-sb-hop.hop.test`, ...headers },
+          agent: false,
+        },
+        (res) => {
+          let body = '';
+          res.setEncoding('utf8');
+          res.on('data', (c: string) => (body += c));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+        },
+      );
+      req.on('error', reject);
+      req.end();
+    });
+
+  test('through node B’s proxy, let in with the node’s token; the sandbox sees no token and no mark', async () => {
+    const r = await get(a, '/x?keep=1', { authorization: `Bearer ${TENANT}`, 'x-app': 'kept' });
+    assert.equal(r.status, 200, r.body);
+    assert.equal(r.body, 'sandbox answered /x?keep=1');
+    assert.deepEqual(wakes, [], 'nothing woken: it is awake on b');
+    assert.deepEqual(
+      [a.hops, b.hops],
+      [
+        { out: 1, in: 0 },
+        { out: 0, in: 1 },
+      ],
+    );
+    const h = seen.at(-1)!;
+    assert.equal(h.authorization, undefined);
+    assert.equal(h['x-dormant-token'], undefined);
+    assert.equal(h['x-dormant-hop'], undefined);
+    assert.equal(h['x-app'], 'kept');
+    assert.equal(h.host, `${port}-sb-hop.hop.test`);
+    // The client, then node A, as B's proxy saw them.
+    assert.equal(h['x-forwarded-for'], '127.0.0.1, 127.0.0.1');
+  });
+
+  test('the token in the query string is checked on A and never reaches B or the sandbox', async () => {
+    const r = await get(a, `/q?dormant_token=${TENANT}&z=2`, {});
+    assert.equal(r.status, 200, r.body);
+    assert.equal(r.body, 'sandbox answered /q?z=2');
+  });
+
+  test('a client cannot borrow the node’s way in: a bad token stops at A, a forged mark changes nothing', async () => {
+    const before = { ...b.hops };
+    const r = await get(a, '/', { authorization: 'Bearer dmt_wrong' });
+    assert.equal(r.status, 401);
+    assert.deepEqual(b.hops, before, 'B never saw it');
+    // The hop mark sent by a client to A: A does not send it on to B, and has no address.
+    const forged = await get(a, '/', { authorization: `Bearer ${TENANT}`, 'x-dormant-hop': '1' });
+    assert.notEqual(forged.status, 200);
+    assert.deepEqual(b.hops, before);
+  });
+
+  test('a request B got from A is never sent on again, even where B believes the sandbox is elsewhere', async () => {
+    // B's view turns stale: it believes the sandbox is awake on A (whose proxy would send it
+    // back). The request from A goes to the address B has.
+    onB.elsewhere = 'a';
+    try {
+      const outA = a.hops.out;
+      const r = await get(a, '/loop', { authorization: `Bearer ${TENANT}` });
+      assert.equal(r.status, 200, r.body);
+      assert.equal(r.body, 'sandbox answered /loop');
+      assert.equal(a.hops.out, outA + 1, 'one hop');
+      assert.equal(b.hops.out, 0);
+    } finally {
+      onB.elsewhere = undefined;
+    }
+  });
+});
