@@ -678,15 +678,15 @@ class MultipartWriter implements StoreWriter {
     return { body, whole };
   }
 
-  /** A body buffer with room for at least `more` bytes past `fill`. */
-  private room(more: number): Buffer {
+  /** The body buffer, with room past `fill`: a new one, or a larger copy of a full one. */
+  private room(): Buffer {
     const b = this.buf;
-    if (b !== undefined && b.length - this.fill >= more) return b;
+    if (b !== undefined && this.fill < b.length) return b;
     let cap: number;
     if (Number.isFinite(this.partSize)) cap = this.partSize;
     else if (b === undefined)
       cap = (this.expectedBytes ?? FIRST_BUFFER_BYTES - EXPECTED_SLACK_BYTES) + EXPECTED_SLACK_BYTES;
-    else cap = Math.max(this.fill + more, Math.ceil(b.length * 1.5));
+    else cap = Math.ceil(b.length * 1.5);
     const next = this.store.bodies.take(cap);
     if (b !== undefined) {
       b.copy(next, 0, 0, this.fill);
@@ -743,7 +743,7 @@ class MultipartWriter implements StoreWriter {
           await this.flush(this.take());
           this.check();
         }
-        const b = this.room(1);
+        const b = this.room();
         const n = Math.min(p.length - at, b.length - this.fill);
         b.set(at === 0 && n === p.length ? p : p.subarray(at, at + n), this.fill);
         this.fill += n;
