@@ -215,7 +215,7 @@ export class PackWriter {
     this.inFlightBytes += n;
     p.tail = p.tail
       .then(async () => {
-        p.writer ??= await this.store.create(`data/${this.tenant}/packs/${p.id}.pack`);
+        p.writer ??= await this.store.create(`data/${this.tenant}/packs/${p.id}.pack`, this.targetBytes);
         await p.writer.write(parts);
         this.inFlightBytes -= n;
         crashPoint('pack-data-written');

@@ -150,6 +150,38 @@ describe('S3 vault on radosgw', { skip: missing }, () => {
     assert.deepEqual(await store.list(''), []);
   });
 
+  test('writers reuse their body buffers only once sent: objects written from reused buffers while others upload read back whole', async () => {
+    // One PUT per object, as on this server, with the caller's expected size: each writer's
+    // body is a pooled buffer that goes back only when its PUT has settled. As in ingest, the
+    // next object is written while the last one commits.
+    const store = await checked();
+    const expected = 3 * MiB;
+    const objects = new Map<string, Buffer>();
+    const commits: Promise<void>[] = [];
+    const scratch = Buffer.alloc(256 * 1024);
+    for (let i = 0; i < 10; i++) {
+      const name = `data/t/packs/w${i}.pack`;
+      // Every fourth one is 2 MiB larger than expected: its buffer grows.
+      const data = randomBytes(i % 4 === 3 ? expected + 2 * MiB + 1 : expected - i);
+      objects.set(name, data);
+      const w = await store.create(name, expected);
+      for (let at = 0; at < data.length; at += scratch.length) {
+        const n = data.copy(scratch, 0, at, at + scratch.length);
+        await w.write([scratch.subarray(0, n)]);
+        // The caller reuses its buffer once a write resolves.
+        scratch.fill(0xee);
+      }
+      commits.push(w.commit());
+    }
+    await Promise.all(commits);
+    // Sent buffers came back for the next writers.
+    assert.ok(store.bodies.idleBytes > 0);
+    for (const [name, data] of objects) assert.ok((await store.read(name)).equals(data), name);
+    await store.removeAll('data');
+    store.destroy();
+    assert.equal(store.bodies.idleBytes, 0);
+  });
+
   test('a server that stops mid-upload: commit fails clearly and nothing half-written is visible', async () => {
     const store = s3({ maxAttempts: 2, partSizeBytes: 5 * MiB });
     const w = await store.create('data/t/packs/half.pack');

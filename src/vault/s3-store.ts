@@ -161,6 +161,8 @@ export class S3Store implements VaultStore {
   private readonly pageSize: number;
   private readonly locks: VaultLocks;
   private readonly cache: PackCache | undefined;
+  /** @internal the writers' request bodies, kept between packs. */
+  readonly bodies = new BodyPool();
 
   constructor(o: S3StoreOptions) {
     this.bucket = o.bucket;
@@ -359,7 +361,7 @@ export class S3Store implements VaultStore {
       if (this.cache?.wants(name, data.length)) await this.cache.keep(name, data).catch(() => undefined);
       return;
     }
-    const w = await this.create(name);
+    const w = await this.create(name, data.length);
     try {
       await w.write([data]);
       await w.commit();
@@ -379,9 +381,18 @@ export class S3Store implements VaultStore {
     });
   }
 
-  async create(name: string): Promise<StoreWriter> {
+  async create(name: string, expectedBytes?: number): Promise<StoreWriter> {
     const key = this.key(name);
-    return new MultipartWriter(this, name, key, this.bucket, this.partSize, this.partsInFlight, this.cache);
+    return new MultipartWriter(
+      this,
+      name,
+      key,
+      this.bucket,
+      this.partSize,
+      this.partsInFlight,
+      this.cache,
+      expectedBytes,
+    );
   }
 
   /** @internal the writer's way to report an SDK error the same way the store does. */
@@ -484,7 +495,16 @@ export class S3Store implements VaultStore {
       this.client.destroy();
       this.client = new S3Client(this.clientOptions);
       // Two parts: the first of the minimum size, the second the rest.
-      const w = new MultipartWriter(this, probe, this.key(probe), this.bucket, MIN_PART, 2, undefined);
+      const w = new MultipartWriter(
+        this,
+        probe,
+        this.key(probe),
+        this.bucket,
+        MIN_PART,
+        2,
+        undefined,
+        undefined,
+      );
       try {
         await w.write([data]);
         await w.commit();
@@ -531,14 +551,81 @@ export class S3Store implements VaultStore {
   /** Closes the SDK's connections. */
   destroy(): void {
     this.client.destroy();
+    this.bodies.clear();
   }
 }
 
-/** A streaming writer on a multipart upload (or one PUT for an object under one part). */
+/** At most this many bytes of idle body buffers are kept (two packs' worth and some). */
+const MAX_IDLE_BODY_BYTES = 96 * 1024 * 1024;
+/** Idle body buffers are let go this long after the last one came back. */
+const BODY_IDLE_MS = 10_000;
+
+/**
+ * Body buffers for the writers, reused from one pack (or part) to the next. Memory the process
+ * has not touched yet costs a page fault per 4 KiB on first write: a fresh 32 MiB buffer per
+ * pack was 63k faults and about 1.5 s of CPU per 256 MiB hibernated on the 2-core test host,
+ * more than the copy itself. A buffer comes back only once the request that sent it has
+ * settled (the SDK is done with it, retries included); the pool keeps a few, and none once
+ * the writers have been idle for a while, so a quiet daemon holds no buffers.
+ */
+class BodyPool {
+  private free: Buffer[] = [];
+  private freeBytes = 0;
+  private timer: NodeJS.Timeout | undefined;
+
+  /** Bytes held for the next writers (tests). */
+  get idleBytes(): number {
+    return this.freeBytes;
+  }
+
+  /** A buffer of exactly `bytes` bytes, not zero-filled: the writer writes before it sends. */
+  take(bytes: number): Buffer {
+    const i = this.free.findIndex((b) => b.length === bytes);
+    if (i < 0) return Buffer.allocUnsafeSlow(bytes);
+    const b = this.free.splice(i, 1)[0]!;
+    this.freeBytes -= b.length;
+    return b;
+  }
+
+  /** Hands `b` back; nothing may read or write it after. */
+  give(b: Buffer): void {
+    this.free.push(b);
+    this.freeBytes += b.length;
+    while (this.freeBytes > MAX_IDLE_BODY_BYTES) this.freeBytes -= this.free.shift()!.length;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.clear(), BODY_IDLE_MS);
+    this.timer.unref();
+  }
+
+  clear(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    this.free = [];
+    this.freeBytes = 0;
+  }
+}
+
+/** What a single-PUT writer allocates when the caller gives no expected size. */
+const FIRST_BUFFER_BYTES = 8 * 1024 * 1024;
+/**
+ * Room past the caller's expected size: a pack closes once it reaches its target, so it ends
+ * up to one record (256 KiB of data and its framing) past it.
+ */
+const EXPECTED_SLACK_BYTES = 1024 * 1024;
+
+/**
+ * A streaming writer on a multipart upload (or one PUT for an object under one part).
+ *
+ * What was written is copied (the caller reuses its buffers) straight into the buffer that
+ * becomes the request's body: one buffer of the part size per part, or, for one PUT of the
+ * whole object, one buffer of the expected size (grown if the object outgrows it). No list of
+ * copies joined at the end: on the S3 vault's hibernate those copies and the join were most
+ * of the extra CPU against the local vault (docs/BENCHMARKS.md, "S3 vault: profile verdict").
+ */
 class MultipartWriter implements StoreWriter {
-  /** Copies of what was written since the last part went (the caller reuses its buffers). */
-  private pending: Buffer[] = [];
-  private pendingBytes = 0;
+  /** The next body being filled: bytes [0, fill) are written, not yet sent. */
+  private buf: Buffer | undefined;
+  private fill = 0;
   private size = 0;
   private uploadId: Promise<string> | undefined;
   private readonly parts: CompletedPart[] = [];
@@ -559,6 +646,7 @@ class MultipartWriter implements StoreWriter {
     private readonly partSize: number,
     private readonly maxInFlight: number,
     cache: PackCache | undefined,
+    private readonly expectedBytes: number | undefined,
   ) {
     // The node that writes a pack is the likeliest to read it back (resume where it slept).
     this.tee = cache ? cache.writer(name).catch(() => undefined) : Promise.resolve(undefined);
@@ -578,30 +666,54 @@ class MultipartWriter implements StoreWriter {
     return this.uploadId;
   }
 
-  /** Takes exactly `n` pending bytes (or all) as one buffer. */
-  private take(n: number): Buffer {
-    const all = this.pending.length === 1 ? this.pending[0]! : Buffer.concat(this.pending, this.pendingBytes);
-    const body = all.subarray(0, n);
-    const rest = all.subarray(n);
-    this.pending = rest.length > 0 ? [rest] : [];
-    this.pendingBytes = rest.length;
-    return body;
+  /**
+   * What was written and not yet sent: `body`, a view of `whole`, which goes back to the pool
+   * once the request that sends it has settled. The writer starts a new buffer after.
+   */
+  private take(): { body: Buffer; whole: Buffer | undefined } {
+    const whole = this.buf;
+    const body = whole?.subarray(0, this.fill) ?? Buffer.alloc(0);
+    this.buf = undefined;
+    this.fill = 0;
+    return { body, whole };
   }
 
-  private async flush(body: Buffer): Promise<void> {
+  /** The body buffer, with room past `fill`: a new one, or a larger copy of a full one. */
+  private room(): Buffer {
+    const b = this.buf;
+    if (b !== undefined && this.fill < b.length) return b;
+    let cap: number;
+    if (Number.isFinite(this.partSize)) cap = this.partSize;
+    else if (b === undefined)
+      cap = (this.expectedBytes ?? FIRST_BUFFER_BYTES - EXPECTED_SLACK_BYTES) + EXPECTED_SLACK_BYTES;
+    else cap = Math.ceil(b.length * 1.5);
+    const next = this.store.bodies.take(cap);
+    if (b !== undefined) {
+      b.copy(next, 0, 0, this.fill);
+      this.store.bodies.give(b);
+    }
+    this.buf = next;
+    return next;
+  }
+
+  private async flush({ body, whole }: { body: Buffer; whole: Buffer | undefined }): Promise<void> {
     const partNumber = this.nextPart++;
     const p = (async () => {
-      const UploadId = await this.started();
-      const r = await this.store.client.send(
-        new UploadPartCommand({
-          Bucket: this.bucket,
-          Key: this.key,
-          UploadId,
-          PartNumber: partNumber,
-          Body: body,
-        }),
-      );
-      this.parts.push({ PartNumber: partNumber, ETag: r.ETag! });
+      try {
+        const UploadId = await this.started();
+        const r = await this.store.client.send(
+          new UploadPartCommand({
+            Bucket: this.bucket,
+            Key: this.key,
+            UploadId,
+            PartNumber: partNumber,
+            Body: body,
+          }),
+        );
+        this.parts.push({ PartNumber: partNumber, ETag: r.ETag! });
+      } finally {
+        if (whole !== undefined) this.store.bodies.give(whole);
+      }
     })();
     const tracked = p.then(
       () => undefined,
@@ -623,13 +735,23 @@ class MultipartWriter implements StoreWriter {
     this.check();
     const tee = await this.tee;
     for (const p of parts) {
-      this.pending.push(Buffer.from(p));
-      this.pendingBytes += p.length;
       this.size += p.length;
       await tee?.write(p);
+      for (let at = 0; at < p.length;) {
+        if (this.buf !== undefined && this.fill === this.partSize) {
+          // A full part goes; the next bytes start the next part's buffer.
+          await this.flush(this.take());
+          this.check();
+        }
+        const b = this.room();
+        const n = Math.min(p.length - at, b.length - this.fill);
+        b.set(at === 0 && n === p.length ? p : p.subarray(at, at + n), this.fill);
+        this.fill += n;
+        at += n;
+      }
     }
-    while (this.pendingBytes >= this.partSize) {
-      await this.flush(this.take(this.partSize));
+    if (this.fill === this.partSize) {
+      await this.flush(this.take());
       this.check();
     }
   }
@@ -639,11 +761,16 @@ class MultipartWriter implements StoreWriter {
     this.done = true;
     try {
       if (this.uploadId === undefined) {
-        await this.store.client.send(
-          new PutObjectCommand({ Bucket: this.bucket, Key: this.key, Body: this.take(this.pendingBytes) }),
-        );
+        const { body, whole } = this.take();
+        try {
+          await this.store.client.send(
+            new PutObjectCommand({ Bucket: this.bucket, Key: this.key, Body: body }),
+          );
+        } finally {
+          if (whole !== undefined) this.store.bodies.give(whole);
+        }
       } else {
-        if (this.pendingBytes > 0) await this.flush(this.take(this.pendingBytes));
+        if (this.fill > 0) await this.flush(this.take());
         while (this.inFlight.size > 0) await Promise.all(this.inFlight);
         if (this.error !== undefined) throw this.store.failure('upload', this.name, this.error);
         const UploadId = await this.uploadId;
@@ -669,8 +796,9 @@ class MultipartWriter implements StoreWriter {
   private async cancel(): Promise<void> {
     if (this.cancelled) return;
     this.cancelled = true;
-    this.pending = [];
-    this.pendingBytes = 0;
+    if (this.buf !== undefined) this.store.bodies.give(this.buf);
+    this.buf = undefined;
+    this.fill = 0;
     while (this.inFlight.size > 0) await Promise.all(this.inFlight);
     const tee = await this.tee;
     await tee?.abort().catch(() => undefined);

@@ -48,7 +48,11 @@ export interface VaultStore {
   openReader(name: string): Promise<StoreReader>;
   /** Writes a whole object atomically and durably. */
   write(name: string, data: Uint8Array): Promise<void>;
-  create(name: string): Promise<StoreWriter>;
+  /**
+   * A streaming writer. `expectedBytes`, when the caller knows about how large the object will
+   * be (a pack's target size), lets a store that buffers allocate once; it is not a limit.
+   */
+  create(name: string, expectedBytes?: number): Promise<StoreWriter>;
   /**
    * Writes an object only if none exists under the name (returns false then). Used for keys
    * and tombstones, where two racing writers must agree on one value.
