@@ -162,7 +162,10 @@ export class WakeProxy {
     this.relayHost = {
       route: (host, creds) => this.resolve(host, creds),
       ready: (s, port, via, hopped) => this.upstream(s, port, via, hopped),
-      hopped: (out) => void (out ? this.hops.out++ : this.hops.in++),
+      hopped: (out) => {
+        if (out) this.hops.out++;
+        else this.hops.in++;
+      },
       find: async (id) => (await this.target.find(id)).find((x) => x.id === id),
       begin: (id) => this.begin(id),
       touch: (id) => this.touch(id),
