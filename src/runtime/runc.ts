@@ -24,7 +24,7 @@ import { buildOciConfig, compileSandboxSpec, criuConfigText } from './oci.js';
 import { isMountPoint, unmountAll } from './rootfs.js';
 import { removeCgroupEverywhere } from '../sys/cgroup.js';
 import { assertOwnFolder } from './staging.js';
-import { ensureLayer, releaseLayer, remountLayer } from './quota.js';
+import { commitLayer, ensureLayer, releaseLayer, remountLayer } from './quota.js';
 import { copyFolder, emptyFolder, packFilesystem, unpackFilesystem } from './layer.js';
 import { endPageServer, servePages, type ServedPages } from './pages.js';
 import { setImagesHostname } from '../criu/images/utsns.js';
@@ -743,6 +743,8 @@ export class RuncRuntime extends RuncHost implements Runtime {
 
   async emptyLayer(id: string): Promise<void> {
     await emptyFolder(this.upperDir(id));
+    // Its blocks back to the host before the hibernate returns (quota.ts).
+    await commitLayer(this.dir(id));
   }
 
   async copyLayer(fromId: string, toId: string): Promise<void> {
