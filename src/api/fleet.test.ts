@@ -12,6 +12,7 @@ import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { connect, createServer, type Socket } from 'node:net';
 import { randomBytes } from 'node:crypto';
+import WebSocket from 'ws';
 import { join } from 'node:path';
 import { rm } from 'node:fs/promises';
 import type { Daemon, DaemonOptions } from '../daemon/daemon.js';
@@ -176,6 +177,47 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
       [nodes.node1!.wake.proxy!.hops.out - out1, nodes.node2!.wake.proxy!.hops.in - in2],
       [2, 2],
     );
+  });
+
+  test('a terminal on node 2’s sandbox through node 1’s API: the WebSocket is joined to node 2', async () => {
+    const auth = { authorization: `Bearer ${nodes.node1!.adminToken}` };
+    const res = await fetch(`${nodes.node1!.url}/v1/sandboxes/${sb.id}/commands`, {
+      method: 'POST',
+      headers: { ...auth, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        cmd: '/bin/sh',
+        pty: { cols: 80, rows: 24 },
+        stdin: true,
+        background: true,
+        timeoutMs: 0,
+      }),
+    });
+    assert.equal(res.status, 201, await res.clone().text());
+    assert.equal(res.headers.get('x-dormant-node'), 'node2');
+    const { id } = (await res.json()) as { id: string };
+    const ws = new WebSocket(
+      `${nodes.node1!.url.replace(/^http/, 'ws')}/v1/sandboxes/${sb.id}/commands/${id}/ws`,
+      { headers: auth },
+    );
+    let screen = '';
+    const events: { type: string; exitCode?: number }[] = [];
+    ws.on('message', (data: Buffer, binary: boolean) => {
+      if (binary) screen += data.toString('utf8');
+      else events.push(JSON.parse(data.toString('utf8')) as { type: string });
+    });
+    const closed = new Promise((r) => ws.once('close', r));
+    await new Promise((r, j) => ws.once('open', r).once('error', j));
+    ws.send(Buffer.from('echo $((6*7)) $(hostname); stty size\n'), { binary: true });
+    ws.send(JSON.stringify({ type: 'resize', cols: 100, rows: 30 }));
+    ws.send(Buffer.from('stty size\n'), { binary: true });
+    await eventually('the shell answers', () => {
+      assert.match(screen, /\b42\b/);
+      assert.match(screen, /30 100/);
+      return Promise.resolve();
+    });
+    ws.send(Buffer.from('exit 3\n'), { binary: true });
+    await closed;
+    assert.deepEqual([events.at(-1)?.type, events.at(-1)?.exitCode], ['end', 3]);
   });
 
   test('two nodes racing to wake it: it is restored once, the other is told of the conflict', async () => {

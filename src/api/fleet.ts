@@ -5,6 +5,7 @@
  * GET /v1/nodes, POST /v1/nodes/{name}/drain and /undrain (admin).
  */
 import { request as httpRequest, type IncomingMessage } from 'node:http';
+import { connect } from 'node:net';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { DormantError, ErrorCode } from '../domain/errors.js';
@@ -144,14 +145,9 @@ export function installForwarding(
         );
     }
     if (!target || target.name === fleet.name) return;
-    if (req.headers.upgrade !== undefined)
-      // A WebSocket (a PTY, a command's output) is not relayed between nodes yet.
-      throw new DormantError(
-        ErrorCode.NODE_UNAVAILABLE,
-        `sandbox ${m?.[1] ?? ''} is on node ${target.name}: open the WebSocket there (${target.url})`,
-        { hint: 'the x-dormant-node header of any answer about it names its node' },
-      );
-    await forward(req, reply, target, fleet.name);
+    // A WebSocket (a terminal, a command's output): the connection joined to that node's.
+    if (req.headers.upgrade !== undefined) forwardUpgrade(req, reply, target, fleet.name);
+    else await forward(req, reply, target, fleet.name);
   });
 }
 
@@ -297,4 +293,62 @@ async function forward(req: FastifyRequest, reply: FastifyReply, to: NodeInfo, f
     out.on('close', () => up.destroy());
     req.raw.pipe(up);
   });
+}
+
+/** What a client sent past an upgrade request's head (@fastify/websocket keeps it on the request). */
+function upgradeHead(raw: IncomingMessage): Buffer | undefined {
+  const k = Object.getOwnPropertySymbols(raw).find((x) => x.description === 'ws-head');
+  const v = k === undefined ? undefined : (raw as unknown as Record<symbol, unknown>)[k];
+  return Buffer.isBuffer(v) ? v : undefined;
+}
+
+/**
+ * An upgrade request (a WebSocket) for a sandbox on node `to`: the request head is sent there
+ * as it came (its Host that node's, one hop), and the client's connection and that node's are
+ * joined byte for byte, so that node answers the upgrade and speaks the WebSocket itself.
+ * Connecting is bounded at 5 s; a node that does not answer is NODE_UNAVAILABLE to the client.
+ */
+function forwardUpgrade(req: FastifyRequest, reply: FastifyReply, to: NodeInfo, from: string): void {
+  const client = req.raw.socket;
+  const head = upgradeHead(req.raw);
+  const url = new URL(req.url, to.url);
+  reply.hijack();
+  let lines = `${req.method} ${req.url} HTTP/1.1\r\n`;
+  const raw = req.raw.rawHeaders;
+  for (let i = 0; i + 1 < raw.length; i += 2) {
+    const k = raw[i]!.toLowerCase();
+    if (k === 'host' || k === FORWARDED_HEADER) continue;
+    lines += `${raw[i]!}: ${raw[i + 1]!}\r\n`;
+  }
+  lines += `host: ${url.host}\r\n${FORWARDED_HEADER}: ${from}\r\n\r\n`;
+  let joined = false;
+  const up = connect({ host: url.hostname.replace(/^\[|\]$/g, ''), port: Number(url.port || 80) });
+  const bound = setTimeout(() => up.destroy(new Error('could not connect within 5 s')), 5_000);
+  up.once('connect', () => {
+    clearTimeout(bound);
+    joined = true;
+    up.write(lines, 'latin1');
+    if (head !== undefined && head.length > 0) up.write(head);
+    up.pipe(client);
+    client.pipe(up);
+  });
+  up.on('error', (e) => {
+    clearTimeout(bound);
+    if (joined || client.destroyed) {
+      client.destroy();
+      return;
+    }
+    const err = new DormantError(
+      ErrorCode.NODE_UNAVAILABLE,
+      `sandbox request for node ${to.name} at ${to.url} failed: ${e.message}`,
+    );
+    const body = JSON.stringify({ error: err.toJSON() });
+    client.end(
+      `HTTP/1.1 ${err.status} Service Unavailable\r\ncontent-type: application/json\r\n` +
+        `content-length: ${Buffer.byteLength(body)}\r\nx-dormant-node: ${to.name}\r\nconnection: close\r\n\r\n${body}`,
+    );
+  });
+  up.on('close', () => client.destroy());
+  client.on('error', () => up.destroy());
+  client.on('close', () => up.destroy());
 }
