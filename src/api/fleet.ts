@@ -46,12 +46,14 @@ const HOP = new Set([
 const WAKES = /^\/(resume|exec|files|commands|fork)(\/|$)/;
 
 /**
- * Requests that make a sandbox: sent elsewhere while this node drains. An import that names an
- * archive by its path stays (the path is on this machine); the drain hibernates what it makes.
+ * Requests that make a sandbox: sent elsewhere while this node drains. An import sent as the
+ * body (application/octet-stream, as the server reads it) goes too; one that names an archive
+ * by its path (JSON) stays, the path being on this machine, and the drain hibernates what it
+ * makes.
  */
-const makes = (path: string, query: string): boolean =>
+const makes = (path: string, contentType: string | undefined): boolean =>
   path === '/v1/sandboxes' ||
-  (path === '/v1/checkpoints/import' && new URLSearchParams(query).has('fileName'));
+  (path === '/v1/checkpoints/import' && /^application\/octet-stream\b/i.test(contentType ?? ''));
 
 const NodeParams = z.strictObject({ name: z.string().min(1).max(63) });
 
@@ -134,7 +136,11 @@ export function installForwarding(
         return; // the route answers it (not found, a bad id)
       }
       target = await routeFor(fleet, s, req.method, m[2] ?? '', new URLSearchParams(query).get('node'));
-    } else if (req.method === 'POST' && makes(path, query) && fleet.membership?.state === 'draining') {
+    } else if (
+      req.method === 'POST' &&
+      makes(path, req.headers['content-type']) &&
+      fleet.membership?.state === 'draining'
+    ) {
       target = mostRoom(
         open(await fleet.store.listNodes({ counts: false })).filter((n) => n.name !== fleet.name),
       );

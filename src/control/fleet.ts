@@ -10,7 +10,7 @@ import { asError } from '../domain/errors.js';
 import type { NodeCapacity, NodeState } from '../domain/node.js';
 import type { FleetStore } from '../state/store.js';
 import type { Sandbox } from '../domain/sandbox.js';
-import type { Fenced, Reclaimed } from './ops/nodes.js';
+import type { FenceEnd, Fenced, Reclaimed } from './ops/nodes.js';
 
 /** What membership needs of the controller. */
 export interface FleetTarget {
@@ -54,6 +54,8 @@ export class NodeMembership {
   /** Drain failures already reported, by sandbox. */
   private readonly drainFailed = new Set<string>();
   private fenceTimer: NodeJS.Timeout | undefined;
+  /** The last renewal failed. */
+  private failing = false;
   /** Set while the node is fenced (or freezing), until a renewal or close lifts it. */
   private fencing: Promise<Fenced | undefined> | undefined;
 
@@ -91,6 +93,7 @@ export class NodeMembership {
 
   private schedule(): void {
     if (this.closed) return;
+    const every = this.o.renewEveryMs ?? Math.max(200, Math.floor(this.o.leaseMs / 3));
     this.timer = setTimeout(
       () => {
         this.ticking = this.tick().finally(() => {
@@ -98,7 +101,9 @@ export class NodeMembership {
           this.schedule();
         });
       },
-      this.o.renewEveryMs ?? Math.max(200, Math.floor(this.o.leaseMs / 3)),
+      // After a failed renewal, the next one comes sooner: a short outage should end in a
+      // renewal, not in the fence (which comes three quarters of a lease after the last one).
+      this.failing ? Math.min(every, Math.max(200, Math.floor(this.o.leaseMs / 10))) : every,
     );
     this.timer.unref();
   }
@@ -113,14 +118,18 @@ export class NodeMembership {
     } catch (e) {
       // Out of reach: the others cannot mark anyone lost either. Once back, this node waits a
       // lease before judging them, so nodes that were cut off as long have time to renew.
+      this.failing = true;
       this.judgeAfter = Date.now() + leaseMs;
       this.o.warn(`node ${name}: could not renew its lease: ${asError(e).message}`);
       return;
     }
+    this.failing = false;
+    // No fence may start while the one in place is lifted; the clock restarts after.
+    if (this.fenceTimer) clearTimeout(this.fenceTimer);
     if (state === undefined) {
       // The others took this node's sandboxes back: what still runs here is a stale copy,
       // frozen if the fence came first, and ended now without running again.
-      await this.unfence(false);
+      await this.unfence('end');
       const ended = await this.release();
       this.o.warn(
         `node ${name} was marked lost by the fleet (its lease ran out); it ended ${ended.length} sandbox(es) taken back to their checkpoints, and joins again`,
@@ -144,9 +153,9 @@ export class NodeMembership {
       this.judgeAfter = Date.now() + leaseMs;
       this.armFence(again);
     } else {
-      this.armFence(sent);
       // Renewed in time: what the fence froze is still this node's, and goes on.
-      const thawed = await this.unfence(true);
+      const thawed = await this.unfence('thaw');
+      this.armFence(sent);
       if (thawed > 0)
         this.o.warn(`node ${name} renewed its lease in time: ${thawed} sandbox(es) frozen meanwhile go on`);
     }
@@ -174,6 +183,7 @@ export class NodeMembership {
     this.fenceTimer.unref();
   }
 
+  /** Fences the node, unless a fence is in place (held until a renewal or close lifts it). */
   private fence(after: number): void {
     if (this.closed || this.fencing) return;
     this.fencing = this.o.target.fence().then(
@@ -184,18 +194,24 @@ export class NodeMembership {
         return f;
       },
       (e: unknown) => {
-        this.o.warn(`node ${this.o.name}: fencing failed: ${asError(e).message}`);
+        this.o.warn(`node ${this.o.name}: fencing failed: ${asError(e).message}; trying again`);
+        this.fencing = undefined;
+        // Again in a moment, unless a renewal restarts the clock first.
+        if (!this.closed) {
+          this.fenceTimer = setTimeout(() => this.fence(after), 1_000);
+          this.fenceTimer.unref();
+        }
         return undefined;
       },
     );
   }
 
   /** Lifts the fence, if any: answers how many sandboxes it had frozen. */
-  private async unfence(thaw: boolean): Promise<number> {
+  private async unfence(how: FenceEnd): Promise<number> {
     const f = await this.fencing;
     this.fencing = undefined;
     if (f === undefined) return 0;
-    await f.lift(thaw);
+    await f.lift(how);
     return f.ids.length;
   }
 
@@ -262,7 +278,7 @@ export class NodeMembership {
     await this.ticking;
     // A fenced node closing keeps its sandboxes frozen: the next start's reconcile thaws those
     // still its own, and releases those the fleet took back.
-    await this.unfence(false);
+    await this.unfence('keep');
     await this.chores;
     await this.draining;
   }

@@ -8,6 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { NodeMembership, type FleetTarget } from './fleet.js';
+import type { FenceEnd } from './ops/nodes.js';
 import type { FleetStore } from '../state/store.js';
 import type { NodeState } from '../domain/node.js';
 
@@ -49,8 +50,8 @@ function world(): {
       log.push('fence');
       return Promise.resolve({
         ids: ['a', 'b'],
-        lift: (thaw: boolean) => {
-          log.push(thaw ? 'thaw' : 'keep frozen');
+        lift: (how: FenceEnd) => {
+          log.push(how);
           return Promise.resolve();
         },
       });
@@ -120,8 +121,8 @@ test('marked lost meanwhile: the frozen sandboxes never run again before release
   await until('joined again', () => w.log.includes('register', 1));
   await m.close();
   const seq = w.log.filter((l) => !l.startsWith('warn'));
-  const i = seq.indexOf('keep frozen');
-  assert.ok(i > 0 && seq[i + 1] === 'release', `lifted without thawing, then released: ${seq.join(', ')}`);
+  const i = seq.indexOf('end');
+  assert.ok(i > 0 && seq[i + 1] === 'release', `the frozen copies ended, then released: ${seq.join(', ')}`);
   assert.ok(!seq.includes('thaw'));
 });
 
@@ -131,5 +132,5 @@ test('a fenced node that closes leaves its sandboxes frozen', async () => {
   w.set('fail');
   await until('fenced', () => w.log.includes('fence'));
   await m.close();
-  assert.deepEqual(events(w.log), ['register', 'fence', 'keep frozen']);
+  assert.deepEqual(events(w.log), ['register', 'fence', 'keep']);
 });

@@ -350,6 +350,7 @@ async function openState(
   );
   try {
     const store = await openPostgresStore(opts.state.url, {
+      node: nodeNameOf(opts),
       onIdleError: (e) =>
         warn(`state database: an idle connection failed (${e.message}); the next call reconnects`),
     });
@@ -595,7 +596,7 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
             fleet: {
               placeWake: (s: Sandbox) => placeWakeFor(fleetHooks, s),
               token: admin.token,
-              node: async (name: string) => await fleetHooks.store.getNode(name),
+              node: async (name: string) => await fleetHooks.store.getNode(name, { counts: false }),
             },
           }
         : {}),

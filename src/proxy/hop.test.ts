@@ -2,7 +2,8 @@
  * Two wake proxies as two nodes of a fleet, over fake targets and a real HTTP server as the
  * sandbox: a request that reaches node A's proxy for a sandbox awake on node B goes through
  * B's proxy (A has no address for it), let in there with A's node token; the sandbox sees
- * neither token nor the hop's mark; a request B's proxy got from A is never sent on again.
+ * neither token nor the hop's mark; a client's own hop mark is not believed; a request B's
+ * proxy got from A is never sent on again, nor to an address recorded for another node.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -18,17 +19,21 @@ describe('wake proxy: a request for a sandbox on another node goes through that 
   const seen: IncomingHttpHeaders[] = [];
   let a: WakeProxy;
   let b: WakeProxy;
+  // On node A, the address recorded for the sandbox (node B's) is another sandbox of A's own:
+  // addresses are each node's. What answers there must never see these requests.
+  let victim: Server;
+  const victimSeen: string[] = [];
   const onA: ProxiedSandbox = {
     id: 'sb-hop',
     name: 'hop',
     tenant: 't',
     state: 'running',
-    // What node A knows: awake on node b; its address is b's business.
-    address: undefined,
+    address: '127.0.0.2',
     elsewhere: 'b',
     ports: [],
   };
   const onB: ProxiedSandbox = { ...onA, address: '127.0.0.1', elsewhere: undefined };
+  delete onB.elsewhere;
   const wakes: string[] = [];
 
   const target = (box: ProxiedSandbox, node: string, other: () => WakeProxy): WakeTarget => ({
@@ -55,6 +60,11 @@ describe('wake proxy: a request for a sandbox on another node goes through that 
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     port = (server.address() as { port: number }).port;
+    victim = createServer((req, res) => {
+      victimSeen.push(req.url ?? '');
+      res.end('the wrong sandbox answered');
+    });
+    await new Promise<void>((r) => victim.listen(port, '127.0.0.2', r));
     onA.ports = [{ port, public: false }];
     onB.ports = [{ port, public: false }];
     a = await WakeProxy.start({
@@ -74,8 +84,11 @@ describe('wake proxy: a request for a sandbox on another node goes through that 
   after(async () => {
     await a.close();
     await b.close();
-    server.closeAllConnections();
-    await new Promise((r) => server.close(r));
+    for (const x of [server, victim]) {
+      x.closeAllConnections();
+      await new Promise((r) => x.close(r));
+    }
+    assert.deepEqual(victimSeen, [], 'nothing reached the address A had recorded');
   });
 
   const get = (
@@ -136,25 +149,30 @@ describe('wake proxy: a request for a sandbox on another node goes through that 
     const r = await get(a, '/', { authorization: 'Bearer dmt_wrong' });
     assert.equal(r.status, 401);
     assert.deepEqual(b.hops, before, 'B never saw it');
-    // The hop mark sent by a client to A: A does not send it on to B, and has no address.
-    const forged = await get(a, '/', { authorization: `Bearer ${TENANT}`, 'x-dormant-hop': '1' });
-    assert.notEqual(forged.status, 200);
-    assert.deepEqual(b.hops, before);
+    // The hop mark from a client (with its own token) is not believed: the request goes
+    // through B as any other, never to the address A has recorded.
+    const forged = await get(a, '/forged', { authorization: `Bearer ${TENANT}`, 'x-dormant-hop': '1' });
+    assert.equal(forged.status, 200, forged.body);
+    assert.equal(forged.body, 'sandbox answered /forged');
+    assert.equal(b.hops.in, before.in + 1);
+    assert.equal(seen.at(-1)!['x-dormant-hop'], undefined);
   });
 
-  test('a request B got from A is never sent on again, even where B believes the sandbox is elsewhere', async () => {
-    // B's view turns stale: it believes the sandbox is awake on A (whose proxy would send it
-    // back). The request from A goes to the address B has.
+  test('a request B got from A is never sent on, nor to an address B has for another node', async () => {
+    // The sandbox moved on while the request was on its way: B sees it awake on A (whose
+    // proxy would send it back). B answers a retryable error; nothing loops.
     onB.elsewhere = 'a';
     try {
       const outA = a.hops.out;
+      const n = seen.length;
       const r = await get(a, '/loop', { authorization: `Bearer ${TENANT}` });
-      assert.equal(r.status, 200, r.body);
-      assert.equal(r.body, 'sandbox answered /loop');
+      assert.equal(r.status, 503, r.body);
+      assert.match(r.body, /NODE_UNAVAILABLE/);
       assert.equal(a.hops.out, outA + 1, 'one hop');
       assert.equal(b.hops.out, 0);
+      assert.equal(seen.length, n, 'no sandbox saw it');
     } finally {
-      onB.elsewhere = undefined;
+      delete onB.elsewhere;
     }
   });
 });

@@ -428,7 +428,7 @@ export class WakeProxy {
     const mine = p ? withPort.filter((s) => p.admin || s.tenant === p.tenant) : [];
     const pub = withPort.filter((s) => s.ports.some((x) => x.port === route.port && x.public));
     const pick = mine.length > 0 ? mine : pub;
-    if (pick.length === 1) return { s: pick[0]!, port: route.port };
+    if (pick.length === 1) return { s: pick[0]!, port: route.port, admin: p?.admin === true };
     if (pick.length > 1) {
       throw new ProxyError(
         ErrorCode.PROXY_AMBIGUOUS,
@@ -453,35 +453,36 @@ export class WakeProxy {
   /**
    * Where an HTTP request for `s` goes once it runs: in a fleet, a sandbox awake on another
    * node (or woken there) is reached through that node's proxy, which has its address at hand
-   * (addresses are each node's own). A request that came from another node's proxy (`hopped`)
-   * is never sent on again: it goes to the address, and waits until the port accepts (the
-   * node that sent it could not look).
+   * (addresses are each node's own). A request that came from another node's proxy (`hopped`,
+   * which the relay believes only of an admin token) is served here or not at all: never sent
+   * on, and never to an address recorded for another node.
    */
   private async upstream(s: ProxiedSandbox, port: number, via: string, hopped: boolean): Promise<Upstream> {
+    if (hopped) {
+      if (s.elsewhere !== undefined) throw moved(s);
+      const awake = s.state === 'running' && s.address !== undefined;
+      const address = await this.ready(s, port, via, true);
+      if (address === undefined) throw moved(s);
+      // The node that sent it could not look whether the port accepts.
+      if (awake)
+        await this.accepting(s.id, address, port, Date.now() + (this.opts.wakeTimeoutMs ?? 30_000)).catch(
+          () => undefined,
+        );
+      return { host: address, port };
+    }
     const through = async (x: ProxiedSandbox | undefined): Promise<Upstream | undefined> => {
-      if (hopped || x?.elsewhere === undefined || !this.target.nodeProxy) return undefined;
+      if (x?.elsewhere === undefined || !this.target.nodeProxy) return undefined;
       const np = await this.target.nodeProxy(x.elsewhere);
       return np && { host: np.host, port: np.port, hop: { node: x.elsewhere, token: np.token } };
     };
     const there = await through(s);
     if (there) return there;
-    if (s.state === 'running' && s.address) {
-      if (hopped)
-        await this.accepting(s.id, s.address, port, Date.now() + (this.opts.wakeTimeoutMs ?? 30_000)).catch(
-          () => undefined,
-        );
-      return { host: s.address, port };
-    }
-    const address = await this.ready(s, port, via, !hopped && this.target.nodeProxy !== undefined);
+    const address = await this.ready(s, port, via, this.target.nodeProxy !== undefined);
     if (address !== undefined) return { host: address, port };
-    // Woken on another node: its proxy serves it.
-    const moved = await through((await this.target.find(s.id)).find((x) => x.id === s.id));
-    if (moved) return moved;
-    throw new ProxyError(
-      ErrorCode.WAKE_FAILED,
-      `sandbox ${s.id} woke on another node, whose proxy this node does not know`,
-      'dormant node ls shows each node and its proxy',
-    );
+    // Woken on another node whose proxy is known: that proxy serves it.
+    const there2 = await through((await this.target.find(s.id)).find((x) => x.id === s.id));
+    if (there2) return there2;
+    throw moved(s);
   }
 
   /**
@@ -532,8 +533,13 @@ export class WakeProxy {
         );
       })
       .finally(() => clearTimeout(timer));
-    if (unlessElsewhere && (await this.target.find(s.id)).some((x) => x.id === s.id && x.elsewhere))
-      return undefined;
+    if (unlessElsewhere) {
+      // Woken on another node: its proxy serves it, where that proxy is known (else the
+      // address, as on one host).
+      const now = (await this.target.find(s.id)).find((x) => x.id === s.id);
+      if (now?.elsewhere !== undefined && (await this.target.nodeProxy?.(now.elsewhere)) !== undefined)
+        return undefined;
+    }
     // A sandbox started afresh (from archived) needs a moment before its server listens.
     await this.accepting(s.id, address, port, deadline).catch(() => {
       throw timedOut();
@@ -691,4 +697,14 @@ function relayBytes(from: Socket, to: Socket, touch: () => void): void {
     }
   });
   from.once('end', () => to.end());
+}
+
+/** A sandbox that is (now) another node's: the client asks again, and is routed there. */
+function moved(s: ProxiedSandbox): ProxyError {
+  return new ProxyError(
+    ErrorCode.NODE_UNAVAILABLE,
+    `sandbox ${s.id} moved to another node while the request was on its way`,
+    'send it again',
+    1,
+  );
 }

@@ -43,6 +43,8 @@ export class ProxyError extends DormantError {
 export interface Routed {
   s: ProxiedSandbox;
   port: number;
+  /** The request's token is an admin's (another node's proxy sends one with its hops). */
+  admin?: boolean;
 }
 
 /** What a relay needs of the proxy. */
@@ -430,23 +432,21 @@ export class HttpRelay {
     );
   }
 
-  private routed(req: RequestHead, creds: Credentials, { s, port }: Routed): void {
+  private routed(req: RequestHead, creds: Credentials, { s, port, admin }: Routed): void {
     if (req.method === 'CONNECT')
       throw new ProxyError(ErrorCode.METHOD_NOT_ALLOWED, 'CONNECT is not proxied');
-    const key = upKeyOf(
-      s.id,
-      port,
-      s.elsewhere !== undefined && !hopped(req) ? s.elsewhere : undefined,
-      s.address,
-    );
-    if (this.up && key === this.upKey && s.state === 'running') {
-      this.forward(req, creds);
+    // The hop mark counts only with an admin token in x-dormant-token, as another node's
+    // proxy sends it: from anyone else it is dropped and changes nothing.
+    const hop = hopped(req) && admin === true && creds.from === 'header';
+    const key = upKeyOf(s.id, port, s.elsewhere !== undefined && !hop ? s.elsewhere : undefined, s.address);
+    if (this.up && key === this.upKey && s.state === 'running' && hop === this.upHopped) {
+      this.forward(req, creds, hop);
       return;
     }
     // Another sandbox or port, or one that sleeps: wait for earlier answers, then (re)connect.
     this.busy = true;
     this.client.pause();
-    void this.reroute(s, port, req, creds);
+    void this.reroute(s, port, req, creds, hop);
   }
 
   private async reroute(
@@ -454,6 +454,7 @@ export class HttpRelay {
     port: number,
     req: RequestHead,
     creds: Credentials,
+    hop: boolean,
   ): Promise<void> {
     try {
       await this.whenIdle();
@@ -462,13 +463,12 @@ export class HttpRelay {
       this.upId = s.id;
       this.setActive(true);
       const via = req.upgrade ? 'upgrade' : `${req.method} request`;
-      const hop = hopped(req);
       this.upHopped = hop;
       const to = await this.host.ready(s, port, via, hop);
       await this.connectUp(s, port, to, via, hop);
       if (this.done) return;
       this.busy = false;
-      this.forward(req, creds);
+      this.forward(req, creds, hop);
       this.client.resume();
       this.pump();
     } catch (e) {
@@ -544,7 +544,7 @@ export class HttpRelay {
     up?.destroy();
   }
 
-  private forward(req: RequestHead, creds: Credentials): void {
+  private forward(req: RequestHead, creds: Credentials, hop: boolean): void {
     let head = `${req.method} ${creds.path} ${req.version}\r\n`;
     const xff: string[] = [];
     for (const h of req.headers) {
@@ -561,7 +561,7 @@ export class HttpRelay {
     xff.push(this.client.remoteAddress ?? '');
     head += `x-forwarded-for: ${xff.join(', ')}\r\nx-forwarded-host: ${req.host ?? ''}\r\nx-forwarded-proto: http\r\n`;
     if (this.upHop) this.host.hopped(true);
-    else if (hopped(req)) this.host.hopped(false);
+    else if (hop) this.host.hopped(false);
     const bodyless = req.body.kind === 'none' && BODYLESS.has(req.method);
     this.sent.push({
       method: req.method,

@@ -259,6 +259,37 @@ describe('PostgresStateStore', { skip: missing }, () => {
     }
   });
 
+  test('fleet: a node’s store moves an awake sandbox only while it is that node’s, unless taking it over', async () => {
+    const db = await freshDb();
+    const na = await openPostgresStore(db.url, { node: 'na' });
+    const nb = await openPostgresStore(db.url, { node: 'nb' });
+    try {
+      await na.insertSandbox(sandbox('s1', { state: 'running', node: 'nb' }), 'c');
+      await na.insertSandbox(sandbox('s2', { state: 'hibernated', node: 'nb' }), 'c');
+      // Work node na queued before it lost the sandbox to nb: it changes nothing.
+      assert.equal(await na.transition('s1', 'running', 'hibernating', 'stale', 2), false);
+      assert.equal((await na.getSandbox('s1'))?.state, 'running');
+      assert.equal(await na.atomically((tx) => tx.transition('s1', 'running', 'paused', 'stale', 2)), false);
+      // Its own node may; so may a takeover that names where it goes (a lost node's sandbox).
+      assert.equal(await nb.transition('s1', 'running', 'paused', 'mine', 3), true);
+      assert.equal(await na.transition('s1', 'paused', 'hibernated', 'taken back', 4, { node: 'na' }), true);
+      // A sleeping sandbox is any node's to wake (the claim sets the node).
+      assert.equal(await na.transition('s2', 'hibernated', 'resuming', 'claim', 5, { node: 'na' }), true);
+      assert.equal(await na.transition('s2', 'resuming', 'running', 'woke', 6), true);
+      // A store without a node (one node alone) is not held to it.
+      const plain = await openPostgresStore(db.url);
+      try {
+        assert.equal(await plain.transition('s2', 'running', 'paused', 'p', 7), true);
+      } finally {
+        await plain.close();
+      }
+    } finally {
+      await na.close();
+      await nb.close();
+      await dropDb(db.name);
+    }
+  });
+
   test('nodes opening a fresh database at once all succeed; the schema is migrated once', async () => {
     const db = await freshDb();
     const stores = await Promise.all(Array.from({ length: 4 }, () => openPostgresStore(db.url)));

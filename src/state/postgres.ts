@@ -212,6 +212,13 @@ export const PG_MIGRATIONS: readonly string[] = [
 ];
 
 export interface PostgresStoreOptions {
+  /**
+   * This node's name in a fleet. A transition out of an awake state is then this node's to
+   * make only while the sandbox is on this node (or on none), unless it names the node it
+   * moves to (a takeover): work queued on a node that has since lost the sandbox to another
+   * changes nothing.
+   */
+  node?: string;
   /** The server cancels a statement that runs longer (default 15 s). */
   statementTimeoutMs?: number;
   /** Connecting (TCP, TLS, login) gives up after this long (default 5 s). */
@@ -459,7 +466,7 @@ export async function openPostgresStore(
     await pool.end().catch(() => undefined);
     throw translate(e, where);
   }
-  return new PostgresStateStore(pool, where, Math.min(SETTLE_WAIT_MS, statementTimeoutMs / 2));
+  return new PostgresStateStore(pool, where, Math.min(SETTLE_WAIT_MS, statementTimeoutMs / 2), opts.node);
 }
 
 export class PostgresStateStore implements StateStore {
@@ -472,6 +479,7 @@ export class PostgresStateStore implements StateStore {
     /** The URL without its password, for errors. */
     private readonly where: string,
     private readonly settleWaitMs: number,
+    private readonly me: string | undefined,
     private readonly tx?: TxContext,
   ) {}
 
@@ -557,7 +565,7 @@ export class PostgresStateStore implements StateStore {
       throw translate(e, this.where);
     }
     const ctx: TxContext = { client, queue: Promise.resolve(), depth: 0, ended: false };
-    const tx = new PostgresStateStore(this.pool, this.where, this.settleWaitMs, ctx);
+    const tx = new PostgresStateStore(this.pool, this.where, this.settleWaitMs, this.me, ctx);
     let broken: Error | undefined;
     try {
       await tx.q('BEGIN');
@@ -716,6 +724,11 @@ export class PostgresStateStore implements StateStore {
     const { args, p } = params();
     const [pid, pfrom, pto, pat, preason] = [p(id), p(from), p(to), p(at), p(reason)];
     const sets = patchColumns(patch, p);
+    // An awake sandbox's own transitions are its node's (PostgresStoreOptions.node).
+    const mine =
+      this.me !== undefined && AWAKE_STATES.includes(from) && patch.node === undefined
+        ? ` AND (node IS NULL OR node = ${p(this.me)})`
+        : '';
     // The compare-and-set is the UPDATE's WHERE, decided by the server on the row under its
     // lock: of two racing callers (on any node) the second re-reads the row once the first
     // commits, finds it no longer in `from`, and updates nothing. The transitions row comes
@@ -724,7 +737,7 @@ export class PostgresStateStore implements StateStore {
     const r = await this.q(
       `WITH s AS (
          UPDATE sandboxes SET state = ${pto}, state_since = ${pat}${sets ? `, ${sets}` : ''}
-         WHERE id = ${pid} AND state = ${pfrom}
+         WHERE id = ${pid} AND state = ${pfrom}${mine}
          RETURNING tenant)
        INSERT INTO transitions (sandbox_id, tenant, from_state, to_state, at, reason)
        SELECT ${pid}, tenant, ${pfrom}, ${pto}, ${pat}, ${preason} FROM s`,
@@ -972,7 +985,7 @@ export class PostgresStateStore implements StateStore {
         return rows[0]?.state;
       },
       listNodes: (o) => this.nodes(undefined, o?.counts ?? true),
-      getNode: async (name) => (await this.nodes(name))[0],
+      getNode: async (name, o) => (await this.nodes(name, o?.counts ?? true))[0],
       setNodeState: async (name, state) => {
         const r = await this.q(`UPDATE nodes SET state = $2 WHERE name = $1 AND state <> 'lost'`, [
           name,
@@ -987,6 +1000,13 @@ export class PostgresStateStore implements StateStore {
         return rows.map((r) => r.name);
       },
       markNodeLost: async (name, by, at) => {
+        // Its awake sandboxes' rows first, then its own: the order the usage trigger takes
+        // them in (a sandbox's row, then its node's), so a write the lost node still makes to
+        // one of them waits here instead of deadlocking with the takeover.
+        await this.q(
+          `SELECT 1 FROM sandboxes WHERE node = $1 AND state = ANY($2::text[]) ORDER BY id FOR UPDATE`,
+          [name, [...AWAKE_STATES]],
+        );
         const r = await this.q(
           `UPDATE nodes SET state = 'lost', lost_at = $2
             WHERE name = $1 AND state <> 'lost' AND lease_until < ${now}`,

@@ -92,7 +92,7 @@ export interface FleetStore {
    * need, and the one part whose cost grows with the sandboxes).
    */
   listNodes(o?: { counts?: boolean }): Promise<NodeInfo[]>;
-  getNode(name: string): Promise<NodeInfo | undefined>;
+  getNode(name: string, o?: { counts?: boolean }): Promise<NodeInfo | undefined>;
   /** Drain or undrain: false when there is no such node or it is lost. */
   setNodeState(name: string, state: 'active' | 'draining'): Promise<boolean>;
   /** Nodes not lost whose lease ran out. */

@@ -5,7 +5,7 @@
  */
 
 import { AWAKE_STATES } from '../../domain/node.js';
-import { asError, isDormantError, ErrorCode } from '../../domain/errors.js';
+import { asError } from '../../domain/errors.js';
 import type { Sandbox, SandboxState } from '../../domain/sandbox.js';
 import type { StateStore } from '../../state/store.js';
 import { LifecycleContext } from '../context.js';
@@ -104,11 +104,9 @@ export async function releaseForeign(ctx: LifecycleContext): Promise<string[]> {
       const s = await ctx.store.getSandbox(id);
       if (s && (s.node === me || s.node === undefined)) return;
       try {
-        const st = await ctx.runtime.state(id).catch((e: unknown) => {
-          if (isDormantError(e, ErrorCode.RUNTIME_SANDBOX_NOT_FOUND)) return undefined;
-          throw e;
-        });
-        if (st?.status === 'paused') await ctx.runtime.thaw(id);
+        // Not thawed first: a frozen copy (fenced, or paused) is ended while frozen (the
+        // runtime kills its tasks, then thaws them), so none of its code runs again beside the
+        // copy that is the sandbox now.
         await ctx.runtime.destroy(id);
         released.push(id);
       } catch (e) {
@@ -119,63 +117,95 @@ export async function releaseForeign(ctx: LifecycleContext): Promise<string[]> {
   return released;
 }
 
+/**
+ * How a fence ends: `thaw` when the node renewed its lease in time (its sandboxes are still
+ * its own and go on); `end` when the fleet marked it lost (each copy no longer this node's is
+ * ended while still frozen and locked: nothing queued behind the fence runs on it, and none of
+ * its code runs again; one still its own is thawed); `keep` when the daemon closes (frozen,
+ * for the next start to settle).
+ */
+export type FenceEnd = 'thaw' | 'end' | 'keep';
+
 /** What a fence holds: the sandboxes it froze, and how it ends. */
 export interface Fenced {
+  /** The sandboxes frozen so far (one busy when the fence came is frozen once it is free). */
   readonly ids: readonly string[];
-  /**
-   * Ends the fence: `thaw` true when the node renewed its lease in time (its sandboxes are
-   * still its own and go on), false when the fleet marked it lost (they stay frozen for
-   * releaseForeign to end) or the daemon closes.
-   */
-  lift(thaw: boolean): Promise<void>;
+  lift(how: FenceEnd): Promise<void>;
 }
 
 /**
  * Self-fencing: this node could not renew its lease, and soon another node may take its
  * sandboxes back and wake them from their checkpoints. Before that can happen, each sandbox
  * running here is frozen, so that no copy of it goes on beside the one woken elsewhere. Each
- * stays under its lock while fenced: no operation starts on it (one already running is left
- * to finish: it cannot record anything without the database). Nothing is written to the
- * database, which is out of reach.
+ * stays under its lock while fenced: no operation starts on it. One that an operation holds
+ * when the fence comes (a hibernate, a resume) is frozen as soon as that operation lets go.
+ * Nothing is written to the database, which is out of reach.
  */
 export async function fenceNode(ctx: LifecycleContext): Promise<Fenced> {
-  let open!: (thaw: boolean) => void;
-  const gate = new Promise<boolean>((r) => (open = r));
+  let decide!: (how: FenceEnd) => void;
+  let decided: FenceEnd | undefined;
+  const gate = new Promise<FenceEnd>((r) => (decide = r));
   const frozen: string[] = [];
   const entered: Promise<void>[] = [];
   const held: Promise<void>[] = [];
+  const warn = (what: string, id: string, e: unknown): void =>
+    ctx.opts.warn?.(`fencing: could not ${what} sandbox ${id}: ${asError(e).message}`);
   for (const id of await ctx.runtime.list()) {
-    if (ctx.locks.busy(id)) continue;
+    const busy = ctx.locks.busy(id);
     let inside!: () => void;
-    entered.push(new Promise<void>((r) => (inside = r)));
+    const entry = new Promise<void>((r) => (inside = r));
+    // A busy one is not waited for: the fence must not wait on an operation.
+    if (!busy) entered.push(entry);
     held.push(
       ctx.locks.run(id, async () => {
         let froze = false;
         try {
-          const st = await ctx.runtime.state(id).catch(() => undefined);
-          if (st?.status === 'running') {
-            await ctx.runtime.freeze(id);
-            froze = true;
-            frozen.push(id);
+          // Not once the fence is decided (a busy one that comes free after it).
+          if (decided === undefined) {
+            const st = await ctx.runtime.state(id).catch(() => undefined);
+            if (st?.status === 'running') {
+              await ctx.runtime.freeze(id);
+              froze = true;
+              frozen.push(id);
+            }
           }
         } catch (e) {
-          ctx.opts.warn?.(`fencing: could not freeze sandbox ${id}: ${asError(e).message}`);
+          warn('freeze', id, e);
         } finally {
           inside();
         }
-        if ((await gate) && froze)
-          await ctx.runtime.thaw(id).catch((e: unknown) => {
-            ctx.opts.warn?.(`fencing: could not thaw sandbox ${id}: ${asError(e).message}`);
-          });
+        const how = await gate;
+        if (how === 'keep') return;
+        // Taken back (or removed) meanwhile: ended while still frozen (the runtime kills a
+        // frozen sandbox's tasks before it thaws them).
+        if (how === 'end' && (await notMine(ctx, id))) {
+          await ctx.runtime.destroy(id).catch((e: unknown) => warn('end', id, e));
+          return;
+        }
+        if (froze) await ctx.runtime.thaw(id).catch((e: unknown) => warn('thaw', id, e));
       }),
     );
   }
   await Promise.all(entered);
   return {
     ids: frozen,
-    async lift(thaw: boolean) {
-      open(thaw);
+    async lift(how: FenceEnd) {
+      decided = how;
+      decide(how);
       await Promise.allSettled(held);
     },
   };
+}
+
+/**
+ * Whether sandbox `id`, found in this node's runtime, is no longer this node's: removed, or on
+ * another node (as releaseForeign judges). A database that does not answer says no.
+ */
+async function notMine(ctx: LifecycleContext, id: string): Promise<boolean> {
+  try {
+    const s = await ctx.store.getSandbox(id);
+    return s === undefined || (s.node !== undefined && s.node !== ctx.node);
+  } catch {
+    return false;
+  }
 }
