@@ -10,7 +10,7 @@ import { join, resolve } from 'node:path';
 import { availableParallelism, hostname, totalmem } from 'node:os';
 import type { FastifyInstance } from 'fastify';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
-import { NODE_NAME_PATTERN } from '../domain/node.js';
+import { NODE_NAME_PATTERN, proxyUrlProblem } from '../domain/node.js';
 import { checkpointFacts } from '../domain/compat.js';
 import { NodeMembership } from '../control/fleet.js';
 import { DEFAULTS } from './defaults.js';
@@ -623,6 +623,11 @@ export async function startDaemon(given: DaemonOptions): Promise<Daemon> {
         ? `http://${wake.proxy.host.includes(':') ? `[${wake.proxy.host}]` : wake.proxy.host}:${wake.proxy.port}`
         : undefined;
       clearInterval(earlyRenewal);
+      const problem = proxyUrlProblem(
+        opts.node?.url ?? advertised(url),
+        proxyAddr !== undefined ? advertised(proxyAddr) : undefined,
+      );
+      if (problem !== undefined) warn(`node ${fleetHooks.name}: ${problem}`);
       membership = await NodeMembership.join({
         fleet: fleetHooks.store,
         target: controller,

@@ -108,3 +108,19 @@ export function mostRoom(open: readonly NodeInfo[]): NodeInfo | undefined {
       (a.name < b.name ? -1 : a.name > b.name ? 1 : 0),
   )[0];
 }
+
+const isLoopback = (host: string): boolean =>
+  /^127\./.test(host) || host === '[::1]' || host === '::1' || host.toLowerCase() === 'localhost';
+
+/**
+ * What is wrong with a node's registered URLs for other hosts, if anything: a proxy on
+ * loopback while the API is reachable from elsewhere (other nodes' proxies relay to this one).
+ */
+export function proxyUrlProblem(apiUrl: string, proxyUrl: string | undefined): string | undefined {
+  if (proxyUrl === undefined) return undefined;
+  const api = new URL(apiUrl).hostname;
+  const proxy = new URL(proxyUrl).hostname;
+  if (isLoopback(proxy) && !isLoopback(api))
+    return `its wake proxy listens on loopback (${proxyUrl}) while its API is at ${apiUrl}: other hosts' proxies cannot relay to it; set the proxy's listen address (proxy.listen, --proxy-listen) to one they reach`;
+  return undefined;
+}

@@ -1,6 +1,6 @@
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { canWake, mostRoom, placeWake, type NodeInfo } from './node.js';
+import { canWake, mostRoom, placeWake, proxyUrlProblem, type NodeInfo } from './node.js';
 
 const GiB = 1024 ** 3;
 
@@ -102,4 +102,15 @@ describe('placement of a waking sandbox', () => {
     // A node that told nothing of its CPU or CRIU is not held to them.
     assert.equal(canWake(node('quiet'), needs), true);
   });
+});
+
+test('a proxy on loopback behind an API other hosts reach is reported; on one host it is not', () => {
+  assert.match(
+    proxyUrlProblem('http://10.0.0.5:7420', 'http://127.0.0.1:7421') ?? '',
+    /listens on loopback \(http:\/\/127\.0\.0\.1:7421\)/,
+  );
+  assert.equal(proxyUrlProblem('http://127.0.0.1:7420', 'http://127.0.0.1:7421'), undefined);
+  assert.equal(proxyUrlProblem('http://10.0.0.5:7420', 'http://10.0.0.5:7421'), undefined);
+  assert.equal(proxyUrlProblem('http://[::1]:7420', 'http://[::1]:7421'), undefined);
+  assert.equal(proxyUrlProblem('http://10.0.0.5:7420', undefined), undefined);
 });
