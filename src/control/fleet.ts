@@ -129,10 +129,10 @@ export class NodeMembership {
     if (state === undefined) {
       // The others took this node's sandboxes back: what still runs here is a stale copy,
       // frozen if the fence came first, and ended now without running again.
-      await this.unfence('end');
+      const frozen = await this.unfence('end');
       const ended = await this.release();
       this.o.warn(
-        `node ${name} was marked lost by the fleet (its lease ran out); it ended ${ended.length} sandbox(es) taken back to their checkpoints, and joins again`,
+        `node ${name} was marked lost by the fleet (its lease ran out); it ended what it still held of the sandboxes taken back to their checkpoints (${frozen} frozen by its fence, ${ended.length} more released), and joins again`,
       );
       const again = performance.now();
       try {

@@ -462,7 +462,12 @@ export class WakeProxy {
       if (s.elsewhere !== undefined) throw moved(s);
       const awake = s.state === 'running' && s.address !== undefined;
       const address = await this.ready(s, port, via, true);
-      if (address === undefined) throw moved(s);
+      // Woken on yet another node (whose proxy may not be known): not this node's to serve.
+      if (
+        address === undefined ||
+        (!awake && (await this.target.find(s.id)).some((x) => x.id === s.id && x.elsewhere !== undefined))
+      )
+        throw moved(s);
       // The node that sent it could not look whether the port accepts.
       if (awake)
         await this.accepting(s.id, address, port, Date.now() + (this.opts.wakeTimeoutMs ?? 30_000)).catch(

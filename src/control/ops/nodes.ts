@@ -147,7 +147,8 @@ export async function fenceNode(ctx: LifecycleContext): Promise<Fenced> {
   const gate = new Promise<FenceEnd>((r) => (decide = r));
   const frozen: string[] = [];
   const entered: Promise<void>[] = [];
-  const held: Promise<void>[] = [];
+  /** Each sandbox's hold, and whether it has begun (one queued behind an operation has not). */
+  const held: { id: string; begun: boolean; done: Promise<void> }[] = [];
   const warn = (what: string, id: string, e: unknown): void =>
     ctx.opts.warn?.(`fencing: could not ${what} sandbox ${id}: ${asError(e).message}`);
   for (const id of await ctx.runtime.list()) {
@@ -156,43 +157,49 @@ export async function fenceNode(ctx: LifecycleContext): Promise<Fenced> {
     const entry = new Promise<void>((r) => (inside = r));
     // A busy one is not waited for: the fence must not wait on an operation.
     if (!busy) entered.push(entry);
-    held.push(
-      ctx.locks.run(id, async () => {
-        let froze = false;
-        try {
-          // Not once the fence is decided (a busy one that comes free after it).
-          if (decided === undefined) {
-            const st = await ctx.runtime.state(id).catch(() => undefined);
-            if (st?.status === 'running') {
-              await ctx.runtime.freeze(id);
-              froze = true;
-              frozen.push(id);
-            }
+    const hold = { id, begun: false, done: Promise.resolve() };
+    held.push(hold);
+    hold.done = ctx.locks.run(id, async () => {
+      hold.begun = true;
+      let froze = false;
+      try {
+        // Not once the fence is decided (a busy one that comes free after it).
+        if (decided === undefined) {
+          const st = await ctx.runtime.state(id).catch(() => undefined);
+          if (st?.status === 'running') {
+            await ctx.runtime.freeze(id);
+            froze = true;
+            frozen.push(id);
           }
-        } catch (e) {
-          warn('freeze', id, e);
-        } finally {
-          inside();
         }
-        const how = await gate;
-        if (how === 'keep') return;
-        // Taken back (or removed) meanwhile: ended while still frozen (the runtime kills a
-        // frozen sandbox's tasks before it thaws them).
-        if (how === 'end' && (await notMine(ctx, id))) {
-          await ctx.runtime.destroy(id).catch((e: unknown) => warn('end', id, e));
-          return;
-        }
-        if (froze) await ctx.runtime.thaw(id).catch((e: unknown) => warn('thaw', id, e));
-      }),
-    );
+      } catch (e) {
+        warn('freeze', id, e);
+      } finally {
+        inside();
+      }
+      const how = await gate;
+      if (how === 'keep') return;
+      // Taken back (or removed) meanwhile: ended while still frozen (the runtime kills a
+      // frozen sandbox's tasks before it thaws them).
+      if (how === 'end' && (await notMine(ctx, id))) {
+        await ctx.runtime.destroy(id).catch((e: unknown) => warn('end', id, e));
+        return;
+      }
+      if (froze) await ctx.runtime.thaw(id).catch((e: unknown) => warn('thaw', id, e));
+    });
   }
+  // Never left unhandled (those queued behind an operation are not awaited by lift).
+  for (const h of held) h.done = h.done.catch((e: unknown) => warn('hold', h.id, e));
   await Promise.all(entered);
   return {
     ids: frozen,
     async lift(how: FenceEnd) {
       decided = how;
       decide(how);
-      await Promise.allSettled(held);
+      // Not those still queued behind an operation: a renewal never waits on one. Each runs
+      // once its operation lets go, freezes nothing (the fence is decided), and ends its
+      // sandbox if that is no longer this node's.
+      await Promise.allSettled(held.filter((h) => h.begun).map((h) => h.done));
     },
   };
 }
