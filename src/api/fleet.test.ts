@@ -9,10 +9,8 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { request } from 'node:http';
 import { connect, createServer, type Socket } from 'node:net';
 import { randomBytes } from 'node:crypto';
-import WebSocket from 'ws';
 import { join } from 'node:path';
 import { rm } from 'node:fs/promises';
 import type { Daemon, DaemonOptions } from '../daemon/daemon.js';
@@ -20,8 +18,9 @@ import { DormantClient, type SandboxInfo } from '../sdk/client.js';
 import { pgMissing, startPostgres, type TestPostgres } from '../state/testing/postgres.js';
 import { rgwMissing, startRgw, type TestRgw } from '../vault/testing/rgw.js';
 import { COUNTER_SERVER_PY } from './testing/servers.js';
-import { eventually, httpGet } from './testing/host.js';
+import { eventually, httpGet, viaProxy } from './testing/host.js';
 import { apiError, rgwVault, startTestDaemon, stopTestDaemon, testFolder } from './testing/daemon.js';
+import { openTerminal } from './testing/toolbox.js';
 
 const missing = (await pgMissing()) ?? (await rgwMissing());
 const LEASE_MS = 3_000;
@@ -61,26 +60,9 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
   };
 
   /** GET / of the sandbox's port 8080 through `node`'s wake proxy. */
-  const viaProxy = (node: string, id: string): Promise<{ status: number; body: string }> =>
-    new Promise((resolve, reject) => {
-      const req = request(
-        {
-          host: '127.0.0.1',
-          port: nodes[node]!.wake.proxy!.port,
-          path: '/',
-          headers: { host: `8080-${id}.dormant.test`, authorization: `Bearer ${nodes[node]!.adminToken}` },
-          agent: false,
-          timeout: 60_000,
-        },
-        (res) => {
-          let body = '';
-          res.setEncoding('utf8');
-          res.on('data', (c: string) => (body += c));
-          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
-        },
-      );
-      req.on('error', reject);
-      req.end();
+  const viaProxyOf = (node: string, id: string) =>
+    viaProxy(nodes[node]!.wake.proxy!.port, `8080-${id}.dormant.test`, {
+      headers: { authorization: `Bearer ${nodes[node]!.adminToken}` },
     });
 
   /** The transitions of `id` into `to`, as the events tell. */
@@ -165,14 +147,14 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
   test('hibernated on node 2, node 1’s wake proxy wakes it on node 2 and relays through node 2’s proxy', async () => {
     assert.equal((await clients.node1!.hibernate(sb.id)).state, 'hibernated');
     const [out1, in2] = [nodes.node1!.wake.proxy!.hops.out, nodes.node2!.wake.proxy!.hops.in];
-    const r = await viaProxy('node1', sb.id);
+    const r = await viaProxyOf('node1', sb.id);
     assert.equal(r.status, 200, r.body);
     assert.equal(r.body, `3 ${memToken}`);
     const s = await clients.node2!.getSandbox(sb.id);
     assert.equal(s.state, 'running');
     assert.equal(s.node, 'node2', 'placement kept it on its node');
     // Node 1's proxy relayed it through node 2's (which has the address), awake or not.
-    assert.equal((await viaProxy('node1', sb.id)).body, `4 ${memToken}`);
+    assert.equal((await viaProxyOf('node1', sb.id)).body, `4 ${memToken}`);
     assert.deepEqual(
       [nodes.node1!.wake.proxy!.hops.out - out1, nodes.node2!.wake.proxy!.hops.in - in2],
       [2, 2],
@@ -195,29 +177,22 @@ describe('a fleet: two nodes, one PostgreSQL, one S3 vault', { skip: missing }, 
     assert.equal(res.status, 201, await res.clone().text());
     assert.equal(res.headers.get('x-dormant-node'), 'node2');
     const { id } = (await res.json()) as { id: string };
-    const ws = new WebSocket(
-      `${nodes.node1!.url.replace(/^http/, 'ws')}/v1/sandboxes/${sb.id}/commands/${id}/ws`,
-      { headers: auth },
+    const t = await openTerminal(
+      nodes.node1!.url,
+      `/v1/sandboxes/${sb.id}/commands/${id}/ws`,
+      nodes.node1!.adminToken,
     );
-    let screen = '';
-    const events: { type: string; exitCode?: number }[] = [];
-    ws.on('message', (data: Buffer, binary: boolean) => {
-      if (binary) screen += data.toString('utf8');
-      else events.push(JSON.parse(data.toString('utf8')) as { type: string });
-    });
-    const closed = new Promise((r) => ws.once('close', r));
-    await new Promise((r, j) => ws.once('open', r).once('error', j));
-    ws.send(Buffer.from('echo $((6*7)) $(hostname); stty size\n'), { binary: true });
-    ws.send(JSON.stringify({ type: 'resize', cols: 100, rows: 30 }));
-    ws.send(Buffer.from('stty size\n'), { binary: true });
+    t.type('echo $((6*7)) $(hostname); stty size\n');
+    t.resize(100, 30);
+    t.type('stty size\n');
     await eventually('the shell answers', () => {
-      assert.match(screen, /\b42\b/);
-      assert.match(screen, /30 100/);
+      assert.match(t.screen(), /\b42\b/);
+      assert.match(t.screen(), /30 100/);
       return Promise.resolve();
     });
-    ws.send(Buffer.from('exit 3\n'), { binary: true });
-    await closed;
-    assert.deepEqual([events.at(-1)?.type, events.at(-1)?.exitCode], ['end', 3]);
+    t.type('exit 3\n');
+    await t.closed;
+    assert.deepEqual([t.events.at(-1)?.type, t.events.at(-1)?.exitCode], ['end', 3]);
   });
 
   test('two nodes racing to wake it: it is restored once, the other is told of the conflict', async () => {

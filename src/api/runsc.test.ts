@@ -10,13 +10,12 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile, readdir } from 'node:fs/promises';
-import { request } from 'node:http';
 import { join } from 'node:path';
 import type { Daemon } from '../daemon/daemon.js';
 import { bundleDirFor, stagingDirFor } from '../daemon/daemon.js';
 import type { DormantClient, SandboxInfo } from '../sdk/client.js';
 import { run, which } from '../sys/exec.js';
-import { eventually, untilState } from './testing/host.js';
+import { eventually, untilState, viaProxy } from './testing/host.js';
 import { COUNTER_SERVER_PY, serveCounter } from './testing/servers.js';
 import { apiError, startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 
@@ -27,31 +26,13 @@ const skip =
       ? 'runsc not installed (scripts/setup.sh)'
       : false;
 
-/** GET / on port 8080 of sandbox `id` through the wake proxy. */
-function viaProxy(daemon: Daemon, id: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = request(
-      {
-        host: '127.0.0.1',
-        port: daemon.wake.proxy!.port,
-        path: '/',
-        headers: { host: `8080-${id}.dormant.test`, authorization: `Bearer ${daemon.adminToken}` },
-        agent: false,
-        timeout: 60_000,
-      },
-      (res) => {
-        let body = '';
-        res.setEncoding('utf8');
-        res.on('data', (c: string) => (body += c));
-        res.on('end', () =>
-          res.statusCode === 200 ? resolve(body) : reject(new Error(`${res.statusCode}: ${body}`)),
-        );
-      },
-    );
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.on('error', reject);
-    req.end();
+/** GET / on port 8080 of sandbox `id` through the wake proxy: the body of a 200. */
+async function viaDaemonProxy(daemon: Daemon, id: string): Promise<string> {
+  const r = await viaProxy(daemon.wake.proxy!.port, `8080-${id}.dormant.test`, {
+    headers: { authorization: `Bearer ${daemon.adminToken}` },
   });
+  if (r.status !== 200) throw new Error(`${r.status}: ${r.body}`);
+  return r.body;
 }
 
 /** Files under `dirs` holding `text` in clear. */
@@ -120,13 +101,13 @@ describe('a gVisor (runsc) sandbox through the daemon', { skip }, () => {
     // for the port to listen, which on gVisor is read inside the sandbox.)
     assert.equal((await client.getSandbox(sb.id)).state, 'hibernated');
     const t0 = Date.now();
-    const woke = await viaProxy(daemon, sb.id);
+    const woke = await viaDaemonProxy(daemon, sb.id);
     process.stderr.write(`runsc: wake through the proxy from hibernated: ${Date.now() - t0} ms\n`);
     const [count, token] = woke.split(' ');
     assert.equal(count, '1');
     assert.match(token!, /^[0-9a-f]{16}$/);
     assert.equal((await client.getSandbox(sb.id)).state, 'running');
-    assert.equal(await viaProxy(daemon, sb.id), `2 ${token}`, 'the counter carries on');
+    assert.equal(await viaDaemonProxy(daemon, sb.id), `2 ${token}`, 'the counter carries on');
     const [, forkToken] = await serveCounter(forked);
     assert.equal(forkToken, token, "the fork holds its origin's memory");
 

@@ -8,12 +8,11 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import WebSocket from 'ws';
 import type { Daemon } from '../daemon/daemon.js';
 import type { DormantClient, SandboxInfo } from '../sdk/client.js';
 import { eventually } from './testing/host.js';
 import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
-import { call, drain, dormant, json, lines, type Line } from './testing/toolbox.js';
+import { call, drain, dormant, json, lines, openTerminal, type Line } from './testing/toolbox.js';
 
 interface CommandInfo {
   id: string;
@@ -194,29 +193,19 @@ describe('the toolbox: commands', () => {
       }),
       201,
     );
-    const ws = new WebSocket(`${daemon.url.replace(/^http/, 'ws')}${path(`/commands/${info.id}/ws`)}`, {
-      headers: { authorization: `Bearer ${daemon.adminToken}` },
-    });
-    let screen = '';
-    const events: { type: string; exitCode?: number }[] = [];
-    ws.on('message', (data: Buffer, binary: boolean) => {
-      if (binary) screen += data.toString('utf8');
-      else events.push(JSON.parse(data.toString('utf8')) as { type: string });
-    });
-    const closed = new Promise((r) => ws.once('close', r));
-    await new Promise((r, j) => ws.once('open', r).once('error', j));
-    ws.send(JSON.stringify({ type: 'resize', cols: 100, rows: 30 }));
-    ws.send(Buffer.from('echo $((6*7)); tty; stty size\n'), { binary: true });
+    const t = await openTerminal(daemon.url, path(`/commands/${info.id}/ws`), daemon.adminToken);
+    t.resize(100, 30);
+    t.type('echo $((6*7)); tty; stty size\n');
     await eventually('the shell answers', () => {
-      assert.match(screen, /\b42\b/);
-      assert.match(screen, /\/dev\/pts\/\d+/);
-      assert.match(screen, /30 100/);
+      assert.match(t.screen(), /\b42\b/);
+      assert.match(t.screen(), /\/dev\/pts\/\d+/);
+      assert.match(t.screen(), /30 100/);
       return Promise.resolve();
     });
-    ws.send(Buffer.from('exit 3\n'), { binary: true });
-    await closed;
-    assert.equal(events[0]?.type, 'start');
-    const end = events.at(-1)!;
+    t.type('exit 3\n');
+    await t.closed;
+    assert.equal(t.events[0]?.type, 'start');
+    const end = t.events.at(-1)!;
     assert.deepEqual([end.type, end.exitCode], ['end', 3]);
   });
 

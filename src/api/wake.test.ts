@@ -7,13 +7,12 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { request } from 'node:http';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Daemon } from '../daemon/daemon.js';
 import { DormantClient, type SandboxInfo } from '../sdk/client.js';
-import { eventually, untilState as sandboxInState } from './testing/host.js';
+import { eventually, untilState as sandboxInState, viaProxy as proxyGet } from './testing/host.js';
 import { counterServer } from './testing/servers.js';
 import { startTestDaemon, tearDown, testFolder } from './testing/daemon.js';
 import { run } from '../sys/exec.js';
@@ -54,34 +53,13 @@ describe('idle policy and wake proxy through the daemon', () => {
   };
 
   /** GET through the proxy, by Host. */
-  const viaProxy = (path = '/', headers: Record<string, string> = { authorization: `Bearer ${token}` }) =>
-    new Promise<Res>((resolve, reject) => {
-      const req = request(
-        {
-          host: '127.0.0.1',
-          port: daemon.wake.proxy!.port,
-          path,
-          headers: { host: `8080-${sb.id}.dormant.test`, ...headers },
-          agent: false,
-          timeout: 60_000,
-        },
-        (res) => {
-          let body = '';
-          res.setEncoding('utf8');
-          res.on('data', (c: string) => (body += c));
-          res.on('end', () =>
-            resolve({
-              status: res.statusCode ?? 0,
-              body,
-              retryAfter: res.headers['retry-after'],
-            }),
-          );
-        },
-      );
-      req.on('timeout', () => req.destroy(new Error('timeout')));
-      req.on('error', reject);
-      req.end();
-    });
+  const viaProxy = async (
+    path = '/',
+    headers: Record<string, string> = { authorization: `Bearer ${token}` },
+  ): Promise<Res> => {
+    const r = await proxyGet(daemon.wake.proxy!.port, `8080-${sb.id}.dormant.test`, { path, headers });
+    return { status: r.status, body: r.body, retryAfter: r.headers['retry-after'] };
+  };
 
   const resumes = async (): Promise<number> =>
     (await daemon.store.transitions({ sandboxId: sb.id, limit: 100_000 })).filter((t) => t.to === 'resuming')

@@ -7,7 +7,8 @@
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createServer, request, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { viaProxy } from '../api/testing/host.js';
 import { WakeProxy, type ProxiedSandbox, type WakeTarget } from './proxy.js';
 
 const TENANT = 'dmt_hop-tenant';
@@ -91,30 +92,8 @@ describe('wake proxy: a request for a sandbox on another node goes through that 
     assert.deepEqual(victimSeen, [], 'nothing reached the address A had recorded');
   });
 
-  const get = (
-    via: WakeProxy,
-    path: string,
-    headers: Record<string, string>,
-  ): Promise<{ status: number; body: string }> =>
-    new Promise((resolve, reject) => {
-      const req = request(
-        {
-          host: '127.0.0.1',
-          port: via.port,
-          path,
-          headers: { host: `${port}-sb-hop.hop.test`, ...headers },
-          agent: false,
-        },
-        (res) => {
-          let body = '';
-          res.setEncoding('utf8');
-          res.on('data', (c: string) => (body += c));
-          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
-        },
-      );
-      req.on('error', reject);
-      req.end();
-    });
+  const get = (via: WakeProxy, path: string, headers: Record<string, string>) =>
+    viaProxy(via.port, `${port}-sb-hop.hop.test`, { path, headers });
 
   test('through node B’s proxy, let in with the node’s token; the sandbox sees no token and no mark', async () => {
     const r = await get(a, '/x?keep=1', { authorization: `Bearer ${TENANT}`, 'x-app': 'kept' });

@@ -5,7 +5,7 @@
  */
 import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { request } from 'node:http';
+import { request, type IncomingHttpHeaders } from 'node:http';
 import { createServer } from 'node:net';
 
 /** GET http://host:port/path; resolves with the body (any status), rejects on a network error. */
@@ -21,6 +21,46 @@ export function httpGet(host: string, port: number, path = '/', timeoutMs = 5000
       res.on('error', reject);
     });
     req.on('timeout', () => req.destroy(new Error(`GET ${host}:${port}${path}: timeout`)));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/** What a wake proxy answered. */
+export interface ProxyAnswer {
+  status: number;
+  body: string;
+  headers: IncomingHttpHeaders;
+}
+
+/**
+ * GET `path` through the wake proxy on 127.0.0.1:`port` with Host `host` (`PORT-ID.DOMAIN`) and
+ * `headers` (the token, say); resolves with any status, rejects on a network error or timeout.
+ */
+export function viaProxy(
+  port: number,
+  host: string,
+  o: { path?: string; headers?: Record<string, string>; timeoutMs?: number } = {},
+): Promise<ProxyAnswer> {
+  return new Promise((resolve, reject) => {
+    const req = request(
+      {
+        host: '127.0.0.1',
+        port,
+        path: o.path ?? '/',
+        headers: { host, ...o.headers },
+        agent: false,
+        timeout: o.timeoutMs ?? 60_000,
+      },
+      (res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (c: string) => (body += c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body, headers: res.headers }));
+        res.on('error', reject);
+      },
+    );
+    req.on('timeout', () => req.destroy(new Error(`GET ${host}${o.path ?? '/'} through the proxy: timeout`)));
     req.on('error', reject);
     req.end();
   });

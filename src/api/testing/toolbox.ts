@@ -5,6 +5,7 @@
 import { execFile } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import WebSocket from 'ws';
 import type { Daemon } from '../../daemon/daemon.js';
 
 export const BIN = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'bin', 'dormant');
@@ -96,4 +97,39 @@ export function dormant(
     if (input !== undefined) child.stdin!.end(input);
     else child.stdin!.end();
   });
+}
+
+/** A command's terminal over its WebSocket: what it printed, its events, and ways to drive it. */
+export interface Terminal {
+  /** The terminal's output so far (binary frames). */
+  screen(): string;
+  /** The command's events (text frames): start, then end with its exit code. */
+  events: { type: string; exitCode?: number }[];
+  /** Keys typed into it. */
+  type(text: string): void;
+  resize(cols: number, rows: number): void;
+  /** Resolves once the server closed it. */
+  closed: Promise<unknown>;
+}
+
+/** Opens `/v1/sandboxes/{id}/commands/{cid}/ws` at `apiUrl` (http or https) with `token`. */
+export async function openTerminal(apiUrl: string, path: string, token: string): Promise<Terminal> {
+  const ws = new WebSocket(`${apiUrl.replace(/^http/, 'ws')}${path}`, {
+    headers: { authorization: `Bearer ${token}` },
+  });
+  let screen = '';
+  const events: Terminal['events'] = [];
+  ws.on('message', (data: Buffer, binary: boolean) => {
+    if (binary) screen += data.toString('utf8');
+    else events.push(JSON.parse(data.toString('utf8')) as Terminal['events'][number]);
+  });
+  const closed = new Promise((r) => ws.once('close', r));
+  await new Promise((r, j) => ws.once('open', r).once('error', j));
+  return {
+    screen: () => screen,
+    events,
+    type: (text) => ws.send(Buffer.from(text), { binary: true }),
+    resize: (cols, rows) => ws.send(JSON.stringify({ type: 'resize', cols, rows })),
+    closed,
+  };
 }
