@@ -6,7 +6,12 @@
  * CPU each child used during the put (process.cpuUsage: its seal workers included), radosgw's,
  * and the profile's self time per function and per file, so the two can be compared.
  *
- *   node dist/bench/s3-put-profile.js [--mib 256] [--rounds 2] [--out DIR (default /tmp/dormant-s3-put-profile)]
+ * With `--phase get`, the same for a cold read instead: the checkpoint is put by a child that is
+ * not profiled, then a second child opens the vault with an empty pack cache (a node that never
+ * had the packs) and restores the checkpoint into a tmpfs folder (what a resume's `vault fetch`
+ * step does), under `--cpu-prof`; it also counts the S3 requests it made.
+ *
+ *   node dist/bench/s3-put-profile.js [--phase put|get] [--mib 256] [--rounds 2] [--out DIR (default /tmp/dormant-s3-put-profile)]
  *
  * Not part of `npm run bench`: a tool for reading profiles by hand (docs/BENCHMARKS.md,
  * "S3 vault: profile verdict").
@@ -28,7 +33,12 @@ const TICKS_PER_S = 100;
 
 interface ChildConfig {
   mode: 'local' | 's3';
+  /** put: store `src`; get: restore what a put child stored into `dest`. */
+  phase: 'put' | 'get';
   src: string;
+  dest: string;
+  /** The master key, hex: the get child opens what the put child stored. */
+  key: string;
   vaultDir: string;
   rgw?: { endpoint: string; bucket: string; accessKeyId: string; secretAccessKey: string; prefix: string };
 }
@@ -39,6 +49,9 @@ interface ChildResult {
   systemMs: number;
   storedBytes: number;
   minorFaults: number;
+  /** get: S3 requests by command, and the bytes the GETs received. */
+  requests?: Record<string, number>;
+  receivedBytes?: number;
 }
 
 async function child(cfg: ChildConfig): Promise<void> {
@@ -52,27 +65,47 @@ async function child(cfg: ChildConfig): Promise<void> {
       endpoint: r.endpoint,
       credentials: { accessKeyId: r.accessKeyId, secretAccessKey: r.secretAccessKey },
       lockDir: join(cfg.vaultDir, 'locks'),
-      cache: { dir: join(cfg.vaultDir, 'cache'), maxBytes: DEFAULTS.vault.cacheBytes },
+      // The get child's cache is a folder of its own, empty: every pack comes from the bucket.
+      cache: { dir: join(cfg.vaultDir, `cache-${cfg.phase}`), maxBytes: DEFAULTS.vault.cacheBytes },
       partSizeBytes: DEFAULTS.vault.partSizeBytes,
     });
     await s3.checkServer();
     store = s3;
   }
+  const requests: Record<string, number> = {};
+  let receivedBytes = 0;
+  s3?.client.middlewareStack.add(
+    (next, context) => async (args) => {
+      const name = ((context as { commandName?: string }).commandName ?? 'unknown').replace(/Command$/, '');
+      requests[name] = (requests[name] ?? 0) + 1;
+      const out = await next(args);
+      const len = (out.output as { ContentLength?: number }).ContentLength;
+      if (name === 'GetObject' && typeof len === 'number') receivedBytes += len;
+      return out;
+    },
+    { step: 'initialize', name: 'dormantProfileCount' },
+  );
   const vault = await openVault({
     dir: cfg.vaultDir,
-    masterKey: { key: randomBytes(32) },
+    masterKey: { key: Buffer.from(cfg.key, 'hex') },
     onWarning: () => undefined,
     ...(store ? { store } : {}),
   });
   const f0 = process.resourceUsage().minorPageFault;
   const c0 = process.cpuUsage();
   const t0 = performance.now();
-  const put = await vault.putCheckpoint({
-    tenant: 't',
-    sandboxId: 'sb',
-    checkpointId: 'ck',
-    srcDir: cfg.src,
-  });
+  let storedBytes = 0;
+  if (cfg.phase === 'put') {
+    const put = await vault.putCheckpoint({
+      tenant: 't',
+      sandboxId: 'sb',
+      checkpointId: 'ck',
+      srcDir: cfg.src,
+    });
+    storedBytes = put.storedBytes;
+  } else {
+    await vault.restoreCheckpoint({ tenant: 't', checkpointId: 'ck', destDir: cfg.dest });
+  }
   const wallMs = performance.now() - t0;
   const c = process.cpuUsage(c0);
   const minorFaults = process.resourceUsage().minorPageFault - f0;
@@ -82,8 +115,9 @@ async function child(cfg: ChildConfig): Promise<void> {
     wallMs,
     userMs: c.user / 1000,
     systemMs: c.system / 1000,
-    storedBytes: put.storedBytes,
+    storedBytes,
     minorFaults,
+    ...(cfg.phase === 'get' ? { requests, receivedBytes } : {}),
   };
   process.stdout.write(`${JSON.stringify(out)}\n`);
 }
@@ -153,11 +187,14 @@ const top = (m: Map<string, number>, n: number): string =>
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
+      phase: { type: 'string', default: 'put' },
       mib: { type: 'string', default: '256' },
       rounds: { type: 'string', default: '2' },
       out: { type: 'string' },
     },
   });
+  const phase = values.phase === 'get' ? 'get' : 'put';
+  const key = randomBytes(32).toString('hex');
   const mib = Number(values.mib);
   const rounds = Number(values.rounds);
   const root = await mkdtemp('/dev/shm/dormant-s3prof-');
@@ -178,7 +215,10 @@ async function main(): Promise<void> {
         await mkdir(profDir, { recursive: true });
         const cfg: ChildConfig = {
           mode,
+          phase: 'put',
           src,
+          dest: join(root, `dest-${mode}-${round}`),
+          key,
           vaultDir,
           ...(mode === 's3'
             ? {
@@ -192,28 +232,37 @@ async function main(): Promise<void> {
               }
             : {}),
         };
-        const g0 = await cpuMsOf(rgw.pid());
-        const c = spawn(
-          process.execPath,
-          [
-            '--cpu-prof',
-            `--cpu-prof-dir=${profDir}`,
-            fileURLToPath(import.meta.url),
-            '--child',
-            JSON.stringify(cfg),
-          ],
-          { stdio: ['ignore', 'pipe', 'inherit'] },
-        );
-        let text = '';
-        c.stdout.on('data', (d: Buffer) => (text += d.toString()));
-        const [code] = (await once(c, 'exit')) as [number | null];
-        if (code !== 0) throw new Error(`child ${mode} exited ${code}`);
-        const rgwMs = (await cpuMsOf(rgw.pid())) - g0;
-        const r = JSON.parse(text.trim().split('\n').pop()!) as ChildResult;
+        const run = async (c: ChildConfig, profiled: boolean): Promise<{ r: ChildResult; rgwMs: number }> => {
+          const g0 = await cpuMsOf(rgw.pid());
+          const child = spawn(
+            process.execPath,
+            [
+              ...(profiled ? ['--cpu-prof', `--cpu-prof-dir=${profDir}`] : []),
+              fileURLToPath(import.meta.url),
+              '--child',
+              JSON.stringify(c),
+            ],
+            { stdio: ['ignore', 'pipe', 'inherit'] },
+          );
+          let text = '';
+          child.stdout.on('data', (d: Buffer) => (text += d.toString()));
+          const [code] = (await once(child, 'exit')) as [number | null];
+          if (code !== 0) throw new Error(`child ${mode} ${c.phase} exited ${code}`);
+          const rgwMs = (await cpuMsOf(rgw.pid())) - g0;
+          return { r: JSON.parse(text.trim().split('\n').pop()!) as ChildResult, rgwMs };
+        };
+        const put = await run(cfg, phase === 'put');
+        const { r, rgwMs } = phase === 'put' ? put : await run({ ...cfg, phase: 'get' }, true);
         results[mode]!.push({ r, rgwMs });
+        const requests = r.requests
+          ? `; requests ${Object.entries(r.requests)
+              .map(([k, v]) => `${k} ${v}`)
+              .join(', ')}, ${((r.receivedBytes ?? 0) / MiB).toFixed(1)} MiB received`
+          : '';
         console.log(
-          `${mode} round ${round}: put ${r.wallMs.toFixed(0)} ms wall, CPU user ${r.userMs.toFixed(0)} + system ${r.systemMs.toFixed(0)} = ${(r.userMs + r.systemMs).toFixed(0)} ms, radosgw ${rgwMs.toFixed(0)} ms (whole child), stored ${(r.storedBytes / MiB).toFixed(1)} MiB, ${r.minorFaults} minor page faults`,
+          `${mode} round ${round}: ${phase} ${r.wallMs.toFixed(0)} ms wall, CPU user ${r.userMs.toFixed(0)} + system ${r.systemMs.toFixed(0)} = ${(r.userMs + r.systemMs).toFixed(0)} ms, radosgw ${rgwMs.toFixed(0)} ms (whole child), stored ${(put.r.storedBytes / MiB).toFixed(1)} MiB, ${r.minorFaults} minor page faults${requests}`,
         );
+        await rm(cfg.dest, { recursive: true, force: true });
         await rm(vaultDir, { recursive: true, force: true });
       }
     }

@@ -14,19 +14,24 @@ import { join } from 'node:path';
 import { fileReader, type StoreReader } from './store.js';
 
 export interface CacheWriter {
+  /** Appends `p`. */
   write(p: Uint8Array): Promise<void>;
+  /** Writes `p` at `pos` (the file grows to cover it). */
+  at(p: Uint8Array, pos: number): Promise<void>;
   commit(): Promise<void>;
   abort(): Promise<void>;
 }
 
 const TMP = '.tmp-';
+/** What a fill gathers of a body before it writes it to the file. */
+const FILL_GATHER = 1024 * 1024;
 
 export class PackCache {
   /** name -> size, in order of last use (a Map keeps insertion order: re-insert on use). */
   private readonly files = new Map<string, number>();
   private total = 0;
   private ready: Promise<void> | undefined;
-  private readonly filling = new Map<string, Promise<StoreReader | undefined>>();
+  private readonly filling = new Map<string, Promise<boolean>>();
 
   constructor(
     private readonly dir: string,
@@ -83,6 +88,18 @@ export class PackCache {
     return name.endsWith('.pack') && size <= this.maxBytes / 4;
   }
 
+  /** Whether `name` is cached, or being fetched into the cache, now. */
+  async has(name: string): Promise<boolean> {
+    await this.init();
+    return this.files.has(name) || this.filling.has(name);
+  }
+
+  /** When `name` is being fetched into the cache: a reader on it once there (or undefined). */
+  pending(name: string): Promise<StoreReader | undefined> | undefined {
+    const p = this.filling.get(name);
+    return p?.then((kept) => (kept ? this.open(name) : undefined)).catch(() => undefined);
+  }
+
   /** A reader on the cached copy, or undefined when there is none. */
   async open(name: string): Promise<StoreReader | undefined> {
     if (!name.endsWith('.pack')) return undefined;
@@ -101,21 +118,87 @@ export class PackCache {
     return fileReader(name, h, size);
   }
 
-  /** Fetches `name` whole with `get` into the cache, once even when asked twice at once. */
-  fill(name: string, size: number, get: (into: Buffer) => Promise<number>): Promise<StoreReader | undefined> {
+  /**
+   * Fetches `name` whole into the cache, once even when asked twice at once: `get` hands the
+   * object's bytes to the sink it is given, by position, and returns how many it sent; they go
+   * straight to a temporary file (gathered into 1 MiB writes), renamed once complete. Resolves
+   * to a reader on the cached copy, or undefined when the cache could not keep it (its disk
+   * failed, a short body); rejects with `get`'s own error.
+   */
+  fill(
+    name: string,
+    size: number,
+    get: (sink: (chunk: Buffer, at: number) => void | Promise<void>) => Promise<number>,
+  ): Promise<StoreReader | undefined> {
     let p = this.filling.get(name);
     if (p === undefined) {
-      p = (async () => {
-        await this.init();
-        const b = Buffer.allocUnsafe(size);
-        const got = await get(b);
-        if (got !== size) return undefined;
-        await this.keep(name, b);
-        return undefined;
-      })().finally(() => this.filling.delete(name));
+      // Fetched by another caller in the meantime (a prefetch, a reader): read that copy.
+      if (this.files.has(name)) return this.open(name);
+      p = this.fetch(name, size, get).finally(() => this.filling.delete(name));
       this.filling.set(name, p);
     }
-    return p.then(() => this.open(name));
+    return p.then((kept) => (kept ? this.open(name) : undefined));
+  }
+
+  private async fetch(
+    name: string,
+    size: number,
+    get: (sink: (chunk: Buffer, at: number) => void | Promise<void>) => Promise<number>,
+  ): Promise<boolean> {
+    let w: CacheWriter;
+    try {
+      await this.init();
+      w = await this.writer(name);
+    } catch {
+      return false;
+    }
+    // Pieces of the body (64 KiB or so each) gathered into one reused buffer, written when
+    // full: a sixteenth of the system calls. A retry of `get` starts again at 0.
+    const gather = Buffer.allocUnsafe(Math.min(FILL_GATHER, Math.max(1, size)));
+    let from = 0;
+    let len = 0;
+    let diskFailed = false;
+    const flush = async (): Promise<void> => {
+      if (len === 0) return;
+      const n = len;
+      len = 0;
+      await w.at(gather.subarray(0, n), from);
+      from += n;
+    };
+    try {
+      const got = await get(async (c, at) => {
+        if (diskFailed) return;
+        try {
+          if (len > 0 && at !== from + len) await flush();
+          if (len === 0) from = at;
+          let i = 0;
+          while (i < c.length) {
+            const n = Math.min(c.length - i, gather.length - len);
+            c.copy(gather, len, i, i + n);
+            len += n;
+            i += n;
+            if (len === gather.length) await flush();
+          }
+        } catch {
+          diskFailed = true;
+        }
+      });
+      if (!diskFailed) await flush().catch(() => (diskFailed = true));
+      if (diskFailed || got !== size) {
+        await w.abort();
+        return false;
+      }
+    } catch (e) {
+      await w.abort();
+      throw e;
+    }
+    try {
+      await w.commit();
+      return true;
+    } catch {
+      await w.abort();
+      return false;
+    }
   }
 
   /** Keeps a copy of an object just written whole. */
@@ -145,8 +228,14 @@ export class PackCache {
     };
     return {
       write: async (p) => {
-        await h.write(p);
+        let done = 0;
+        while (done < p.length) done += (await h.write(p, done, p.length - done, size + done)).bytesWritten;
         size += p.length;
+      },
+      at: async (p, pos) => {
+        let done = 0;
+        while (done < p.length) done += (await h.write(p, done, p.length - done, pos + done)).bytesWritten;
+        size = Math.max(size, pos + p.length);
       },
       commit: async () => {
         await close();

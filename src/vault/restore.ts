@@ -252,6 +252,8 @@ const BATCH_IN_BYTES = 2 * 1024 * 1024;
 const BATCH_OUT_BYTES = 2 * 1024 * 1024;
 /** Pack readers kept open at once; past this, in-flight batches finish and all are closed. */
 const MAX_OPEN_PACKS = 64;
+/** Packs a restore asks the store to fetch ahead of the one it opens (S3: 32 MiB each). */
+const PREFETCH_PACKS = 2;
 /** Restored files kept open at once (many small files); past this, in-flight batches finish. */
 const MAX_OPEN_FILES = 256;
 
@@ -309,6 +311,21 @@ interface Batch {
  * authenticated is written, by one writer at a time, with positional writes. Holes are never
  * written: trailing ones come from truncate. Without a pool the calling thread decodes.
  */
+/** The packs a restore of `body` reads, in the order it first needs each (pack -> position). */
+function packOrder(body: ManifestBody, ctx: RestoreContext): Map<string, number> {
+  const order = new Map<string, number>();
+  for (const e of body.entries) {
+    if (e.type !== 'file' || ctx.skip?.(e.path) === true) continue;
+    for (let i = e.firstRef; i < e.firstRef + e.refCount; i++) {
+      const at = i * REF_BYTES;
+      if (body.refs[at] === REF_HOLE) continue;
+      const loc = ctx.lookup(body.refs.toString('hex', at + 5, at + 5 + CHUNK_ID_BYTES));
+      if (loc !== undefined && !order.has(loc.pack)) order.set(loc.pack, order.size);
+    }
+  }
+  return order;
+}
+
 export async function restoreInto(destDir: string, body: ManifestBody, ctx: RestoreContext): Promise<number> {
   const what = `checkpoint ${ctx.checkpointId}`;
   let createdRoot = false;
@@ -370,7 +387,16 @@ export async function restoreInto(destDir: string, body: ManifestBody, ctx: Rest
   const localKey = pool ? undefined : createSecretKey(ctx.keys.dataKey);
 
   const readers = new Map<string, StoreReader>();
+  // Packs in the order the restore first needs them, for a store that fetches from afar (S3):
+  // while one pack is decoded, the next ones are on their way.
+  const order = ctx.store.prefetch ? packOrder(body, ctx) : undefined;
+  const packs = order ? [...order.keys()] : [];
   const openPack = async (pack: string): Promise<StoreReader> => {
+    const i = order?.get(pack);
+    if (i !== undefined) {
+      for (const next of packs.slice(i + 1, i + 1 + PREFETCH_PACKS))
+        ctx.store.prefetch?.(`data/${ctx.tenant}/packs/${next}.pack`);
+    }
     const r = await ctx.store.openReader(`data/${ctx.tenant}/packs/${pack}.pack`);
     // The header is not covered by any record's tag: check it here so that no byte of a pack
     // goes unchecked by restore.

@@ -5,6 +5,7 @@ import { mkdir, open, readdir, stat, symlink, writeFile, chmod } from 'node:fs/p
 import { join } from 'node:path';
 import { isDormantError } from '../domain/errors.js';
 import { openVault, type Vault } from './index.js';
+import { LocalDirStore, type StoreReader } from './store.js';
 import {
   criuDump,
   diffTrees,
@@ -132,6 +133,56 @@ describe('byte-exact round trips', () => {
       assert.equal(await diffTrees(src, out), undefined);
     } finally {
       await small.close();
+    }
+  });
+
+  test('a store that can fetch ahead is asked for the next packs before the restore opens them', async () => {
+    const src = join(root, 'ahead');
+    await mkdir(src);
+    await writeFile(join(src, 'pages-1.img'), randomBytes(3 * MiB));
+    await writeFile(join(src, 'pages-2.img'), randomBytes(MiB));
+    const dir = join(root, 'data', 'ahead');
+    /** What the restore asked of the store, in order: `open NAME` and `prefetch NAME`. */
+    const asked: string[] = [];
+    class Recording extends LocalDirStore {
+      override openReader(name: string): Promise<StoreReader> {
+        if (name.endsWith('.pack')) asked.push(`open ${name}`);
+        return super.openReader(name);
+      }
+      prefetch(name: string): void {
+        asked.push(`prefetch ${name}`);
+      }
+    }
+    const v = await openVault({
+      dir,
+      masterKey: { key },
+      store: new Recording(dir),
+      packTargetBytes: 512 * 1024,
+    });
+    try {
+      await v.putCheckpoint({ tenant: 'acme', sandboxId: 'sb', checkpointId: 'ck', srcDir: src });
+      const packs = await readdir(join(dir, 'data', 'acme', 'packs'));
+      assert.ok(packs.length >= 6, `${packs.length} packs`);
+      const out = join(root, 'out-ahead');
+      await v.restoreCheckpoint({ tenant: 'acme', checkpointId: 'ck', destDir: out });
+      assert.equal(await diffTrees(src, out), undefined);
+      const opened = asked.filter((a) => a.startsWith('open ')).map((a) => a.slice(5));
+      assert.equal(new Set(opened).size, packs.length, 'every pack opened');
+      // Every pack but the first was asked for ahead, two at most beyond the one being opened.
+      for (const [i, name] of opened.entries()) {
+        const at = asked.indexOf(`open ${name}`);
+        const before = asked.slice(0, at);
+        if (i > 0)
+          assert.ok(
+            before.includes(`prefetch ${name}`),
+            `pack ${i} was not fetched ahead: ${asked.join(', ')}`,
+          );
+        const ahead = new Set(before.filter((a) => a.startsWith('prefetch ')).map((a) => a.slice(9)));
+        const notYet = [...ahead].filter((p) => !before.includes(`open ${p}`) && p !== name);
+        assert.ok(notYet.length <= 2, `more than two packs ahead of pack ${i}: ${notYet.join(', ')}`);
+      }
+    } finally {
+      await v.close();
     }
   });
 

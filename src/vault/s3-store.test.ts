@@ -6,7 +6,9 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { mkdir, readdir, writeFile } from 'node:fs/promises';
+import { execFile } from 'node:child_process';
+import { mkdir, readdir, stat, writeFile } from 'node:fs/promises';
+import { promisify } from 'node:util';
 import { join } from 'node:path';
 import { DormantError } from '../domain/errors.js';
 import { openVault } from './index.js';
@@ -53,6 +55,8 @@ async function checked(o: Partial<S3StoreOptions> = {}): Promise<S3Store> {
   return s;
 }
 
+const run = (cmd: string, args: string[]) => promisify(execFile)(cmd, args);
+const readFileSize = async (p: string): Promise<number> => (await stat(p)).size;
 const code = (c: string) => (e: unknown) => e instanceof DormantError && e.code === c;
 
 describe('S3 vault on radosgw', { skip: missing }, () => {
@@ -244,6 +248,111 @@ describe('S3 vault on radosgw', { skip: missing }, () => {
       nob.list(''),
       (e: unknown) => code('VAULT_IO')(e) && /create the bucket/.test((e as DormantError).hint ?? ''),
     );
+  });
+
+  test('a node that never had the packs: a restore fetches each pack once into its cache, the next ones ahead; a full cache disk loses nothing', async () => {
+    const prefix = `p${++n}/cold`;
+    const key = randomBytes(32);
+    const src = join(root, 'cold-src');
+    await mkdir(src, { recursive: true });
+    await writeFile(join(src, 'pages-1.img'), randomBytes(18 * MiB));
+    await writeFile(join(src, 'core.img'), randomBytes(200_000));
+    // The node that hibernated: small packs, so the checkpoint spans several.
+    const writer = await checked({ prefix, cache: { dir: join(root, 'cold-cache-w'), maxBytes: 256 * MiB } });
+    const w = await openVault({
+      dir: join(root, 'cold-w'),
+      masterKey: { key },
+      store: writer,
+      packTargetBytes: 4 * MiB,
+    });
+    await w.putCheckpoint({ tenant: 'acme', sandboxId: 'sb', checkpointId: 'ck', srcDir: src });
+    await w.close();
+    const packs = (await writer.list('data/acme/packs')).map((e) => e.name).sort();
+    assert.ok(packs.length >= 4, `${packs.length} packs`);
+
+    /** GETs of packs by name, counted on the store's own client. */
+    const gets = (store: S3Store): Map<string, number> => {
+      const m = new Map<string, number>();
+      store.client.middlewareStack.add(
+        (next, context) => async (args) => {
+          const k = (args.input as { Key?: string }).Key ?? '';
+          if ((context as { commandName?: string }).commandName === 'GetObjectCommand' && k.endsWith('.pack'))
+            m.set(k, (m.get(k) ?? 0) + 1);
+          return next(args);
+        },
+        { step: 'initialize', name: 'testCountGets' },
+      );
+      return m;
+    };
+
+    // Another node: an empty cache. Every pack comes from the bucket once, and stays.
+    const cacheDir = join(root, 'cold-cache-r');
+    const reader = await checked({ prefix, cache: { dir: cacheDir, maxBytes: 256 * MiB } });
+    const got = gets(reader);
+    const r = await openVault({
+      dir: join(root, 'cold-r'),
+      masterKey: { key },
+      store: reader,
+      create: false,
+    });
+    const out = join(root, 'cold-out');
+    await r.restoreCheckpoint({ tenant: 'acme', checkpointId: 'ck', destDir: out });
+    assert.equal(await diffTrees(src, out), undefined);
+    await removeDir(out);
+    assert.deepEqual([...got.keys()].map((k) => k.slice(prefix.length + 1)).sort(), packs);
+    assert.ok(
+      [...got.values()].every((c) => c === 1),
+      JSON.stringify([...got]),
+    );
+    assert.equal((await readdir(cacheDir)).length, packs.length);
+    await r.close();
+
+    // A prefetch alone fills the cache: the pack is then read with the server down.
+    const third = await checked({ prefix, cache: { dir: join(root, 'cold-cache-p'), maxBytes: 256 * MiB } });
+    third.prefetch(packs[0]!);
+    for (
+      let i = 0;
+      i < 200 &&
+      !(await readdir(join(root, 'cold-cache-p')).catch(() => [])).some((f) => f.endsWith('.pack'));
+      i++
+    )
+      await sleep(25);
+    await rgw.halt();
+    try {
+      const pr = await third.openReader(packs[0]!);
+      assert.equal(
+        pr.sizeBytes,
+        await readFileSize(join(root, 'cold-cache-w', packs[0]!.replaceAll('/', '+'))),
+      );
+      await pr.close();
+    } finally {
+      await rgw.start();
+    }
+
+    // A cache on a disk too small for a pack: those fills fail, the restore reads those packs
+    // from the bucket instead and is whole; the cache is left without temporaries.
+    const tiny = join(root, 'cold-cache-tiny');
+    await mkdir(tiny);
+    await run('mount', ['-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', tiny]);
+    try {
+      const small = await checked({ prefix, cache: { dir: tiny, maxBytes: 256 * MiB } });
+      const v = await openVault({
+        dir: join(root, 'cold-s'),
+        masterKey: { key },
+        store: small,
+        create: false,
+      });
+      await v.restoreCheckpoint({ tenant: 'acme', checkpointId: 'ck', destDir: out });
+      assert.equal(await diffTrees(src, out), undefined);
+      await removeDir(out);
+      await v.close();
+      const left = await readdir(tiny);
+      assert.ok(!left.some((f) => f.includes('.tmp-')), left.join(' '));
+      assert.ok(left.length < packs.length, left.join(' '));
+    } finally {
+      await run('umount', [tiny]);
+    }
+    await writer.removeAll('data');
   });
 
   test('the vault on S3: a checkpoint folder round trip, dedup across puts, delete and gc', async () => {

@@ -241,19 +241,41 @@ export class S3Store implements VaultStore {
 
   /** GETs `key` (a range of it when given) into `target`; throws when the body is short. */
   private async getInto(name: string, target: Buffer, offset?: number): Promise<number> {
+    return this.getTo(
+      name,
+      target.length,
+      (c, at) => {
+        c.copy(target, at);
+      },
+      offset,
+    );
+  }
+
+  /**
+   * GETs `key` (`length` bytes of it from `offset` when given), handing each piece of the body
+   * to `sink` with its position; returns the bytes received. A retry starts again from
+   * position 0, so a sink that writes by position needs no reset.
+   */
+  private async getTo(
+    name: string,
+    length: number,
+    sink: (chunk: Buffer, at: number) => void | Promise<void>,
+    offset?: number,
+  ): Promise<number> {
     return this.retrying(async () => {
       const res = await this.client.send(
         new GetObjectCommand({
           Bucket: this.bucket,
           Key: this.key(name),
-          ...(offset !== undefined ? { Range: `bytes=${offset}-${offset + target.length - 1}` } : {}),
+          ...(offset !== undefined ? { Range: `bytes=${offset}-${offset + length - 1}` } : {}),
         }),
       );
       let got = 0;
       for await (const chunk of res.Body as Readable) {
         const c = chunk as Buffer;
-        if (got + c.length > target.length) throw new Error(`${name}: the server sent more than asked`);
-        c.copy(target, got);
+        if (got + c.length > length) throw new Error(`${name}: the server sent more than asked`);
+        const w = sink(c, got);
+        if (w) await w;
         got += c.length;
       }
       return got;
@@ -293,6 +315,9 @@ export class S3Store implements VaultStore {
   async openReader(name: string): Promise<StoreReader> {
     const cached = this.cache ? await this.cache.open(name) : undefined;
     if (cached) return cached;
+    // On its way (a prefetch): that fetch, rather than a second one.
+    const fetched = await this.cache?.pending(name);
+    if (fetched) return fetched;
     let sizeBytes: number;
     try {
       sizeBytes = await this.head(name);
@@ -300,8 +325,22 @@ export class S3Store implements VaultStore {
       if (isNotFound(e)) throw this.notFound(name);
       throw this.fail('HEAD', name, e);
     }
+    if (this.cache?.wants(name, sizeBytes)) {
+      // A pack read once is likely read again (a resume after a failed one, forks): it is
+      // fetched whole with one GET, streamed into the cache's file (no buffer of its size in
+      // this process: fresh memory costs a page fault per 4 KiB), and read there.
+      const local = await this.cache
+        .fill(name, sizeBytes, (sink) => this.getTo(name, sizeBytes, sink))
+        .catch((e: unknown) => {
+          if (isNotFound(e)) throw this.notFound(name);
+          // The server cannot serve ranges: a failed whole GET is the read's failure.
+          if (!this.ranged) throw this.fail('GET', name, e);
+          return undefined;
+        });
+      if (local) return local;
+    }
     if (!this.ranged) {
-      // The server cannot serve ranges (checkServer): the whole object, once.
+      // The server cannot serve ranges (checkServer) and there is no cache: the whole object, once.
       const whole = Buffer.allocUnsafe(sizeBytes);
       try {
         const got = await this.getInto(name, whole);
@@ -310,16 +349,7 @@ export class S3Store implements VaultStore {
         if (isNotFound(e)) throw this.notFound(name);
         throw this.fail('GET', name, e);
       }
-      if (this.cache?.wants(name, sizeBytes)) await this.cache.keep(name, whole).catch(() => undefined);
       return bufferReader(name, whole);
-    }
-    if (this.cache?.wants(name, sizeBytes)) {
-      // A pack read once is likely read again (a resume after a failed one, forks): fetch it
-      // whole into the cache and read it there. One GET instead of one per window.
-      const local = await this.cache
-        .fill(name, sizeBytes, (b) => this.getInto(name, b))
-        .catch(() => undefined);
-      if (local) return local;
     }
     const truncated = (offset: number, length: number, got: number): DormantError =>
       new DormantError(
@@ -345,6 +375,23 @@ export class S3Store implements VaultStore {
       },
       close: async (): Promise<void> => undefined,
     };
+  }
+
+  /**
+   * Starts fetching pack `name` into the pack cache, unless it is there or on its way (a
+   * restore asks for the packs it will need next while it decodes the one it has). Only with
+   * a cache; failures are left for the openReader that follows to meet and report.
+   */
+  prefetch(name: string): void {
+    const cache = this.cache;
+    if (!cache || !name.endsWith('.pack')) return;
+    void (async () => {
+      if (await cache.has(name)) return;
+      const sizeBytes = await this.head(name);
+      if (!cache.wants(name, sizeBytes)) return;
+      const r = await cache.fill(name, sizeBytes, (sink) => this.getTo(name, sizeBytes, sink));
+      await r?.close();
+    })().catch(() => undefined);
   }
 
   private async put(name: string, body: Buffer): Promise<void> {

@@ -46,6 +46,11 @@ export interface VaultStore {
   /** Reads a whole object; throws VAULT_NOT_FOUND (details.object) when it does not exist. */
   read(name: string): Promise<Buffer>;
   openReader(name: string): Promise<StoreReader>;
+  /**
+   * A hint that `name` will be opened soon: a store whose objects are far away may start
+   * fetching it now. Never fails (a failed fetch is the later openReader's to report).
+   */
+  prefetch?(name: string): void;
   /** Writes a whole object atomically and durably. */
   write(name: string, data: Uint8Array): Promise<void>;
   /**
