@@ -37,8 +37,11 @@ describe('wake proxy: a request for a sandbox on another node goes through that 
   delete onB.elsewhere;
   const wakes: string[] = [];
 
+  /** Other tenants' sandboxes on node B (a name is unique per tenant only). */
+  const othersOnB: ProxiedSandbox[] = [];
+
   const target = (box: ProxiedSandbox, node: string, other: () => WakeProxy): WakeTarget => ({
-    find: (ref) => (ref === box.id || ref === box.name ? [box] : []),
+    find: (ref) => [box, ...(node === 'b' ? othersOnB : [])].filter((x) => ref === x.id || ref === x.name),
     list: () => [box],
     wake: (id) => {
       wakes.push(`${node} ${id}`);
@@ -135,6 +138,35 @@ describe('wake proxy: a request for a sandbox on another node goes through that 
     assert.equal(forged.body, 'sandbox answered /forged');
     assert.equal(b.hops.in, before.in + 1);
     assert.equal(seen.at(-1)!['x-dormant-hop'], undefined);
+  });
+
+  test('a host that names the sandbox by its name reaches that tenant’s sandbox on B, though another tenant’s there has the same name', async () => {
+    othersOnB.push({ ...onB, id: 'sb-same-name', tenant: 'u', address: '127.0.0.3' });
+    try {
+      const r = await viaProxy(a.port, `${port}-hop.hop.test`, {
+        path: '/by-name',
+        headers: { authorization: `Bearer ${TENANT}` },
+      });
+      assert.equal(r.status, 200, r.body);
+      assert.equal(r.body, 'sandbox answered /by-name');
+      const h = seen.at(-1)!;
+      assert.equal(h.host, `${port}-hop.hop.test`, 'the Host goes as it came');
+      assert.equal(h['x-dormant-hop-to'], undefined);
+      // The id a hop names counts only with the node's token: a client's is ignored, and
+      // its name still resolves among its own sandboxes.
+      const forged = await viaProxy(b.port, `${port}-hop.hop.test`, {
+        path: '/forged-to',
+        headers: {
+          authorization: `Bearer ${TENANT}`,
+          'x-dormant-hop': '1',
+          'x-dormant-hop-to': 'sb-same-name',
+        },
+      });
+      assert.equal(forged.status, 200, forged.body);
+      assert.equal(forged.body, 'sandbox answered /forged-to');
+    } finally {
+      othersOnB.length = 0;
+    }
   });
 
   test('a request B got from A is never sent on, nor to an address B has for another node', async () => {

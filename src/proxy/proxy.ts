@@ -160,7 +160,7 @@ export class WakeProxy {
     this.domain = (opts.domain ?? 'dormant.localhost').toLowerCase();
     this.host = parseListen(opts.listen ?? '127.0.0.1:7421').host;
     this.relayHost = {
-      route: (host, creds) => this.resolve(host, creds),
+      route: (host, creds, hopTo) => this.resolve(host, creds, hopTo),
       ready: (s, port, via, hopped) => this.upstream(s, port, via, hopped),
       hopped: (out) => {
         if (out) this.hops.out++;
@@ -400,7 +400,7 @@ export class WakeProxy {
    * The sandbox and port a request is for, if the caller may reach it: at once when the token
    * and the sandbox are at hand, else a promise. Throws (or rejects with) ProxyError.
    */
-  private resolve(hostHeader: string | undefined, creds: Credentials): Answer<Routed> {
+  private resolve(hostHeader: string | undefined, creds: Credentials, hopTo?: string): Answer<Routed> {
     const route = this.route(hostHeader);
     if (!route) {
       throw new ProxyError(
@@ -410,14 +410,23 @@ export class WakeProxy {
       );
     }
     const p = creds.token === undefined ? undefined : this.principal(creds.token);
-    if (p instanceof Promise) return p.then((known) => this.resolveFor(route, creds, known));
-    return this.resolveFor(route, creds, p);
+    if (p instanceof Promise) return p.then((known) => this.resolveFor(route, creds, known, hopTo));
+    return this.resolveFor(route, creds, p, hopTo);
   }
 
-  private resolveFor(route: Route, creds: Credentials, p: ProxyPrincipal | undefined): Answer<Routed> {
+  private resolveFor(
+    given: Route,
+    creds: Credentials,
+    p: ProxyPrincipal | undefined,
+    hopTo: string | undefined,
+  ): Answer<Routed> {
     if (creds.token !== undefined && !p) {
       throw new ProxyError(ErrorCode.UNAUTHORIZED, 'unknown or revoked dormant token');
     }
+    // A hop from another node's proxy (its admin token, in the header) names the sandbox by
+    // the id that node resolved for its client; from anyone else the name is ignored.
+    const route =
+      hopTo !== undefined && p?.admin === true && creds.from === 'header' ? { ...given, ref: hopTo } : given;
     const found = this.target.find(route.ref);
     if (found instanceof Promise) return found.then((boxes) => this.pick(route, p, boxes));
     return this.pick(route, p, found);

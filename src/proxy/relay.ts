@@ -51,9 +51,11 @@ export interface Routed {
 export interface RelayHost {
   /**
    * The sandbox and port a request is for, if the caller may reach it: at once when the proxy
-   * has it at hand, else a promise. Throws (or rejects with) ProxyError.
+   * has it at hand, else a promise. `hopTo`: the id another node's proxy named (HOP_TO_HEADER),
+   * used instead of the Host's sandbox only with an admin token. Throws (or rejects with)
+   * ProxyError.
    */
-  route(host: string | undefined, creds: Credentials): Routed | Promise<Routed>;
+  route(host: string | undefined, creds: Credentials, hopTo?: string): Routed | Promise<Routed>;
   /**
    * Where the request goes once the sandbox runs (waking it): its address, or the proxy of the
    * node it runs on. `hopped`: the request came from another node's proxy. Throws ProxyError.
@@ -89,10 +91,17 @@ const BODYLESS = new Set(['GET', 'HEAD', 'OPTIONS']);
 const RETRYABLE = new Set(['ECONNRESET', 'ECONNREFUSED', 'EHOSTUNREACH', 'EPIPE']);
 /** Marks a request one node's proxy relays to another's (the sandbox never sees it). */
 export const HOP_HEADER = 'x-dormant-hop';
+/**
+ * The id of the sandbox a hop is for: the node that hops has resolved the Host (which may name
+ * the sandbox by its name, and names are per tenant) with the client's token; the next node
+ * routes by this id instead, believed only with the hop's admin token. The Host goes as it came.
+ */
+export const HOP_TO_HEADER = 'x-dormant-hop-to';
 
 const DROP = new Set([
   'x-dormant-token',
   HOP_HEADER,
+  HOP_TO_HEADER,
   'x-forwarded-for',
   'x-forwarded-host',
   'x-forwarded-proto',
@@ -401,7 +410,7 @@ export class HttpRelay {
 
   private request(req: RequestHead): void {
     const creds = extractCredentials(req.target, credentialHeaders(req));
-    const routed = this.host.route(req.host, creds);
+    const routed = this.host.route(req.host, creds, hopTo(req));
     if (!(routed instanceof Promise)) {
       this.routed(req, creds, routed);
       return;
@@ -589,7 +598,7 @@ export class HttpRelay {
    */
   private ended(head: string): string {
     return this.upHop
-      ? `${head}x-dormant-token: ${this.upHop.token}\r\n${HOP_HEADER}: 1\r\n\r\n`
+      ? `${head}x-dormant-token: ${this.upHop.token}\r\n${HOP_HEADER}: 1\r\n${HOP_TO_HEADER}: ${this.upId}\r\n\r\n`
       : `${head}\r\n`;
   }
 
@@ -786,6 +795,13 @@ function credentialHeaders(req: RequestHead): {
 /** Whether another node's proxy relayed this request here. */
 function hopped(req: RequestHead): boolean {
   return req.headers.some((h) => h.name === HOP_HEADER);
+}
+
+/** The sandbox id a hop names, when the request carries one. */
+function hopTo(req: RequestHead): string | undefined {
+  if (!hopped(req)) return undefined;
+  const v = req.headers.find((h) => h.name === HOP_TO_HEADER)?.value.trim();
+  return v !== undefined && /^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$/.test(v) ? v : undefined;
 }
 
 /** What identifies an upstream connection: a keep-alive request reuses it while this stays. */
