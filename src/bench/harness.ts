@@ -5,6 +5,7 @@
  * together with the command and the machine that produced them.
  */
 import { cpus, totalmem, release, arch } from 'node:os';
+import type { OperationTimings } from '../domain/timings.js';
 
 export interface BenchRow {
   /** What was measured, e.g. "ingest 1 GiB checkpoint". */
@@ -126,4 +127,11 @@ export async function timed(fn: () => Promise<unknown>): Promise<number> {
   const t = performance.now();
   await fn();
   return performance.now() - t;
+}
+
+/** Per step name, the median of its wall times over the operations in `ts`. */
+export function stepMedians(ts: OperationTimings[]): string {
+  const byStep = new Map<string, number[]>();
+  for (const t of ts) for (const s of t.steps) byStep.set(s.step, [...(byStep.get(s.step) ?? []), s.ms]);
+  return [...byStep].map(([step, ms]) => `${step} ${Math.round(median(ms))}`).join(', ');
 }

@@ -6,11 +6,14 @@
  * idle daemon before the load: how much slower the API answers while it works.
  */
 import { spawn } from 'node:child_process';
+import { loadavg } from 'node:os';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { SandboxInfo } from '../sdk/client.js';
 import { buildBusyboxRootfs } from '../runtime/testing/rootfs.js';
-import type { BenchRow, BenchSuite } from './harness.js';
+import { stepMedians, type BenchRow, type BenchSuite } from './harness.js';
+import type { OperationTimings } from '../domain/timings.js';
 import { COUNTER_SERVER_PY } from '../api/testing/servers.js';
 import { startTestDaemon } from '../api/testing/daemon.js';
 import { eventually, httpGet } from '../api/testing/host.js';
@@ -80,9 +83,22 @@ export const loadSuite: BenchSuite = {
       await buildBusyboxRootfs(join(dir, 'rootfs'), { 'srv/server.py': COUNTER_SERVER_PY });
       const idle = await poll(d.url, d.adminToken, () => new Promise((r) => setTimeout(r, 3000)));
       const times = { create: [] as number[], hibernate: [] as number[], resume: [] as number[] };
+      const steps = {
+        create: [] as OperationTimings[],
+        hibernate: [] as OperationTimings[],
+        resume: [] as OperationTimings[],
+      };
+      const stepsOf = (id: string, op: 'create' | 'hibernate' | 'resume'): void => {
+        const t = d.controller.lastTimings(id, op);
+        if (t) steps[op].push(t);
+      };
       let wrong = 0;
       const failures: string[] = [];
       const started = performance.now();
+      // The daemon's event loop (this process's: the bench drives it in-process) while it works:
+      // what a request waits before its turn, apart from the CPU the machine lacks.
+      const loop = monitorEventLoopDelay({ resolution: 10 });
+      loop.enable();
       const busy = await poll(d.url, d.adminToken, () =>
         pool(
           Array.from({ length: count }, (_, i) => i),
@@ -100,13 +116,16 @@ export const loadSuite: BenchSuite = {
               created.push(sb);
               const first = await eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080), 120_000);
               times.create.push(performance.now() - t0);
+              stepsOf(sb.id, 'create');
               t0 = performance.now();
               await client.hibernate(sb.id);
               times.hibernate.push(performance.now() - t0);
+              stepsOf(sb.id, 'hibernate');
               t0 = performance.now();
               await client.resume(sb.id);
               const after = await eventually(`server of ${sb.id}`, () => httpGet(sb.address!, 8080), 120_000);
               times.resume.push(performance.now() - t0);
+              stepsOf(sb.id, 'resume');
               const [n, token] = first.split(' ');
               if (after !== `${Number(n) + 1} ${token}`) wrong++;
             } catch (e) {
@@ -116,7 +135,9 @@ export const loadSuite: BenchSuite = {
           },
         ),
       );
+      loop.disable();
       const wallS = (performance.now() - started) / 1000;
+      const loopMs = (ns: number): string => (ns / 1e6).toFixed(0);
       const verify = await d.vault.verify();
       const row = (name: string, xs: number[]): BenchRow[] => [
         { name: `${name} p50`, dormant: pct(xs, 0.5), unit: 'ms', better: 'lower' },
@@ -164,6 +185,10 @@ export const loadSuite: BenchSuite = {
             .map((p) => `; ${p.object}: ${p.message.slice(0, 200)}`)
             .join('')}.`,
           `wall time ${wallS.toFixed(0)} s.`,
+          ...(['create', 'hibernate', 'resume'] as const).map(
+            (op) => `${op} steps, median ms: ${stepMedians(steps[op])}`,
+          ),
+          `the daemon's event loop during the load (this process's, which also drives the bench; resolution 10 ms): delay p50 ${loopMs(loop.percentile(50))} ms, p99 ${loopMs(loop.percentile(99))} ms, max ${loopMs(loop.max)} ms; load average ${loadavg()[0]!.toFixed(1)} at the end (2 cores).`,
         ],
       };
     } finally {

@@ -19,7 +19,7 @@ import { run } from '../sys/exec.js';
 import { S3Store } from '../vault/index.js';
 import { RADOSGW, rgwMissing, startRgw, type TestRgw } from '../vault/testing/rgw.js';
 import type { BenchRow, BenchSuite } from './harness.js';
-import { median } from './harness.js';
+import { median, stepMedians } from './harness.js';
 
 const MIB = 256;
 /** The kernel's clock ticks per second (USER_HZ), as /proc reports CPU times in. */
@@ -126,13 +126,6 @@ function requestLine(d: Map<string, RequestTally>, n: number): string {
       return `${k.replace(/Command$/, '')} ${(t.count / n).toFixed(1)} (${bytes ? `${bytes}, ` : ''}${Math.round(t.ms / n)} ms)`;
     })
     .join(', ');
-}
-
-/** Per step name, the median of its wall times over the operations in `ts`. */
-function stepMedians(ts: OperationTimings[]): string {
-  const byStep = new Map<string, number[]>();
-  for (const t of ts) for (const s of t.steps) byStep.set(s.step, [...(byStep.get(s.step) ?? []), s.ms]);
-  return [...byStep].map(([step, ms]) => `${step} ${Math.round(median(ms))}`).join(', ');
 }
 
 /** CPU time (user + system) of process `pid` so far, in ms; 0 when it cannot be read. */
