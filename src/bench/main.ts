@@ -25,6 +25,7 @@ import { s3Suite } from './s3.js';
 import { stateSuite } from './state.js';
 import { crossnodeSuite } from './crossnode.js';
 import { fleetSuite } from './fleet.js';
+import { execSuite } from './exec.js';
 
 const SUITES: BenchSuite[] = [
   criuSuite,
@@ -33,6 +34,7 @@ const SUITES: BenchSuite[] = [
   proxySuite,
   scanSuite,
   loadSuite,
+  execSuite,
   confineSuite,
   usernsSuite,
   cliSuite,

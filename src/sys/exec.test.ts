@@ -3,6 +3,9 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { DormantError, ErrorCode } from '../domain/errors.js';
 import { run, which } from './exec.js';
+import { launcherPid, useLauncher } from './launcher.js';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** A process that still runs (a zombie waiting for its reaper does not count). */
 function alive(pid: number): boolean {
@@ -117,6 +120,63 @@ describe('run()', () => {
       assert.ok(r.durationMs < 5000);
     } finally {
       process.kill(pid, 'SIGKILL');
+    }
+  });
+});
+
+describe('the command launcher', () => {
+  test('starts the commands: their parent is the launcher, not this process', async () => {
+    const r = await run('sh', ['-c', 'echo $PPID']);
+    const launcher = launcherPid();
+    assert.ok(launcher !== undefined, 'a launcher runs');
+    assert.notEqual(launcher, process.pid);
+    assert.equal(Number(r.stdout.trim()), launcher);
+  });
+
+  test('a launcher that dies fails the commands it ran, kills them, and the next command starts a new one', async () => {
+    let sleeper = 0;
+    const running = run('sh', ['-c', 'echo $$; exec sleep 30'], {
+      timeoutMs: 20_000,
+      onStdout: (b) => (sleeper = Number(b.toString().trim())),
+    });
+    const old = launcherPid()!;
+    for (let i = 0; i < 100 && sleeper === 0; i++) await sleep(20);
+    assert.ok(sleeper > 0 && alive(sleeper), 'the command runs');
+    process.kill(old, 'SIGKILL');
+    const e = await rejection(running);
+    assert.equal(e.code, ErrorCode.COMMAND_FAILED);
+    assert.match(e.message, /launcher died/);
+    for (let i = 0; i < 100 && alive(sleeper); i++) await sleep(20);
+    assert.equal(alive(sleeper), false, 'its command was killed');
+    const r = await run('sh', ['-c', 'echo $PPID']);
+    assert.equal(Number(r.stdout.trim()), launcherPid());
+    assert.notEqual(launcherPid(), old);
+  });
+
+  test('a process that ran commands exits when its work is done, even with a grandchild holding their pipes', async () => {
+    const script = `
+      const { run } = await import(${JSON.stringify(new URL('./exec.js', import.meta.url).href)});
+      const r = await run('sh', ['-c', 'sleep 30 & echo $!']);
+      console.log(r.stdout.trim());
+    `;
+    const t0 = performance.now();
+    const r = await run(process.execPath, ['--input-type=module', '-e', script], { timeoutMs: 15_000 });
+    const grandchild = Number(r.stdout.trim());
+    try {
+      assert.ok(performance.now() - t0 < 10_000, 'it did not wait for the grandchild');
+    } finally {
+      process.kill(grandchild, 'SIGKILL');
+    }
+  });
+
+  test('turned off, commands are spawned by this process', async () => {
+    useLauncher(false);
+    try {
+      const r = await run('sh', ['-c', 'echo $PPID']);
+      assert.equal(Number(r.stdout.trim()), process.pid);
+      assert.equal(launcherPid(), undefined);
+    } finally {
+      useLauncher(true);
     }
   });
 });

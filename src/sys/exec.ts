@@ -10,6 +10,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { access, constants } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DormantError, ErrorCode, errnoCode } from '../domain/errors.js';
+import { launch, type Launched } from './launcher.js';
 
 export interface RunOptions {
   /** Hard limit for the whole run. Required in spirit: the default is 60 s, never infinite. */
@@ -87,15 +88,16 @@ export function describeCommand(command: string, args: readonly string[]): strin
   return [command, ...args].map(quote).join(' ');
 }
 
-function killGroup(child: ChildProcess, sig: NodeJS.Signals): void {
-  if (child.pid === undefined) return;
+function killGroup(pid: number | undefined, child: ChildProcess | undefined, sig: NodeJS.Signals): void {
+  if (pid === undefined) return;
   try {
     // The child leads its own process group (detached), so this reaches its helpers too.
-    process.kill(-child.pid, sig);
+    process.kill(-pid, sig);
   } catch (e) {
     if (errnoCode(e) !== 'ESRCH') {
       try {
-        child.kill(sig);
+        if (child) child.kill(sig);
+        else process.kill(pid, sig);
       } catch {
         // Already gone: nothing left to signal.
       }
@@ -134,20 +136,21 @@ export function run(command: string, args: readonly string[], options: RunOption
   }
 
   return new Promise<RunResult>((resolve, reject) => {
-    let child: ChildProcess;
-    try {
-      child = spawn(command, [...args], {
-        cwd: options.cwd,
-        env,
-        detached: true,
-        stdio: [options.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
-      });
-    } catch (e) {
+    /** The command's pid once known (its process group's id: it leads one). */
+    let pid: number | undefined;
+    let child: ChildProcess | undefined;
+    let launched: Launched | undefined;
+    const couldNotStart = (what: string, cause?: unknown): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      options.signal?.removeEventListener('abort', onAbort);
       reject(
-        new DormantError(ErrorCode.COMMAND_FAILED, `${cmdline}: could not start: ${String(e)}`, { cause: e }),
+        new DormantError(ErrorCode.COMMAND_FAILED, `${cmdline}: could not start: ${what}`, {
+          ...(cause !== undefined ? { cause } : {}),
+        }),
       );
-      return;
-    }
+    };
     const out = new TailBuffer(limit);
     const err = new TailBuffer(limit);
     let stopReason: 'timeout' | 'abort' | undefined;
@@ -157,29 +160,41 @@ export function run(command: string, args: readonly string[], options: RunOption
     const stop = (why: 'timeout' | 'abort'): void => {
       if (stopReason !== undefined || settled) return;
       stopReason = why;
-      killGroup(child, 'SIGTERM');
-      killTimer = setTimeout(() => killGroup(child, 'SIGKILL'), graceMs);
+      killGroup(pid, child, 'SIGTERM');
+      killTimer = setTimeout(() => killGroup(pid, child, 'SIGKILL'), graceMs);
       killTimer.unref();
     };
     const timer = setTimeout(() => stop('timeout'), timeoutMs);
     const onAbort = (): void => stop('abort');
     options.signal?.addEventListener('abort', onAbort, { once: true });
 
-    child.stdout?.on('data', (b: Buffer) => {
+    const onOut = (b: Buffer): void => {
       out.push(b);
       options.onStdout?.(b);
-    });
-    child.stderr?.on('data', (b: Buffer) => {
+    };
+    const onErr = (b: Buffer): void => {
       err.push(b);
       options.onStderr?.(b);
-    });
-    if (options.input !== undefined && child.stdin) {
-      child.stdin.on('error', () => {
-        // The child may exit without reading its input (EPIPE); its exit status tells the story.
-      });
-      child.stdin.end(options.input);
-    }
-
+    };
+    const notFound = (code: string | undefined, cause: unknown): boolean => {
+      if (settled || (code !== 'ENOENT' && code !== 'EACCES')) return false;
+      settled = true;
+      clearTimeout(timer);
+      options.signal?.removeEventListener('abort', onAbort);
+      reject(
+        new DormantError(ErrorCode.COMMAND_NOT_FOUND, `${command}: not found or not executable (${code})`, {
+          cause,
+          hint: `install ${command} or put it on PATH (scripts/setup.sh installs what dormant needs)`,
+        }),
+      );
+      return true;
+    };
+    // 'close' normally follows 'exit' once the pipes drain, but it waits for every holder of
+    // the pipes, and a daemonised grandchild (criu restore -d, runc) may hold them for ever:
+    // then 'exit' plus a short drain settles it.
+    const onExit = (code: number | null, sig: NodeJS.Signals | null): void => {
+      setTimeout(() => finish(code, sig), 250);
+    };
     const finish = (exitCode: number | null, sig: NodeJS.Signals | null): void => {
       if (settled) return;
       settled = true;
@@ -187,8 +202,9 @@ export function run(command: string, args: readonly string[], options: RunOption
       if (killTimer) clearTimeout(killTimer);
       options.signal?.removeEventListener('abort', onAbort);
       // A grandchild may still hold the pipes open; do not wait on it.
-      child.stdout?.destroy();
-      child.stderr?.destroy();
+      child?.stdout?.destroy();
+      child?.stderr?.destroy();
+      launched?.done();
       const result: RunResult = {
         command,
         args,
@@ -236,32 +252,61 @@ export function run(command: string, args: readonly string[], options: RunOption
       }
     };
 
-    child.on('error', (e) => {
-      if (settled) return;
-      if (errnoCode(e) === 'ENOENT' || errnoCode(e) === 'EACCES') {
+    const request = { cmd: command, args, cwd: options.cwd, env, input: options.input };
+    launched = launch(request, {
+      pid: (p) => {
+        pid = p;
+        // Stopped before the pid came: stop it now.
+        if (stopReason !== undefined && !settled) killGroup(pid, undefined, 'SIGTERM');
+      },
+      out: (fd, b) => (fd === 1 ? onOut(b) : onErr(b)),
+      error: (code, message) => {
+        if (!notFound(code, new Error(message))) finish(null, null);
+      },
+      thrown: (message) => couldNotStart(message),
+      exit: onExit,
+      close: (code, sig) => finish(code, sig),
+      lost: () => {
+        if (settled) return;
         settled = true;
         clearTimeout(timer);
+        if (killTimer) clearTimeout(killTimer);
         options.signal?.removeEventListener('abort', onAbort);
         reject(
           new DormantError(
-            ErrorCode.COMMAND_NOT_FOUND,
-            `${command}: not found or not executable (${errnoCode(e)})`,
-            {
-              cause: e,
-              hint: `install ${command} or put it on PATH (scripts/setup.sh installs what dormant needs)`,
-            },
+            ErrorCode.COMMAND_FAILED,
+            `${cmdline}: the command launcher died while it ran; the command was killed`,
           ),
         );
-        return;
-      }
-      finish(null, null);
+      },
     });
-    // 'close' normally follows 'exit' once the pipes drain, but it waits for every holder of
-    // the pipes, and a daemonised grandchild (criu restore -d, runc) may hold them for ever:
-    // then 'exit' plus a short drain settles it.
-    child.on('exit', (code, sig) => {
-      setTimeout(() => finish(code, sig), 250);
+    if (launched) return;
+
+    // No launcher: this process spawns the command.
+    try {
+      child = spawn(command, [...args], {
+        cwd: options.cwd,
+        env,
+        detached: true,
+        stdio: [options.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+      });
+    } catch (e) {
+      couldNotStart(String(e), e);
+      return;
+    }
+    pid = child.pid;
+    child.stdout?.on('data', onOut);
+    child.stderr?.on('data', onErr);
+    if (options.input !== undefined && child.stdin) {
+      child.stdin.on('error', () => {
+        // The child may exit without reading its input (EPIPE); its exit status tells the story.
+      });
+      child.stdin.end(options.input);
+    }
+    child.on('error', (e) => {
+      if (!notFound(errnoCode(e), e)) finish(null, null);
     });
+    child.on('exit', onExit);
     child.on('close', (code: number | null, sig: NodeJS.Signals | null) => finish(code, sig));
   });
 }
