@@ -139,7 +139,7 @@ export function run(command: string, args: readonly string[], options: RunOption
     /** The command's pid once known (its process group's id: it leads one). */
     let pid: number | undefined;
     let child: ChildProcess | undefined;
-    let launched: Launched | undefined;
+    let launched: Launched | undefined = undefined;
     const couldNotStart = (what: string, cause?: unknown): void => {
       if (settled) return;
       settled = true;
