@@ -153,6 +153,32 @@ describe('the command launcher', () => {
     assert.notEqual(launcherPid(), old);
   });
 
+  test('a Ctrl-C or hangup meant for the daemon does not end the launcher or its commands', async () => {
+    const running = run('sh', ['-c', 'sleep 0.5; echo done'], { timeoutMs: 10_000 });
+    await sleep(50);
+    const pid = launcherPid()!;
+    process.kill(pid, 'SIGINT');
+    process.kill(pid, 'SIGHUP');
+    assert.equal((await running).stdout, 'done\n');
+    assert.equal(launcherPid(), pid);
+    assert.ok(alive(pid));
+  });
+
+  test('a command that writes without end waits for the daemon to read: the launcher does not hold its output', async () => {
+    const running = run('yes', [], { timeoutMs: 4000, maxOutputBytes: 4096 }).catch((e: unknown) => e);
+    await sleep(200);
+    const pid = launcherPid()!;
+    // The daemon's event loop busy for 1.5 s: nothing reads the launcher's messages meanwhile.
+    const until = Date.now() + 1500;
+    while (Date.now() < until) {
+      // busy
+    }
+    const rssKiB = Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]);
+    assert.ok(rssKiB < 120 * 1024, `the launcher holds ${Math.round(rssKiB / 1024)} MiB`);
+    const e = await running;
+    assert.ok(e instanceof DormantError && e.code === ErrorCode.COMMAND_TIMEOUT, String(e));
+  });
+
   test('a process that ran commands exits when its work is done, even with a grandchild holding their pipes', async () => {
     const script = `
       const { run } = await import(${JSON.stringify(new URL('./exec.js', import.meta.url).href)});

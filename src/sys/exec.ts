@@ -155,13 +155,17 @@ export function run(command: string, args: readonly string[], options: RunOption
     const err = new TailBuffer(limit);
     let stopReason: 'timeout' | 'abort' | undefined;
     let killTimer: NodeJS.Timeout | undefined;
+    let graceOver = false;
     let settled = false;
 
     const stop = (why: 'timeout' | 'abort'): void => {
       if (stopReason !== undefined || settled) return;
       stopReason = why;
       killGroup(pid, child, 'SIGTERM');
-      killTimer = setTimeout(() => killGroup(pid, child, 'SIGKILL'), graceMs);
+      killTimer = setTimeout(() => {
+        graceOver = true;
+        killGroup(pid, child, 'SIGKILL');
+      }, graceMs);
       killTimer.unref();
     };
     const timer = setTimeout(() => stop('timeout'), timeoutMs);
@@ -256,8 +260,9 @@ export function run(command: string, args: readonly string[], options: RunOption
     launched = launch(request, {
       pid: (p) => {
         pid = p;
-        // Stopped before the pid came: stop it now.
-        if (stopReason !== undefined && !settled) killGroup(pid, undefined, 'SIGTERM');
+        // Stopped before the pid came: stop it now (past the grace period: at once).
+        if (stopReason !== undefined && !settled)
+          killGroup(pid, undefined, graceOver ? 'SIGKILL' : 'SIGTERM');
       },
       out: (fd, b) => (fd === 1 ? onOut(b) : onErr(b)),
       error: (code, message) => {
@@ -266,7 +271,7 @@ export function run(command: string, args: readonly string[], options: RunOption
       thrown: (message) => couldNotStart(message),
       exit: onExit,
       close: (code, sig) => finish(code, sig),
-      lost: () => {
+      lost: (killed) => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
@@ -275,7 +280,7 @@ export function run(command: string, args: readonly string[], options: RunOption
         reject(
           new DormantError(
             ErrorCode.COMMAND_FAILED,
-            `${cmdline}: the command launcher died while it ran; the command was killed`,
+            `${cmdline}: the command launcher died while it ran; ${killed ? 'the command was killed' : 'the command had not started or had ended'}`,
           ),
         );
       },

@@ -21,45 +21,74 @@ import { spawn, type ChildProcess } from 'node:child_process';
 /** The launcher's own code, run with `node -e`: no file to find next to a bundle. */
 const LAUNCHER = `
 const { spawn } = require('node:child_process');
-const send = (m) => { if (process.connected) process.send(m); };
+// The daemon's signals are not the launcher's: a Ctrl-C or a hangup at the daemon's terminal
+// (its own process group, too) must not end the commands it runs. It ends when the daemon's
+// channel closes.
+for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGQUIT']) process.on(sig, () => {});
 process.on('disconnect', () => process.exit(0));
+const send = (m, cb) => {
+  if (!process.connected) return true;
+  return process.send(m, cb);
+};
 const children = new Map();
-process.on('message', (m) => {
-  if (m.t === 'done') {
-    const c = children.get(m.id);
-    children.delete(m.id);
-    if (c) { c.stdout.destroy(); c.stderr.destroy(); }
-    return;
-  }
-  if (m.t !== 'run') return;
+const letGo = (c) => { c.stdout?.destroy(); c.stderr?.destroy(); };
+const start = (m) => {
   const id = m.id;
-  let child;
-  try {
-    child = spawn(m.cmd, m.args, {
-      cwd: m.cwd,
-      env: m.env,
-      detached: true,
-      stdio: [m.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
-    });
-  } catch (e) {
-    send({ t: 'thrown', id, message: String(e) });
-    return;
-  }
+  const child = spawn(m.cmd, m.args, {
+    cwd: m.cwd,
+    env: m.env,
+    detached: true,
+    stdio: [m.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+  });
   children.set(id, child);
   if (child.pid !== undefined) send({ t: 'pid', id, pid: child.pid });
-  child.stdout.on('data', (b) => send({ t: 'out', id, fd: 1, b }));
-  child.stderr.on('data', (b) => send({ t: 'out', id, fd: 2, b }));
+  // Output goes on only as fast as the daemon takes it: a child that writes without end waits
+  // on its pipe, as it would for the daemon itself, instead of piling up here.
+  let paused = false;
+  const resume = () => {
+    if (!paused) return;
+    paused = false;
+    child.stdout?.resume();
+    child.stderr?.resume();
+  };
+  const out = (fd) => (b) => {
+    if (send({ t: 'out', id, fd, b }, resume)) return;
+    paused = true;
+    child.stdout?.pause();
+    child.stderr?.pause();
+  };
+  child.stdout?.on('data', out(1));
+  child.stderr?.on('data', out(2));
   if (m.input !== undefined && child.stdin) {
     child.stdin.on('error', () => {});
     child.stdin.end(m.input);
   }
-  child.on('error', (e) => send({ t: 'error', id, code: e.code, message: String(e) }));
+  child.on('error', (e) => {
+    children.delete(id);
+    send({ t: 'error', id, code: e.code, message: String(e) });
+  });
   child.on('exit', (code, sig) => send({ t: 'exit', id, code, sig }));
-  child.on('error', () => children.delete(id));
   child.on('close', (code, sig) => {
     children.delete(id);
     send({ t: 'close', id, code, sig });
   });
+};
+process.on('message', (m) => {
+  if (m.t === 'done') {
+    const c = children.get(m.id);
+    children.delete(m.id);
+    if (c) letGo(c);
+    return;
+  }
+  if (m.t !== 'run') return;
+  try {
+    start(m);
+  } catch (e) {
+    const c = children.get(m.id);
+    children.delete(m.id);
+    if (c) letGo(c);
+    send({ t: 'thrown', id: m.id, message: String(e) });
+  }
 });
 `;
 
@@ -79,8 +108,11 @@ export interface LaunchEvents {
   thrown(message: string): void;
   exit(code: number | null, sig: NodeJS.Signals | null): void;
   close(code: number | null, sig: NodeJS.Signals | null): void;
-  /** The launcher died before the command's end: its outcome is unknown. */
-  lost(): void;
+  /**
+   * The launcher died before the command's end: its outcome is unknown. `killed`: its process
+   * group was sent SIGKILL (false: it had not started, or was gone).
+   */
+  lost(killed: boolean): void;
 }
 
 export interface LaunchRequest {
@@ -103,13 +135,24 @@ interface Message {
 }
 
 class Launcher {
-  private readonly runs = new Map<number, { ev: LaunchEvents; pid?: number }>();
+  private readonly runs = new Map<
+    number,
+    { ev: LaunchEvents; pid?: number; exited?: { code: number | null; sig: NodeJS.Signals | null } }
+  >();
   private nextId = 1;
+  /** Whether it ever answered: one that dies before that counts as a failed start. */
+  private answered = false;
   dead = false;
 
   constructor(readonly proc: ChildProcess) {
-    proc.on('message', (m: Message) => this.onMessage(m));
-    proc.on('exit', () => this.onDeath());
+    proc.on('message', (m: Message) => {
+      this.answered = true;
+      failedStarts = 0;
+      this.onMessage(m);
+    });
+    // Its death is known once the channel has closed: every message it sent before is read.
+    proc.on('disconnect', () => this.onDeath());
+    proc.on('close', () => this.onDeath());
     proc.on('error', () => this.onDeath());
     this.idle();
   }
@@ -167,6 +210,7 @@ class Launcher {
         r.ev.thrown(m.message ?? '');
         break;
       case 'exit':
+        r.exited = { code: typeof m.code === 'number' ? m.code : null, sig: m.sig ?? null };
         r.ev.exit(typeof m.code === 'number' ? m.code : null, m.sig ?? null);
         break;
       case 'close':
@@ -188,28 +232,46 @@ class Launcher {
 
   private onDeath(): void {
     if (this.dead) return;
+    if (!this.answered && ++failedStarts >= MAX_FAILED_STARTS) enabled = false;
+    this.teardown();
+  }
+
+  /**
+   * The launcher is gone: a command that had exited ends with its exit; one still running is
+   * killed (nothing would report its end), and its call fails.
+   */
+  private teardown(): void {
     this.dead = true;
     if (launcher === this) launcher = undefined;
     const runs = [...this.runs.values()];
     this.runs.clear();
     for (const r of runs) {
+      if (r.exited) {
+        r.ev.close(r.exited.code, r.exited.sig);
+        continue;
+      }
+      let killed = false;
       if (r.pid !== undefined) {
         try {
           process.kill(-r.pid, 'SIGKILL');
+          killed = true;
         } catch {
           // Gone already.
         }
       }
-      r.ev.lost();
+      r.ev.lost(killed);
     }
   }
 
   stop(): void {
-    this.dead = true;
-    if (launcher === this) launcher = undefined;
     this.proc.kill();
+    this.teardown();
   }
 }
+
+/** Launchers that died before answering, in a row; at this many, commands are spawned here. */
+const MAX_FAILED_STARTS = 3;
+let failedStarts = 0;
 
 let launcher: Launcher | undefined;
 let enabled = process.platform === 'linux';
@@ -220,6 +282,8 @@ function current(): Launcher | undefined {
   try {
     const proc = spawn(process.execPath, ['-e', LAUNCHER], {
       stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
+      // A process group of its own: a signal to the daemon's group (Ctrl-C) is not its.
+      detached: true,
       serialization: 'advanced',
       // Not the daemon's Node options (a profiler, a preload): the launcher needs none.
       env: { ...process.env, NODE_OPTIONS: '' },
