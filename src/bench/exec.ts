@@ -69,39 +69,26 @@ export const execSuite: BenchSuite = {
     const blockedMedian = (r: Round): number => median(r.blocked);
     const blockedP99 = (r: Round): number =>
       [...r.blocked].sort((a, b) => a - b)[Math.floor(r.blocked.length * 0.99)]!;
+    /** A row of the rounds' medians of `f`, launcher against direct, to `digits` places. */
+    const row = (
+      name: string,
+      f: (r: Round) => number,
+      digits: number,
+      unit = 'ms',
+      better: BenchRow['better'] = 'lower',
+    ): BenchRow => ({
+      name,
+      dormant: Number(med('launcher', f).toFixed(digits)),
+      peer: Number(med('direct', f).toFixed(digits)),
+      peerName: 'spawned by the daemon',
+      unit,
+      better,
+    });
     const rows: BenchRow[] = [
-      {
-        name: `event loop held by one run() call, median (${heldMiB} MiB held)`,
-        dormant: Number(med('launcher', blockedMedian).toFixed(2)),
-        peer: Number(med('direct', blockedMedian).toFixed(2)),
-        peerName: 'spawned by the daemon',
-        unit: 'ms',
-        better: 'lower',
-      },
-      {
-        name: `event loop held by one run() call, p99 (${heldMiB} MiB held)`,
-        dormant: Number(med('launcher', blockedP99).toFixed(2)),
-        peer: Number(med('direct', blockedP99).toFixed(2)),
-        peerName: 'spawned by the daemon',
-        unit: 'ms',
-        better: 'lower',
-      },
-      {
-        name: 'event loop delay p99 while 4 commands run at a time',
-        dormant: Number(med('launcher', (r) => r.loopP99).toFixed(1)),
-        peer: Number(med('direct', (r) => r.loopP99).toFixed(1)),
-        peerName: 'spawned by the daemon',
-        unit: 'ms',
-        better: 'lower',
-      },
-      {
-        name: 'commands run (`true`), 4 at a time',
-        dormant: Math.round(med('launcher', (r) => r.perSecond)),
-        peer: Math.round(med('direct', (r) => r.perSecond)),
-        peerName: 'spawned by the daemon',
-        unit: 'per second',
-        better: 'higher',
-      },
+      row(`event loop held by one run() call, median (${heldMiB} MiB held)`, blockedMedian, 2),
+      row(`event loop held by one run() call, p99 (${heldMiB} MiB held)`, blockedP99, 2),
+      row('event loop delay p99 while 4 commands run at a time', (r) => r.loopP99, 1),
+      row('commands run (`true`), 4 at a time', (r) => r.perSecond, 0, 'per second', 'higher'),
     ];
     return {
       title: 'Starting commands: the command launcher against spawning in the daemon',

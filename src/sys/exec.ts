@@ -140,23 +140,34 @@ export function run(command: string, args: readonly string[], options: RunOption
     let pid: number | undefined;
     let child: ChildProcess | undefined;
     let launched: Launched | undefined = undefined;
-    const couldNotStart = (what: string, cause?: unknown): void => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      options.signal?.removeEventListener('abort', onAbort);
-      reject(
-        new DormantError(ErrorCode.COMMAND_FAILED, `${cmdline}: could not start: ${what}`, {
-          ...(cause !== undefined ? { cause } : {}),
-        }),
-      );
-    };
     const out = new TailBuffer(limit);
     const err = new TailBuffer(limit);
     let stopReason: 'timeout' | 'abort' | undefined;
     let killTimer: NodeJS.Timeout | undefined;
     let graceOver = false;
     let settled = false;
+
+    /** Ends the call's own bookkeeping, once: false when it had already ended. */
+    const settle = (): boolean => {
+      if (settled) return false;
+      settled = true;
+      clearTimeout(timer);
+      if (killTimer) clearTimeout(killTimer);
+      options.signal?.removeEventListener('abort', onAbort);
+      // A grandchild may still hold the pipes open; do not wait on it.
+      child?.stdout?.destroy();
+      child?.stderr?.destroy();
+      launched?.done();
+      return true;
+    };
+    const couldNotStart = (what: string, cause?: unknown): void => {
+      if (!settle()) return;
+      reject(
+        new DormantError(ErrorCode.COMMAND_FAILED, `${cmdline}: could not start: ${what}`, {
+          ...(cause !== undefined ? { cause } : {}),
+        }),
+      );
+    };
 
     const stop = (why: 'timeout' | 'abort'): void => {
       if (stopReason !== undefined || settled) return;
@@ -181,10 +192,7 @@ export function run(command: string, args: readonly string[], options: RunOption
       options.onStderr?.(b);
     };
     const notFound = (code: string | undefined, cause: unknown): boolean => {
-      if (settled || (code !== 'ENOENT' && code !== 'EACCES')) return false;
-      settled = true;
-      clearTimeout(timer);
-      options.signal?.removeEventListener('abort', onAbort);
+      if ((code !== 'ENOENT' && code !== 'EACCES') || !settle()) return false;
       reject(
         new DormantError(ErrorCode.COMMAND_NOT_FOUND, `${command}: not found or not executable (${code})`, {
           cause,
@@ -200,15 +208,7 @@ export function run(command: string, args: readonly string[], options: RunOption
       setTimeout(() => finish(code, sig), 250);
     };
     const finish = (exitCode: number | null, sig: NodeJS.Signals | null): void => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      if (killTimer) clearTimeout(killTimer);
-      options.signal?.removeEventListener('abort', onAbort);
-      // A grandchild may still hold the pipes open; do not wait on it.
-      child?.stdout?.destroy();
-      child?.stderr?.destroy();
-      launched?.done();
+      if (!settle()) return;
       const result: RunResult = {
         command,
         args,
@@ -272,11 +272,7 @@ export function run(command: string, args: readonly string[], options: RunOption
       exit: onExit,
       close: (code, sig) => finish(code, sig),
       lost: (killed) => {
-        if (settled) return;
-        settled = true;
-        clearTimeout(timer);
-        if (killTimer) clearTimeout(killTimer);
-        options.signal?.removeEventListener('abort', onAbort);
+        if (!settle()) return;
         reject(
           new DormantError(
             ErrorCode.COMMAND_FAILED,

@@ -22,6 +22,12 @@ export interface CacheWriter {
   abort(): Promise<void>;
 }
 
+/**
+ * Fetches an object's body, handing each piece to `sink` with its position (a retry starts
+ * again at 0); resolves to the bytes it handed over.
+ */
+export type BodyGet = (sink: (chunk: Buffer, at: number) => void | Promise<void>) => Promise<number>;
+
 const TMP = '.tmp-';
 /** What a fill gathers of a body before it writes it to the file. */
 const FILL_GATHER = 1024 * 1024;
@@ -125,29 +131,25 @@ export class PackCache {
    * to a reader on the cached copy, or undefined when the cache could not keep it (its disk
    * failed, a short body); rejects with `get`'s own error.
    */
-  fill(
-    name: string,
-    size: number,
-    get: (sink: (chunk: Buffer, at: number) => void | Promise<void>) => Promise<number>,
-  ): Promise<StoreReader | undefined> {
+  fill(name: string, size: number, get: BodyGet): Promise<StoreReader | undefined> {
+    return this.load(name, size, get).then((kept) => (kept ? this.open(name) : undefined));
+  }
+
+  /** As `fill`, without opening the copy: whether the cache holds it now (a prefetch). */
+  load(name: string, size: number, get: BodyGet): Promise<boolean> {
+    // Fetched by another caller in the meantime (a prefetch, a reader): that copy.
+    if (this.files.has(name) && !this.filling.has(name)) return Promise.resolve(true);
     let p = this.filling.get(name);
     if (p === undefined) {
-      // Fetched by another caller in the meantime (a prefetch, a reader): read that copy.
-      if (this.files.has(name)) return this.open(name);
       p = this.fetch(name, size, get).finally(() => this.filling.delete(name));
       this.filling.set(name, p);
     }
-    return p.then((kept) => (kept ? this.open(name) : undefined));
+    return p;
   }
 
-  private async fetch(
-    name: string,
-    size: number,
-    get: (sink: (chunk: Buffer, at: number) => void | Promise<void>) => Promise<number>,
-  ): Promise<boolean> {
+  private async fetch(name: string, size: number, get: BodyGet): Promise<boolean> {
     let w: CacheWriter;
     try {
-      await this.init();
       w = await this.writer(name);
     } catch {
       return false;

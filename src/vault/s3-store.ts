@@ -340,7 +340,8 @@ export class S3Store implements VaultStore {
       if (local) return local;
     }
     if (!this.ranged) {
-      // The server cannot serve ranges (checkServer) and there is no cache: the whole object, once.
+      // The server cannot serve ranges (checkServer), and no cache holds the object (none, or
+      // its disk could not take it): the whole object into memory, once.
       const whole = Buffer.allocUnsafe(sizeBytes);
       try {
         const got = await this.getInto(name, whole);
@@ -389,8 +390,7 @@ export class S3Store implements VaultStore {
       if (await cache.has(name)) return;
       const sizeBytes = await this.head(name);
       if (!cache.wants(name, sizeBytes)) return;
-      const r = await cache.fill(name, sizeBytes, (sink) => this.getTo(name, sizeBytes, sink));
-      await r?.close();
+      await cache.load(name, sizeBytes, (sink) => this.getTo(name, sizeBytes, sink));
     })().catch(() => undefined);
   }
 
